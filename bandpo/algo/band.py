@@ -11,8 +11,8 @@ The band [lower, upper] holds the two roots of g_f = delta, with the simplex
 limits 0 <= lower and upper <= 1/p.
 
 How each divergence is computed
-- ``tv``   (f = |u-1|/2):  upper = min(1 + delta/p, 1/p), lower = max(1 - delta/p, 0).
-- ``chi2`` (f = (u-1)^2):  upper = min(1 + sqrt(delta (1-p)/p), 1/p), lower = max(1 - ..., 0),
+- ``tv``   (f = |u-1|/2, computed in float64):  upper = min(1 + delta/p, 1/p), lower = max(1 - delta/p, 0).
+- ``chi2`` (f = (u-1)^2, computed in float64):  upper = min(1 + sqrt(delta (1-p)/p), 1/p), lower = max(1 - ..., 0),
   with (1-p)/p evaluated as expm1(-log p) so p -> 1 keeps full precision.
 - ``kl``   (f = u - 1 - log u): g is the Bernoulli divergence KL(Bern(p) || Bern(q)) with
   q = r p, which has no closed-form root. We tabulate, once per (delta, dtype, device),
@@ -93,10 +93,12 @@ def band_bounds(
             lower, upper = _generic_bounds(x, divergence, float(delta))
         elif divergence == "kl":
             lower, upper = _kl_bounds(x, float(delta))
-        elif divergence == "tv":
-            lower, upper = _tv_bounds(x, float(delta))
-        elif divergence == "chi2":
-            lower, upper = _chi2_bounds(x, float(delta))
+        elif divergence in ("tv", "chi2"):
+            # Closed forms run in float64: near lower = 0 they are ill-conditioned in p
+            # (relative condition p / (p - delta) for tv), so float32 exp(x) alone would cost
+            # 1e-4 relative there; float64 keeps float32 outputs within 1e-5 everywhere.
+            fn = _tv_bounds if divergence == "tv" else _chi2_bounds
+            lower, upper = (b.to(x.dtype) for b in fn(x.to(torch.float64), float(delta)))
         else:
             raise ValueError(
                 f"unknown band divergence {divergence!r}; valid: {', '.join(DIVERGENCES)} or a callable f"
@@ -111,15 +113,25 @@ def band_bounds(
 
 
 def _tv_bounds(x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_p = torch.exp(-x)  # 1/p
-    step = delta * inv_p  # delta/p
-    return (1.0 - step).clamp(min=0.0), torch.minimum(1.0 + step, inv_p)
+    p, inv_p = torch.exp(x), torch.exp(-x)
+    # lower = 1 - delta/p written as (p - delta)/p: the subtraction is exact when p ~ delta
+    # (Sterbenz), where 1 - delta/p would cancel catastrophically in float32.
+    lower = ((p - delta) * inv_p).clamp(0.0, 1.0)  # p * (1/p) may round to 1 + ulp
+    return lower, torch.minimum(1.0 + delta * inv_p, inv_p)
 
 
 def _chi2_bounds(x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # (1 - p)/p = 1/p - 1 = expm1(-log p): exact as p -> 1, where 1/p - 1 would cancel.
-    width = torch.sqrt(delta * torch.expm1(-x))
-    return (1.0 - width).clamp(min=0.0), torch.minimum(1.0 + width, torch.exp(-x))
+    # a = delta (1 - p)/p with (1 - p)/p = expm1(-log p): exact as p -> 1.
+    a = delta * torch.expm1(-x)
+    width = torch.sqrt(a)
+    # lower = 1 - sqrt(a) = (1 - a)/(1 + sqrt(a)) and 1 - a = ((1 + delta) p - delta)/p: no
+    # cancellation of nearly equal terms except the exact one near the saturation point.
+    p = torch.exp(x)
+    lower = ((1.0 + delta) * p - delta) * torch.exp(-x) / (1.0 + width)
+    # width >= 1: saturated at 0 (also p = 0, where the formula is -inf/inf); at p = 1 the
+    # formula may round to 1 + ulp.
+    lower = torch.where(width >= 1.0, 0.0, lower.clamp(max=1.0))
+    return lower, torch.minimum(1.0 + width, torch.exp(-x))
 
 
 # ----------------------------------------------------------------------------- KL
@@ -127,25 +139,25 @@ def _chi2_bounds(x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Ten
 
 def _kl_bounds(x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
     table = _kl_table(delta, x.dtype, x.device)  # [8, cells]: cubic coeffs of U (0-3), PHI (4-7)
-    # t = logit(p) = log p - log(1 - p); log(1 - p) = log(-expm1(log p)) is exact near p = 1.
-    t = x - torch.log(-torch.expm1(x))
-    w = (t.clamp(_T_MIN, _T_MAX) - _T_MIN) * _CELLS_PER_UNIT
-    cell = w.floor().clamp(max=table.shape[1] - 1)
-    s = w - cell  # position in the cell, [0, 1]
+    # In-place ops throughout: on CPU the cost of this path is mostly fresh allocations.
+    # t = logit(p) = -log(1/p - 1) = -log(expm1(-log p)): exact near p = 1 and p = 0.
+    w = torch.expm1(-x).log_().neg_()
+    w.clamp_(_T_MIN, _T_MAX).sub_(_T_MIN).mul_(_CELLS_PER_UNIT)
+    cell = w.floor().clamp_(max=table.shape[1] - 1)
+    s = w.sub_(cell)  # position in the cell, [0, 1]
     # Eight 1-D gathers measured ~3x faster on CPU than one [..., 8] gather (table[cell]).
-    idx = cell.nan_to_num(0.0).long()
-    c = [row.index_select(0, idx.flatten()).view_as(x) for row in table]
-    u = _horner(c[0], c[1], c[2], c[3], s)
-    phi = _horner(c[4], c[5], c[6], c[7], s)
+    # A NaN input gives NaN s, hence NaN bounds (cell 0 is only a placeholder index).
+    idx = cell.nan_to_num_(0.0).long().flatten()
+    c = [row.index_select(0, idx).view_as(x) for row in table]
     # U <= 0 (q_hi <= 1) and PHI <= 0 (lower <= 1); clamps absorb interpolation rounding.
-    # A NaN input gives NaN s, hence NaN bounds (cell 0 was only a placeholder index).
-    upper = torch.exp(u.clamp(max=0.0) - x).clamp(min=1.0)
-    lower = torch.exp(phi.clamp(max=0.0) * torch.exp(-x))
+    upper = _horner(c[0], c[1], c[2], c[3], s).clamp_(max=0.0).sub_(x).exp_().clamp_(min=1.0)
+    lower = _horner(c[4], c[5], c[6], c[7], s).clamp_(max=0.0).mul_(torch.exp(-x)).exp_()
     return lower, upper
 
 
 def _horner(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, s: torch.Tensor):
-    return torch.addcmul(c0, torch.addcmul(c1, torch.addcmul(c2, c3, s), s), s)
+    """c0 + s (c1 + s (c2 + s c3)), reusing c3's buffer (the gathered rows are scratch)."""
+    return c3.mul_(s).add_(c2).mul_(s).add_(c1).mul_(s).add_(c0)
 
 
 def _kl_table(delta: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -198,9 +198,10 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
         per_token = torch.where(negative, torch.minimum(per_token, -advantages * dual_clip), per_token)
-    loss = aggregate(per_token, mask, agg, **norm)
+    pg_loss = aggregate(per_token, mask, agg, **norm)
+    loss = pg_loss
 
-    metrics: dict[str, torch.Tensor] = {}
+    metrics: dict[str, torch.Tensor] = {"pg_loss": pg_loss.detach()}
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         kl_term = aggregate(kl, mask, agg, **norm)
@@ -215,7 +216,7 @@ def policy_loss(
 
     with torch.no_grad():
         metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, maskf, dual_clip))
-        metrics["pg_loss"] = loss.detach()
+        metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
         metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
     return loss, metrics
