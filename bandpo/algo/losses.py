@@ -23,6 +23,7 @@ loss of the full batch, and gradient accumulation needs no rescaling.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Old-probability bins for the per-bin clip fraction: [0, .01), [.01, .1), [.1, .5), [.5, 1].
 PROB_BIN_EDGES = (0.01, 0.1, 0.5)
+LOG_PROB_BIN_EDGES = tuple(math.log(e) for e in PROB_BIN_EDGES)  # bins are taken on old logprobs
 PROB_BIN_NAMES = ("lt0.01", "0.01-0.1", "0.1-0.5", "ge0.5")
 
 
@@ -183,6 +185,7 @@ def policy_loss(
     advantages = advantages.expand_as(logprobs).to(logprobs.dtype)
     maskf = mask.to(logprobs.dtype)
     norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    mask = maskf  # aggregate() converts a mask of another dtype on every call
 
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -215,7 +218,7 @@ def policy_loss(
         metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
 
     with torch.no_grad():
-        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, maskf, dual_clip))
+        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, mask, dual_clip))
         metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
         metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
@@ -226,23 +229,30 @@ def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
     return (x * maskf).sum() / maskf.sum().clamp(min=1.0)
 
 
-def _clip_metrics(ratio, lo, hi, advantages, negative, old_logprobs, maskf, dual_clip) -> dict[str, torch.Tensor]:
-    """Fractions of valid tokens whose gradient the clip removed (active clipping)."""
-    positive = advantages > 0
-    up = (ratio > hi) & positive  # A > 0 pushed past the upper bound
-    down = (ratio < lo) & negative  # A < 0 pushed past the lower bound
-    out = {"clip_frac_up": _masked_mean(up.to(maskf.dtype), maskf),
-           "clip_frac_down": _masked_mean(down.to(maskf.dtype), maskf)}
+def _clip_metrics(ratio, lo, hi, advantages, negative, old_logprobs, mask, dual_clip) -> dict[str, torch.Tensor]:
+    """Fractions of valid tokens whose gradient the clip removed (active clipping).
+
+    Kept cheap: boolean algebra and one bincount instead of per-bin float masks, since on
+    CPU these metrics otherwise cost as much as the loss itself.
+    """
+    valid = mask.bool()
+    n_valid = valid.sum().clamp(min=1)
+    up = (ratio > hi) & (advantages > 0) & valid  # A > 0 pushed past the upper bound
+    down = (ratio < lo) & negative & valid  # A < 0 pushed past the lower bound
+    out = {"clip_frac_up": up.sum() / n_valid, "clip_frac_down": down.sum() / n_valid}
     if dual_clip is not None:
-        out["clip_frac_dual"] = _masked_mean(((ratio > dual_clip) & negative).to(maskf.dtype), maskf)
-    clipped = (up | down).to(maskf.dtype)
-    old_p = torch.exp(old_logprobs.detach())
-    bins = torch.bucketize(old_p, torch.tensor(PROB_BIN_EDGES, dtype=old_p.dtype, device=old_p.device), right=True)
+        out["clip_frac_dual"] = ((ratio > dual_clip) & negative & valid).sum() / n_valid
+    # code = bin + 4 * clipped for valid tokens, 8 for padding: one pass counts every cell.
+    edges = torch.tensor(LOG_PROB_BIN_EDGES, dtype=old_logprobs.dtype, device=old_logprobs.device)
+    bins = torch.bucketize(old_logprobs.detach(), edges, right=True)
+    code = torch.where(valid, bins + 4 * (up | down), 8)
+    counts = torch.bincount(code.flatten(), minlength=9)[:8].view(2, 4)  # [clipped?, bin]
+    in_bin = counts.sum(0)
     for i, name in enumerate(PROB_BIN_NAMES):
-        in_bin = maskf * (bins == i).to(maskf.dtype)
-        out[f"clip_frac_bin/{name}"] = (clipped * in_bin).sum() / in_bin.sum().clamp(min=1.0)
-        out[f"token_frac_bin/{name}"] = in_bin.sum() / maskf.sum().clamp(min=1.0)
+        out[f"clip_frac_bin/{name}"] = counts[1, i] / in_bin[i].clamp(min=1)
+        out[f"token_frac_bin/{name}"] = in_bin[i] / n_valid
     if isinstance(lo, torch.Tensor):
+        maskf = mask.to(ratio.dtype)
         out["band/lower_mean"] = _masked_mean(lo, maskf)
         # upper grows like 1/p in the tail; its log is the readable summary.
         out["band/log_upper_mean"] = _masked_mean(torch.log(hi).clamp(max=100.0), maskf)

@@ -1,0 +1,61 @@
+"""Ray placement and failure reporting for the trainer's workers.
+
+One node with n GPUs: the actor ranks and the vLLM engines share the GPUs (colocated,
+vLLM sleeps during the update) unless the config splits them. A multi-node cluster is
+joined through ``RAY_ADDRESS`` (or ``trainer.ray_address``). On CPU everything runs in one
+local Ray instance.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+# Environment every worker needs, forwarded into Ray's runtime_env.
+FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
+                 "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH")
+
+
+class WorkerFailure(RuntimeError):
+    """A worker process died or raised; the message names the worker group and the stage."""
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_ray(address: str | None, device: str) -> None:
+    """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+    else:
+        # Logical CPUs: the workers of a tiny CPU run (rollout, actor, eval) exceed 2 cores
+        # by count but take turns, so oversubscribing the scheduler is what we want.
+        ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, runtime_env={"env_vars": env},
+                 log_to_driver=True)
+
+
+@contextmanager
+def stage(name: str, workers: str):
+    """Turn a Ray worker death or remote exception into a ``WorkerFailure`` naming workers and stage."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        yield
+    except RayActorError as e:
+        raise WorkerFailure(f"{workers} worker died during stage '{name}': {e}") from e
+    except RayTaskError as e:
+        raise WorkerFailure(f"{workers} worker failed during stage '{name}': {e}") from e

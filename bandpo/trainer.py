@@ -1,0 +1,350 @@
+"""The RLVR training loop (GRPO / Clip-Higher / BandPO), one named, timed stage at a time.
+
+Per step (SPEC.md):
+    1. sample      B prompts from the shuffled training set (resumable sampler)
+    2. rollout     n responses per prompt from vLLM with their sampling logprobs
+    3. reward      rule-based verifier in a process pool (+1 correct / -1 otherwise)
+    4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
+    5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
+    6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed
+    7. sync        actor weights into the running rollout engines
+    8. log / eval / checkpoint
+
+Departures from the paper's scripts, stated:
+- Old logprobs are recomputed by the actor (as verl does) rather than taken from vLLM; the
+  gap between the two is logged as ``health/rollout_actor_*`` instead.
+- Sampling is seeded per step (``seed * 1_000_003 + step``) so a resumed run replays the
+  exact rollouts of an uninterrupted one.
+- Non-finite rewards or logprobs skip the update (counted) unless ``on_nonfinite=stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from bandpo.algo import compute_advantages
+from bandpo.checkpoint import CheckpointManager
+from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
+from bandpo.logging import MetricsLogger
+from bandpo.types import SamplingParams, TrainBatch
+
+
+class Trainer:
+    def __init__(self, cfg):
+        from omegaconf import OmegaConf
+
+        self.cfg = cfg
+        self.out = Path(cfg.trainer.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        self.device = resolve_device(cfg.trainer.device)
+        self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
+        self.timings: dict[str, float] = {}
+        self.step = 0
+        self.skipped = 0
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from bandpo.data import EpochSampler, encode_examples, load_eval_sets
+        from bandpo.data.datasets import load_source
+        from bandpo.reward import RewardScheme, RewardScorer
+
+        cfg = self.cfg
+        self.model_path = ensure_model(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        examples = [ex for src in cfg.data.train for ex in load_source(_plain(src))]
+        encoded = encode_examples(self.tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)
+        if not encoded.prompt_ids:
+            raise ValueError(f"no training prompts left from data.train={_plain(cfg.data.train)} "
+                             f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})")
+        self.examples, self.prompts = encoded.examples, encoded.prompt_ids
+        self.sampler = EpochSampler(len(self.prompts), seed=cfg.data.shuffle_seed)
+        self.eval_sets = load_eval_sets(list(cfg.eval.datasets), _plain(cfg.eval.paths) or None) \
+            if cfg.trainer.eval_every or cfg.trainer.eval_before_train else {}
+        r = cfg.trainer.reward
+        scheme = RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
+                              overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
+                              max_response_len=cfg.rollout.max_tokens)
+        self.scorer = RewardScorer(scheme, answer_format=cfg.data.answer_format,
+                                   num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout)
+        init_ray(cfg.trainer.ray_address, self.device)
+        self._start_workers()
+        self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
+
+    def _start_workers(self) -> None:
+        from bandpo.actor import ActorGroup
+        from bandpo.rollout.worker import spawn_rollout_workers
+
+        cfg, gpu = self.cfg, self.device == "cuda"
+        ro, ac = cfg.rollout, cfg.actor
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib)} if not gpu else None
+        colocate = gpu
+        with stage("start", "rollout"):
+            engine_kw = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                             enforce_eager=ro.enforce_eager)
+            if gpu:
+                engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
+                                 gpu_memory_utilization=ro.gpu_memory_utilization,
+                                 enable_sleep_mode=colocate if ro.enable_sleep_mode == "auto" else ro.enable_sleep_mode)
+            if ro.backend == "vllm" and not gpu:
+                engine_kw["kv_cache_gib"] = ro.kv_cache_gib
+            # Colocated on GPU: fractional GPUs let an engine and an actor rank share a device.
+            self.rollout = spawn_rollout_workers(
+                ro.num_workers, ro.backend, self.model_path, num_cpus=1,
+                num_gpus=(0.4 * ro.tensor_parallel_size if gpu else 0), env=env, **engine_kw)
+        with stage("start", "actor"):
+            bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
+            self.actor = ActorGroup(
+                self.model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0.4 if gpu else 0,
+                zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
+                warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
+                gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
+                mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
+                logprob_token_budget=ac.logprob_token_budget, ref_model=cfg.algorithm.kl_coef > 0,
+                temperature=ro.temperature, seed=cfg.trainer.seed)
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict:
+        cfg = self.cfg
+        self._resume()
+        if self.step == 0 and cfg.trainer.eval_before_train and self.eval_sets:
+            self.logger.log(0, self.evaluate())
+        last: dict = {}
+        while self.step < cfg.trainer.total_steps:
+            self.step += 1
+            last = self.train_step()
+            if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_sets:
+                last.update(self.evaluate())
+            self.logger.log(self.step, last)
+            if cfg.trainer.save_every and (self.step % cfg.trainer.save_every == 0 or self.step == cfg.trainer.total_steps):
+                self.save()
+        if cfg.trainer.export_hf:
+            with stage("export", "actor"):
+                self.actor.call("export_hf", str(self.out / "hf"))
+        if self.eval_sets and not (cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0):
+            final = self.evaluate()
+            self.logger.log(self.step, {"final": True, **final})
+            last.update(final)
+        return last
+
+    def train_step(self) -> dict:
+        cfg, ro, algo = self.cfg, self.cfg.rollout, self.cfg.algorithm
+        self.timings = {}
+        t_step = time.perf_counter()
+
+        with self.timed("sample"):
+            idx = self.sampler.next_batch(cfg.trainer.prompts_per_step)
+            prompts = [self.prompts[i] for i in idx]
+            answers = [self.examples[i].answer for i in idx]
+        with self.timed("rollout"), stage("rollout", "rollout"):
+            rollout = self._generate(prompts, SamplingParams(
+                n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_tokens,
+                seed=cfg.trainer.seed * 1_000_003 + self.step))
+        batch = TrainBatch.from_rollout(rollout)
+        lengths = batch.response_lengths  # [N]
+        with self.timed("reward"):
+            _, responses, _ = batch.to_lists()
+            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+            gold = [answers[i] for i in batch.prompt_index.tolist()]
+            scores = self.scorer.score(texts, gold, lengths.tolist())
+            batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
+        with self.timed("advantages"):
+            batch.advantages, adv_metrics = compute_advantages(batch.rewards, ro.n, algo.advantage)  # [N]
+        with self.timed("logprobs"), stage("logprobs", "actor"):
+            batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
+            if algo.kl_coef > 0:
+                batch.ref_logprobs, _ = self.actor.compute_logprobs(batch, ref=True)  # [N, R]
+
+        metrics = {**_reward_metrics(scores), **{k: float(v) for k, v in adv_metrics.items()}}
+        metrics.update(_rollout_metrics(batch, entropy))
+        bad = _nonfinite(batch)
+        if bad:
+            self.skipped += 1
+            msg = f"step {self.step}: non-finite {bad}"
+            if cfg.trainer.on_nonfinite == "stop" or self.skipped > cfg.trainer.max_skipped_steps:
+                raise FloatingPointError(msg + " (trainer.on_nonfinite=stop or too many skipped steps)")
+            print(f"[bandpo] {msg}; update skipped ({self.skipped} so far)", flush=True)
+        else:
+            with self.timed("update"), stage("update", "actor"):
+                for _ in range(cfg.actor.epochs):
+                    update = self.actor.update(batch, self.loss_kwargs())
+                metrics.update({f"actor/{k}": v for k, v in update.items()})
+            with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
+                self.sync_weights()
+        metrics["trainer/skipped_steps"] = self.skipped
+        step_time = time.perf_counter() - t_step
+        metrics.update({f"time/{k}": v for k, v in self.timings.items()})
+        metrics["time/step"] = step_time
+        gen_tokens = int(lengths.sum())
+        metrics["perf/tokens_per_s"] = gen_tokens / step_time
+        metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(self.timings["rollout"], 1e-9)
+        return metrics
+
+    def loss_kwargs(self) -> dict:
+        a = self.cfg.algorithm
+        kw = dict(algorithm=a.name, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.loss_agg,
+                  max_len=self.cfg.rollout.max_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+                  entropy_coef=a.entropy_coef)
+        if a.name == "bandpo":
+            kw.update(divergence=a.band.divergence, delta=a.band.delta, upper_cap=a.band.upper_cap,
+                      relax_high_p=a.band.relax_high_p)
+        return kw
+
+    # ------------------------------------------------------------------ pieces
+    @contextmanager
+    def timed(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+    def _generate(self, prompts, sampling):
+        from bandpo.rollout.worker import generate_on_workers
+
+        return generate_on_workers(self.rollout, prompts, sampling)
+
+    def sync_weights(self) -> None:
+        """Actor -> rollout: rank 0 writes one flat buffer in /dev/shm, every engine loads it."""
+        from bandpo.rollout.weight_sync import remove_shm
+        from bandpo.rollout.worker import sync_workers_from_shm
+
+        path = f"/dev/shm/bandpo-weights-{os.getpid()}.bin"
+        metas = self.actor.call("publish_weights_shm", path)[0]
+        try:
+            sync_workers_from_shm(self.rollout, path, metas)
+        finally:
+            remove_shm(path)
+
+    def evaluate(self) -> dict:
+        from bandpo.evaluate import run_eval
+
+        t0 = time.perf_counter()
+        with stage("eval", "rollout"):
+            out = run_eval(_WorkersEngine(self.rollout), self.scorer, self.tokenizer, self.eval_sets, self.cfg.eval)
+        out["time/eval"] = time.perf_counter() - t0
+        return out
+
+    def save(self) -> None:
+        # The driver draws no random numbers of its own (the sampler and the rollout seeds are
+        # functions of seed and step); each actor rank saves its RNG states with its engine.
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped": self.skipped}
+        with self.timed("checkpoint"), stage("checkpoint", "actor"):
+            self.ckpt.save(self.step, lambda folder: self.actor.call("save_checkpoint", str(folder)), state)
+
+    def _resume(self) -> None:
+        if self.cfg.trainer.resume == "never":
+            return
+        folder = self.ckpt.latest()
+        if folder is None:
+            return
+        state = self.ckpt.load_state(folder)
+        with stage("resume", "actor"):
+            self.actor.call("load_checkpoint", str(folder / "actor"))
+            self.sync_weights()
+        self.step, self.skipped = state["step"], state.get("skipped", 0)
+        self.sampler.load_state_dict(state["sampler"])
+        self.logger.truncate_after(self.step)
+        print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)
+
+    def close(self) -> None:
+        import ray
+
+        for closer in (getattr(self, "scorer", None), getattr(self, "logger", None)):
+            if closer is not None:
+                closer.close()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+class _WorkersEngine:
+    """The rollout workers seen as one ``RolloutEngine`` (for evaluation)."""
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def generate(self, prompt_token_ids, sampling):
+        from bandpo.rollout.worker import generate_on_workers
+
+        return generate_on_workers(self.workers, prompt_token_ids, sampling)
+
+
+def ensure_model(model_cfg) -> str:
+    """The model path, building the tiny recipe's model there first when ``model.build`` asks for it."""
+    path = os.path.expanduser(str(model_cfg.path))
+    build = model_cfg.get("build")
+    if build:  # the recipe's build is cached: it returns at once when the folder is current
+        if build != "tiny_arith":
+            raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
+        import importlib.util
+
+        script = Path(__file__).resolve().parent.parent / "recipes" / "tiny_arith" / "build_model.py"
+        spec = importlib.util.spec_from_file_location("tiny_arith_build", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses in the script look their module up here
+        spec.loader.exec_module(module)
+        module.build(path)
+    return path
+
+
+def _plain(node):
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def _reward_metrics(scores) -> dict[str, float]:
+    from collections import Counter
+
+    n = max(len(scores), 1)
+    counts = Counter(s.status for s in scores)
+    out = {"reward/mean": sum(s.reward for s in scores) / n, "reward/accuracy": sum(s.correct for s in scores) / n}
+    out.update({f"reward/frac_{status}": c / n for status, c in counts.items()})
+    return out
+
+
+def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor) -> dict[str, float]:
+    mask = batch.response_mask.bool()  # [N, R]
+    lengths = batch.response_lengths.float()  # [N]
+    diff = (batch.rollout_logprobs - batch.old_logprobs)[mask]  # log pi_rollout - log pi_actor, same tokens
+    return {
+        "response/length_mean": lengths.mean().item(), "response/length_max": lengths.max().item(),
+        "response/truncated_frac": sum(f == "length" for f in batch.finish_reasons) / max(batch.size, 1),
+        "actor/entropy": entropy[mask].mean().item(),
+        "health/rollout_actor_abs_diff": diff.abs().mean().item(),
+        # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
+        "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
+    }
+
+
+def _nonfinite(batch: TrainBatch) -> str:
+    mask = batch.response_mask.bool()
+    for name in ("rewards", "old_logprobs", "ref_logprobs"):
+        t = getattr(batch, name)
+        if t is None:
+            continue
+        values = t if t.dim() == 1 else t[mask]
+        if not torch.isfinite(values).all():
+            return name
+    return ""
+
+
+def train(cfg) -> dict:
+    """Run training for a composed, validated config; returns the last step's metrics."""
+    trainer = Trainer(cfg)
+    try:
+        trainer.setup()
+        return trainer.fit()
+    except WorkerFailure as e:
+        last = trainer.ckpt.latest() if trainer.ckpt.root.exists() else None
+        raise WorkerFailure(f"{e}\nlast complete checkpoint: {last or 'none'}") from e
+    finally:
+        trainer.close()
