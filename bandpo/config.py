@@ -111,6 +111,10 @@ def validate(cfg) -> None:
     rows = mini * _get(cfg, "rollout.n")
     workers = _get(cfg, "actor.num_workers")
     _check(rows % workers == 0, "actor.num_workers", f"must divide the rows of a mini-batch ({rows})", workers)
+    micro = _get(cfg, "actor.micro_batch_size")
+    _check((rows // workers) % micro == 0, "actor.micro_batch_size",
+           f"must divide the rows per rank of a mini-batch (mini_batch_prompts x rollout.n / num_workers = "
+           f"{rows // workers})", micro)
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _number(cfg, "trainer.save_every", low=0, integer=True)

@@ -1,0 +1,435 @@
+"""The actor: one DeepSpeed rank training a Hugging Face causal LM with the policy loss.
+
+Shapes follow ``bandpo.types``: N rows (this rank's shard), P prompt columns (left-padded),
+R response columns (right-padded), V vocabulary.
+
+Data parallelism: n ``Actor`` objects (usually Ray actors, see ``bandpo.actor.group``) join
+one torch.distributed group (gloo on CPU, nccl on GPU). Each holds a shard of every batch.
+Losses are normalised by the counts of the *global* optimizer mini-batch (all micro-batches
+of all ranks), so the summed micro-batch losses of all ranks are exactly the mini-batch loss.
+DeepSpeed averages gradients over ranks, hence each rank back-propagates
+``world_size * loss`` to end with the gradient of the sum.
+
+Every method that runs the model or touches parameters is collective under
+data parallelism: all ranks must call it, the same number of times, in the same order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from bandpo.actor import checkpoint as ckpt
+from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
+from bandpo.actor.logprobs import (
+    budget_chunks,
+    check_padding,
+    response_logits,
+    token_entropy,
+    token_logprobs,
+    trim_padding,
+)
+from bandpo.actor.metrics import MetricAccumulator
+from bandpo.actor.setup import LinearWarmup, init_distributed, load_model, seed_everything
+from bandpo.algo.losses import policy_loss
+from bandpo.types import TrainBatch
+
+CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
+# Normalisers and tensors the actor supplies to ``policy_loss`` itself.
+_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy")
+_LOSS_KWARGS = set(inspect.signature(policy_loss).parameters) - {
+    "logprobs",
+    "old_logprobs",
+    "advantages",
+    "mask",
+}
+
+
+class Actor:
+    """One data-parallel rank of the policy (and, optionally, a frozen reference model).
+
+    Args:
+        model_path: HF hub id or local folder of a causal LM.
+        rank, world_size, master_addr, master_port: torch.distributed rendezvous; rank 0's
+            address. ``master_port=None`` picks a free port (only valid with world_size 1).
+        zero_stage: DeepSpeed ZeRO stage (2 default; 3 partitions parameters too).
+        lr, betas, weight_decay: AdamW (decoupled weight decay on every parameter).
+        warmup_steps: linear warmup over this many optimizer steps, then constant.
+        grad_clip: max global gradient norm (0 disables).
+        bf16: bf16 weights/activations with fp32 master weights (GPU); fp32 otherwise.
+        gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
+        mini_batch_size: global rows per optimizer step (all ranks).
+        micro_batch_size: rows per forward/backward on one rank.
+        logprob_token_budget: padded tokens per no-grad forward in ``compute_logprobs``.
+        ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
+        temperature: logits are divided by it (match the rollout's sampling temperature).
+        seed: seeds python, numpy and torch.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        zero_stage: int = 2,
+        lr: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.01,
+        warmup_steps: int = 0,
+        grad_clip: float = 1.0,
+        bf16: bool = False,
+        gradient_checkpointing: bool = False,
+        mini_batch_size: int,
+        micro_batch_size: int,
+        logprob_token_budget: int = 16384,
+        ref_model: bool = False,
+        temperature: float = 1.0,
+        seed: int = 0,
+    ):
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.model_path, self.rank, self.world_size = model_path, rank, world_size
+        self.zero_stage, self.mini_batch_size, self.micro_batch_size = (
+            zero_stage,
+            mini_batch_size,
+            micro_batch_size,
+        )
+        self.logprob_token_budget, self.temperature = logprob_token_budget, temperature
+        self.grad_accum = grad_accum_steps(mini_batch_size, micro_batch_size, world_size)
+        seed_everything(seed)
+
+        accel = get_accelerator()
+        self.on_cpu = accel.device_name() == "cpu"
+        if bf16 and self.on_cpu:
+            raise ValueError("bf16=True needs a GPU; the CPU path trains in fp32")
+        # Under Ray each rank sees only its own GPU; a launcher that shows all GPUs gets rank % count.
+        local_rank = 0 if self.on_cpu or accel.device_count() == 1 else rank % accel.device_count()
+        init_distributed(
+            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl"
+        )
+        if not self.on_cpu:
+            accel.set_device(local_rank)
+        self.device = torch.device(accel.device_name(local_rank))
+
+        ds_config = build_ds_config(
+            zero_stage=zero_stage,
+            micro_batch_size=micro_batch_size,
+            grad_accum=self.grad_accum,
+            world_size=world_size,
+            grad_clip=grad_clip,
+            bf16=bf16,
+        )
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        model = load_model(model_path, dtype)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
+        )
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=ds_config,
+            dist_init_required=False,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
+        )
+        self.ref = None
+        if ref_model:
+            inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
+            ref = load_model(model_path, dtype).requires_grad_(False)
+            if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
+                ref = deepspeed.initialize(model=ref, config=inf_config, dist_init_required=False)[0]
+            else:
+                ref = ref.to(self.device)
+            ref.eval()  # DeepSpeedEngine.eval() returns None, so not chained
+            self.ref = ref
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: bool = False, ref: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [N, R] (and entropy [N, R] when asked) of the response tokens, float32 on CPU.
+
+        ``ref=True`` uses the frozen reference model. Rows are grouped into forward passes of
+        at most ``logprob_token_budget`` padded tokens; padding positions hold 0.0.
+        """
+        model = self._model(ref)
+        model.eval()
+        check_padding(batch.prompt_mask, batch.response_mask)
+        n, width = batch.response_ids.shape
+        logprobs = torch.zeros(n, width, dtype=torch.float32)
+        entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
+        chunks = budget_chunks(
+            batch.prompt_mask.sum(-1).tolist(),
+            batch.response_mask.sum(-1).tolist(),
+            self.logprob_token_budget,
+        )
+        for idx in chunks:
+            rows = torch.tensor(idx)
+            p_ids, p_mask, r_ids, r_mask = (
+                t.to(self.device)
+                for t in trim_padding(
+                    batch.prompt_ids[rows],
+                    batch.prompt_mask[rows],
+                    batch.response_ids[rows],
+                    batch.response_mask[rows],
+                )
+            )
+            logits = response_logits(model, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature)
+            r, pad = r_ids.shape[1], r_mask == 0
+            logprobs[rows, :r] = token_logprobs(logits, r_ids).masked_fill(pad, 0.0).cpu()
+            if entropy is not None:
+                entropy[rows, :r] = token_entropy(logits).masked_fill(pad, 0.0).cpu()
+            del logits
+        self._pad_zero3_passes(model, len(chunks))
+        return logprobs, entropy
+
+    def _model(self, ref: bool):
+        if not ref:
+            return self.engine
+        if self.ref is None:
+            raise ValueError("compute_logprobs(ref=True) needs an Actor built with ref_model=True")
+        return self.ref
+
+    def _pad_zero3_passes(self, model, done: int) -> None:
+        """Under ZeRO-3 every forward is a collective (parameter gathers): ranks with fewer
+        chunks than the busiest rank run dummy one-token forwards to keep in step."""
+        if self.zero_stage != 3 or self.world_size == 1:
+            return
+        most = self._all_reduce(torch.tensor([done]), max_=True)
+        one = torch.ones(1, 1, dtype=torch.long, device=self.device)
+        for _ in range(int(most) - done):
+            model(input_ids=one, attention_mask=one, use_cache=False, logits_to_keep=1)
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: TrainBatch, loss_kwargs: dict) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (this rank's shard) with ``policy_loss(**loss_kwargs)``.
+
+        The shard is split in order into mini-batches of ``mini_batch_size / world_size`` rows
+        (one optimizer step each) and those into micro-batches of ``micro_batch_size`` rows.
+        ``loss_kwargs`` are ``policy_loss`` options (algorithm, eps, band, agg, kl_coef, ...);
+        ``max_len`` there overrides the default ``seq-mean-token-sum-norm`` length (the longest
+        response of the global mini-batch). Returns metrics averaged over the global batch,
+        identical on every rank: token-weighted means of the loss metrics, ``loss``/``pg_loss``
+        per optimizer step, ``grad_norm``, ``lr``, ``num_tokens``, ``time_s``, ``tokens_per_s``.
+        """
+        start = time.perf_counter()
+        loss_kwargs = self._check_update(batch, loss_kwargs)
+        max_len_override = loss_kwargs.pop("max_len", None)
+        entropy_grad = float(loss_kwargs.get("entropy_coef", 0.0)) != 0.0
+        per_rank = self.mini_batch_size // self.world_size
+        n_steps = batch.size // per_rank
+        num_tokens, max_len = self._global_normalisers(batch.response_mask, n_steps, per_rank)
+
+        self.engine.train()
+        acc = MetricAccumulator()
+        for step in range(n_steps):
+            lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
+            for micro in range(self.grad_accum):
+                first = step * per_rank + micro * self.micro_batch_size
+                mb = batch.select(slice(first, first + self.micro_batch_size))
+                p_ids, p_mask, r_ids, r_mask = (
+                    t.to(self.device)
+                    for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+                )
+                r = r_ids.shape[1]
+                logits = response_logits(
+                    self.engine, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature
+                )
+                logprobs = token_logprobs(logits, r_ids)  # [n, r]
+                if entropy_grad:
+                    entropy = token_entropy(logits)
+                else:  # for the metric only: no graph through a second softmax
+                    with torch.no_grad():
+                        entropy = token_entropy(logits.detach())
+                ref_lp = (
+                    None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
+                )
+                loss, metrics = policy_loss(
+                    logprobs,
+                    mb.old_logprobs[:, :r].contiguous().to(self.device),
+                    mb.advantages.to(self.device),
+                    r_mask,
+                    num_tokens=num_tokens[step],
+                    num_seqs=float(self.mini_batch_size),
+                    max_len=float(max_len_override or max_len[step]),
+                    ref_logprobs=ref_lp,
+                    entropy=entropy,
+                    **loss_kwargs,
+                )
+                # DeepSpeed averages gradients over ranks; scale so they end up summed.
+                self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                self.engine.step()  # applies the optimizer only at the accumulation boundary
+                acc.add_micro(metrics, r_mask.sum())
+                del logits, logprobs, entropy, loss
+            acc.add_step(grad_norm=self.engine.get_global_grad_norm(), lr=lr)
+        out = acc.reduce(self._all_reduce)
+        out["time_s"] = time.perf_counter() - start
+        out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
+        return out
+
+    def _check_update(self, batch: TrainBatch, loss_kwargs: dict) -> dict:
+        missing = [f for f in ("advantages", "old_logprobs") if getattr(batch, f) is None]
+        if missing:
+            raise ValueError(f"update: batch is missing {', '.join(missing)}")
+        reserved = sorted(set(loss_kwargs) & set(_RESERVED_LOSS_KWARGS))
+        if reserved:
+            raise ValueError(f"update: loss_kwargs {reserved} are computed by the actor; remove them")
+        unknown = sorted(set(loss_kwargs) - _LOSS_KWARGS)
+        if unknown:
+            raise ValueError(f"update: unknown loss_kwargs {unknown}; valid: {sorted(_LOSS_KWARGS)}")
+        if float(loss_kwargs.get("kl_coef", 0.0)) > 0 and batch.ref_logprobs is None:
+            raise ValueError("update: kl_coef > 0 needs batch.ref_logprobs (compute_logprobs(ref=True))")
+        per_rank = self.mini_batch_size // self.world_size
+        if batch.size == 0 or batch.size % per_rank:
+            raise ValueError(
+                f"update: this rank's {batch.size} rows are not a positive multiple of "
+                f"mini_batch_size/world_size = {self.mini_batch_size}/{self.world_size} = {per_rank}"
+            )
+        check_padding(batch.prompt_mask, batch.response_mask)
+        return dict(loss_kwargs)
+
+    def _global_normalisers(self, response_mask: torch.Tensor, n_steps: int, per_rank: int):
+        """Per optimizer step: valid tokens summed over ranks, longest response over ranks."""
+        lengths = response_mask.sum(-1).view(n_steps, per_rank).to(torch.float64)  # [steps, rows]
+        tokens = self._all_reduce(lengths.sum(-1))
+        longest = self._all_reduce(lengths.max(-1).values, max_=True)
+        if bool((tokens == 0).any()):
+            raise ValueError("update: a mini-batch has no response tokens (all response_mask zero)")
+        return tokens.tolist(), longest.clamp(min=1).tolist()
+
+    # ------------------------------------------------------------------ weights
+    def named_weights(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters as (HF name, CPU tensor copy) lists of about ``bucket_bytes`` each.
+
+        Tied weights appear once (``lm_head.weight`` is absent when tied to the embeddings).
+        Under ZeRO-3 each bucket is gathered on its own (never the whole model): all ranks must
+        iterate to the end.
+        """
+        bucket: list[tuple[str, torch.nn.Parameter]] = []
+        size = 0
+        for name, p in self.engine.module.named_parameters():
+            nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield self._materialize(bucket)
+                bucket, size = [], 0
+            bucket.append((name, p))
+            size += nbytes
+        if bucket:
+            yield self._materialize(bucket)
+
+    def _materialize(self, bucket: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, torch.Tensor]]:
+        with self._gathered([p for _, p in bucket]):
+            return [(name, p.detach().to("cpu", copy=True)) for name, p in bucket]
+
+    @contextmanager
+    def _gathered(self, params):
+        if self.zero_stage != 3:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+
+    def state_fingerprint(self) -> float:
+        """Sum of |parameter| over the full model (float64); equal fingerprints ~ equal weights."""
+        return float(sum(t.double().abs().sum() for b in self.named_weights() for _, t in b))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str, client_state: dict | None = None) -> None:
+        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``."""
+        tmp = ckpt.staging_dir(path)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._barrier()
+        self.engine.save_checkpoint(
+            str(tmp), tag=CKPT_TAG, client_state={"bandpo": dict(client_state or {})}, save_latest=False
+        )
+        ckpt.save_rng(tmp, self.rank)
+        self._barrier()
+        if self.rank == 0:
+            ckpt.publish(tmp, path)
+        self._barrier()
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what ``save_checkpoint`` wrote; returns its ``client_state``."""
+        if not os.path.isdir(os.path.join(path, CKPT_TAG)):
+            raise FileNotFoundError(
+                f"load_checkpoint: {path!r} is not an actor checkpoint (no {CKPT_TAG}/ inside)"
+            )
+        load_path, client = self.engine.load_checkpoint(
+            path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if load_path is None:
+            raise FileNotFoundError(f"load_checkpoint: DeepSpeed found no checkpoint in {path!r}")
+        ckpt.load_rng(path, self.rank)
+        return dict((client or {}).get("bandpo", {}))
+
+    def export_hf(self, path: str) -> None:
+        """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
+
+        Weights are in the training dtype; the folder appears atomically.
+        """
+        tmp = ckpt.staging_dir(path)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank == 0)
+        if self.rank == 0:
+            ckpt.publish(tmp, path)
+        self._barrier()
+
+    def publish_weights_shm(self, path: str) -> list:
+        """Write the full weights to one shared-memory file for the rollout engines (CPU sync path).
+
+        Every rank must call it (ZeRO-3 gathers per bucket); rank 0 writes ``path`` and returns
+        the tensor layout (``TensorMeta`` list), other ranks return an empty list.
+        """
+        from bandpo.rollout.weight_sync import write_weights_shm
+
+        tensors = ckpt.iter_tensors(self.named_weights())
+        if self.rank == 0:
+            return write_weights_shm(tensors, path)
+        for _ in tensors:  # take part in the gathers
+            pass
+        return []
+
+    # ------------------------------------------------------------------ misc
+    def info(self) -> dict:
+        """Rank, world size, device and optimizer steps taken (also a cheap liveness probe for Ray)."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "device": str(self.device),
+            "zero_stage": self.zero_stage,
+            "global_steps": int(self.engine.global_steps),
+        }
+
+    def _all_reduce(self, t: torch.Tensor, max_: bool = False) -> torch.Tensor:
+        """Sum (or max) of a small CPU tensor over ranks, via the device (NCCL needs GPU tensors)."""
+        if self.world_size == 1:
+            return t
+        t = t.to(self.device)
+        torch.distributed.all_reduce(
+            t, op=torch.distributed.ReduceOp.MAX if max_ else torch.distributed.ReduceOp.SUM
+        )
+        return t.cpu()
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
