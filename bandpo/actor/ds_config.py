@@ -1,0 +1,71 @@
+"""DeepSpeed config for the actor, and the batch arithmetic behind it.
+
+Batch vocabulary (rows = responses):
+    mini_batch_size   global rows per optimizer step (all data-parallel ranks together)
+    micro_batch_size  rows per forward/backward on one rank
+    grad_accum        micro-batches per rank per optimizer step
+                      = mini_batch_size / (world_size * micro_batch_size)
+
+The optimizer and LR schedule are built by the worker (torch AdamW + LambdaLR) and handed
+to ``deepspeed.initialize``; the config therefore has no "optimizer"/"scheduler" sections
+and sets ``zero_allow_untested_optimizer`` so ZeRO accepts the client optimizer.
+"""
+
+from __future__ import annotations
+
+
+def grad_accum_steps(mini_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step; raises if the sizes do not divide evenly."""
+    for name, v in (
+        ("mini_batch_size", mini_batch_size),
+        ("micro_batch_size", micro_batch_size),
+        ("world_size", world_size),
+    ):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    per_rank, rem = divmod(mini_batch_size, world_size)
+    if rem:
+        raise ValueError(f"mini_batch_size={mini_batch_size} is not divisible by world_size={world_size}")
+    steps, rem = divmod(per_rank, micro_batch_size)
+    if rem:
+        raise ValueError(
+            f"mini_batch_size/world_size={per_rank} rows per rank is not divisible by "
+            f"micro_batch_size={micro_batch_size}"
+        )
+    return steps
+
+
+def build_ds_config(
+    *,
+    zero_stage: int,
+    micro_batch_size: int,
+    grad_accum: int,
+    world_size: int,
+    grad_clip: float,
+    bf16: bool,
+) -> dict:
+    """A DeepSpeed config dict for one actor engine (training)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "gradient_clipping": float(grad_clip) if grad_clip and grad_clip > 0 else 0.0,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bool(bf16)},
+        "zero_allow_untested_optimizer": True,
+        # DeepSpeed prints throughput every `steps_per_print` steps; the trainer logs its own.
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_inference_config(*, zero_stage: int, bf16: bool) -> dict:
+    """Config for the frozen reference model under ZeRO-3 (parameters partitioned, no optimizer)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bool(bf16)},
+        "steps_per_print": 2**31 - 1,
+    }

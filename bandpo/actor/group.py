@@ -1,0 +1,141 @@
+"""Data-parallel actor ranks as Ray actors, and how a batch is split between them.
+
+Sharding is strided (rank r takes rows r, r + W, r + 2W, ...): then the k-th local
+mini-batch of every rank holds exactly the rows of the k-th global mini-batch, so n ranks
+take the same optimizer steps as one rank on the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from bandpo.types import RolloutBatch, TrainBatch
+
+# Environment the rank processes need to see the same engines as the driver.
+_FORWARDED_ENV = ("DS_ACCELERATOR", "TOKENIZERS_PARALLELISM", "HF_HOME", "HF_HUB_OFFLINE")
+
+
+def shard_batch(batch: RolloutBatch, rank: int, world_size: int) -> TrainBatch:
+    """Rows ``rank::world_size`` of ``batch`` (same column widths); a RolloutBatch becomes a TrainBatch."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"shard_batch: rank={rank} not in [0, world_size={world_size})")
+    if batch.size % world_size:
+        raise ValueError(f"shard_batch: {batch.size} rows do not split evenly over world_size={world_size}")
+    if not isinstance(batch, TrainBatch):
+        batch = TrainBatch.from_rollout(batch)
+    return batch.select(torch.arange(rank, batch.size, world_size))
+
+
+def unshard_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Inverse of ``shard_batch`` for per-row tensors: parts[r] holds rows r::W -> [N, ...]."""
+    world = len(parts)
+    out = parts[0].new_empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]))
+    for rank, part in enumerate(parts):
+        out[rank::world] = part
+    return out
+
+
+def _rendezvous() -> tuple[str, int]:
+    """Run on rank 0's node: its address and a free port for torch.distributed."""
+    import ray
+
+    from bandpo.actor.setup import free_port
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+class ActorGroup:
+    """``world_size`` Ray actors running ``bandpo.actor.Actor``, one rank each.
+
+    Ranks are gang-scheduled in a placement group (one bundle per rank); rank 0's node
+    publishes the rendezvous address before the ranks start. Needs ``ray.init()`` first.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        world_size: int,
+        *,
+        num_cpus_per_rank: float = 1,
+        num_gpus_per_rank: float = 0,
+        **actor_kwargs: Any,
+    ):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from bandpo.actor.worker import Actor
+
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        bundle = {"CPU": num_cpus_per_rank, **({"GPU": num_gpus_per_rank} if num_gpus_per_rank else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        ray.get(self.pg.ready())
+
+        def on(rank: int):
+            return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank)
+
+        addr, port = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on(0)).remote())
+        env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        remote_cls = ray.remote(Actor)
+        self.workers = [
+            remote_cls.options(
+                num_cpus=num_cpus_per_rank,
+                num_gpus=num_gpus_per_rank,
+                scheduling_strategy=on(rank),
+                runtime_env={"env_vars": env},
+            ).remote(
+                model_path,
+                rank=rank,
+                world_size=world_size,
+                master_addr=addr,
+                master_port=port,
+                **actor_kwargs,
+            )
+            for rank in range(world_size)
+        ]
+        ray.get([w.info.remote() for w in self.workers])  # surfaces constructor errors here
+
+    def call(self, method: str, *args, **kwargs) -> list:
+        """Run ``method`` on every rank with the same arguments; results in rank order."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def update(self, batch: TrainBatch, loss_kwargs: dict) -> dict[str, float]:
+        """Shard ``batch`` over the ranks and update; returns the (globally reduced) metrics of rank 0."""
+        import ray
+
+        refs = [
+            w.update.remote(shard_batch(batch, r, self.world_size), loss_kwargs)
+            for r, w in enumerate(self.workers)
+        ]
+        return ray.get(refs)[0]
+
+    def compute_logprobs(self, batch: RolloutBatch, with_entropy: bool = False, ref: bool = False):
+        """``Actor.compute_logprobs`` over the ranks, reassembled in the batch's row order."""
+        import ray
+
+        parts = ray.get(
+            [
+                w.compute_logprobs.remote(shard_batch(batch, r, self.world_size), with_entropy, ref)
+                for r, w in enumerate(self.workers)
+            ]
+        )
+        logprobs = unshard_rows([p[0] for p in parts])
+        entropy = unshard_rows([p[1] for p in parts]) if with_entropy else None
+        return logprobs, entropy
+
+    def shutdown(self) -> None:
+        """Kill the rank actors and free their placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in self.workers:
+            ray.kill(w)
+        remove_placement_group(self.pg)
+        self.workers = []

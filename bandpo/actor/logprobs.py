@@ -1,0 +1,126 @@
+"""Per-token log-probs and entropy of response tokens from a causal LM (pure torch).
+
+One row as the model sees it::
+
+    [pad .. pad  prompt tokens | response tokens  pad .. pad]
+     prompt_ids [N, P] left-padded | response_ids [N, R] right-padded
+
+    input_ids      = concat(prompt_ids, response_ids)        # [N, P+R]
+    attention_mask = concat(prompt_mask, response_mask)      # [N, P+R]
+    position_ids   = cumsum(attention_mask) - 1, clamped >= 0  (left padding does not shift positions)
+
+The logit predicting response token j sits at input position P - 1 + j, so the model only
+has to project the last R + 1 hidden states onto the vocabulary (``logits_to_keep``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_padding(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """Raise if prompts are not left-padded (>= 1 real token) or responses not right-padded."""
+    if prompt_mask.shape[1] == 0 or not bool(prompt_mask[:, -1].all()):
+        rows = [] if prompt_mask.shape[1] == 0 else (prompt_mask[:, -1] == 0).nonzero().flatten().tolist()
+        raise ValueError(
+            f"prompt_mask must be left-padded with >= 1 prompt token per row; bad rows {rows[:8]}"
+        )
+    if response_mask.shape[1] > 1:
+        bad = (response_mask[:, 1:] > response_mask[:, :-1]).any(-1)
+        if bool(bad.any()):
+            raise ValueError(
+                f"response_mask must be right-padded; bad rows {bad.nonzero().flatten()[:8].tolist()}"
+            )
+
+
+def trim_padding(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop columns that are padding in every row: leading prompt columns, trailing response columns.
+
+    Returns ``(prompt_ids [n, p], prompt_mask [n, p], response_ids [n, r], response_mask [n, r])``
+    with p <= P and 1 <= r <= R; the first r response columns are kept, so per-token tensors
+    of the caller are sliced with ``[:, :r]``.
+    """
+    p_keep = int(prompt_mask.sum(-1).max())
+    r_keep = max(int(response_mask.sum(-1).max()), 1)
+    p_cols = slice(prompt_ids.shape[1] - p_keep, None)
+    return prompt_ids[:, p_cols], prompt_mask[:, p_cols], response_ids[:, :r_keep], response_mask[:, :r_keep]
+
+
+def model_inputs(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` (all [n, P+R]) for a HF causal LM."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def response_logits(
+    model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logits [n, R, V] (float32) predicting each response token.
+
+    ``model`` is a HF causal LM or a DeepSpeed engine around one.
+    """
+    width = response_ids.shape[1]
+    out = model(
+        **model_inputs(prompt_ids, prompt_mask, response_ids, response_mask),
+        use_cache=False,
+        logits_to_keep=width + 1,
+    )
+    logits = out.logits[:, :-1].float()  # [n, R, V]: drop the prediction after the last column
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids]: logits [n, R, V], ids [n, R] -> [n, R].
+
+    Written as gather - logsumexp so no second [n, R, V] tensor (the log-softmax) is kept.
+    """
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [n, R]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: [n, R, V] -> [n, R].
+
+    H = logsumexp(z) - sum softmax(z) z, which avoids log(0) for vanishing probabilities.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def budget_chunks(prompt_lens: list[int], response_lens: list[int], token_budget: int) -> list[list[int]]:
+    """Group row indices into forward passes of at most ``token_budget`` padded tokens each.
+
+    A group of rows costs rows * (longest prompt + longest response) tokens after trimming.
+    Rows are taken longest first, so rows of similar length share a pass and padding stays
+    small; a row longer than the budget forms a pass of its own.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = sorted(range(len(prompt_lens)), key=lambda i: prompt_lens[i] + response_lens[i], reverse=True)
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    max_p = max_r = 0
+    for i in order:
+        p, r = max(max_p, prompt_lens[i]), max(max_r, max(response_lens[i], 1))
+        if cur and (len(cur) + 1) * (p + r) > token_budget:
+            chunks.append(cur)
+            cur, p, r = [], prompt_lens[i], max(response_lens[i], 1)
+        cur.append(i)
+        max_p, max_r = p, r
+    if cur:
+        chunks.append(cur)
+    return chunks

@@ -1,0 +1,81 @@
+"""Building blocks of an actor rank: seeding, process group, model loading, LR schedule."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+
+import numpy as np
+import torch
+
+
+class LinearWarmup:
+    """LR multiplier: (step + 1) / warmup_steps for the first ``warmup_steps`` steps, then 1.
+
+    A class rather than a lambda so the scheduler's state (saved in checkpoints) pickles.
+    """
+
+    def __init__(self, warmup_steps: int):
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step: int) -> float:
+        return 1.0 if step >= self.warmup_steps else (step + 1) / self.warmup_steps
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(
+    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str
+) -> None:
+    """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment."""
+    import deepspeed
+
+    if torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() != world_size or torch.distributed.get_rank() != rank:
+            raise RuntimeError(
+                f"torch.distributed already initialised as rank {torch.distributed.get_rank()}/"
+                f"{torch.distributed.get_world_size()}, but Actor asked for rank {rank}/{world_size}"
+            )
+        return
+    if port is None:
+        if world_size > 1:
+            raise ValueError("master_port is required when world_size > 1 (rank 0's rendezvous port)")
+        port = free_port()
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+    )
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
+def load_model(path: str, dtype: torch.dtype):
+    """HF causal LM with dropout off (the ratio must be exactly 1 before the first step).
+
+    Loaded whole on every rank; under ZeRO-3, ``deepspeed.initialize`` partitions it
+    afterwards. Building it already partitioned (less host memory per rank for large models)
+    goes through transformers' ``HfDeepSpeedConfig``, which needs the ``accelerate`` package.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    for key, value in list(vars(config).items()):
+        if "dropout" in key and isinstance(value, float):
+            setattr(config, key, 0.0)
+    config.use_cache = False
+    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)

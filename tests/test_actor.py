@@ -1,0 +1,298 @@
+"""The DeepSpeed actor on CPU (real DeepSpeed, gloo, fp32) with the tiny Qwen2 model.
+
+Single-rank tests run in this process; the two-rank ones are in test_actor_dp.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bandpo.actor import Actor, shard_batch, unshard_rows
+from bandpo.actor.ds_config import grad_accum_steps
+from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
+from bandpo.types import RolloutBatch, TrainBatch
+
+BANDPO = {
+    "algorithm": "bandpo",
+    "divergence": "kl",
+    "delta": 0.05,
+    "upper_cap": 10.0,
+    "agg": "seq-mean-token-mean",
+}
+
+
+# ---------------------------------------------------------------- helpers (also used by test_actor_dp)
+def make_rollout(n: int, seed: int, *, max_prompt: int = 8, max_response: int = 12) -> RolloutBatch:
+    """Random prompts/responses of random lengths (ids from the tiny tokenizer's range), pad id 0."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(lo, hi):
+        return torch.randint(
+            3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
+        ).tolist()
+
+    prompts = [ids(1, max_prompt) for _ in range(n)]
+    responses = [ids(1, max_response) for _ in range(n)]
+    return RolloutBatch.from_lists(
+        prompts, responses, [[0.0] * len(r) for r in responses], list(range(n)), ["stop"] * n, pad_id=0
+    )
+
+
+def make_train_batch(actor: Actor, n: int, seed: int, *, noise: float = 0.3, advantages=None) -> TrainBatch:
+    """A batch whose old logprobs are the actor's own, shifted by noise so that some ratios clip."""
+    rb = make_rollout(n, seed)
+    old, _ = actor.compute_logprobs(rb)
+    g = torch.Generator().manual_seed(seed + 1)
+    old = (old + noise * torch.randn(old.shape, generator=g)).clamp(max=-1e-3) * rb.response_mask
+    adv = torch.randn(n, generator=g) if advantages is None else advantages
+    return TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old, rewards=adv.sign())
+
+
+def full_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    return {name: t for bucket in actor.named_weights() for name, t in bucket}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def masked_mean_per_row(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [N]
+    return (x * mask).sum(-1) / mask.sum(-1)
+
+
+def new_actor(model_dir, **kw) -> Actor:
+    """Adam's first steps map a gradient g to about lr * g / (|g| + 1e-8): for entries with |g| near
+    1e-8, fp32 summation-order noise (~1e-10) moves the update by ~1% of lr. Equivalence tests
+    therefore use lr = 1e-4 (weights agree to ~1e-6) and also compare the pre-clip grad norm,
+    which, unlike Adam's update, would expose a wrongly scaled loss."""
+    kw = {"mini_batch_size": 8, "micro_batch_size": 2, "lr": 1e-4, "weight_decay": 0.0, **kw}
+    return Actor(model_dir, **kw)
+
+
+# ---------------------------------------------------------------- slow, obvious references
+def slow_logprobs_entropy(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token by token, in float64, straight from the definitions."""
+    n, r, _ = logits.shape
+    lp, ent = torch.zeros(n, r, dtype=torch.float64), torch.zeros(n, r, dtype=torch.float64)
+    for i in range(n):
+        for j in range(r):
+            z = logits[i, j].double()
+            p = torch.exp(z - z.max()) / torch.exp(z - z.max()).sum()
+            lp[i, j] = math.log(p[ids[i, j]])
+            ent[i, j] = -sum(float(q) * math.log(float(q)) for q in p if q > 0)
+    return lp, ent
+
+
+def plain_hf_logprobs(model_dir: str, rb: RolloutBatch) -> torch.Tensor:
+    """One unpadded row at a time through a plain transformers model: [N, R], 0 at padding."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = torch.zeros(rb.response_ids.shape)
+    prompts, responses, _ = rb.to_lists()
+    with torch.no_grad():
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids = torch.tensor([p + r])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)  # predicts ids[1:]
+            picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+            out[i, : len(r)] = picked[-len(r) :]
+    return out
+
+
+# ---------------------------------------------------------------- pure helpers
+def test_fast_logprobs_and_entropy_match_slow_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(3, 5, 17, generator=g)
+    logits[0, 0, 4] = -80.0  # a vanishing probability must not produce nan entropy
+    ids = torch.randint(0, 17, (3, 5), generator=g)
+    ref_lp, ref_ent = slow_logprobs_entropy(logits, ids)
+    torch.testing.assert_close(token_logprobs(logits, ids).double(), ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(token_entropy(logits).double(), ref_ent, atol=1e-5, rtol=0)
+
+
+def test_budget_chunks_cover_rows_once_and_respect_budget():
+    g = torch.Generator().manual_seed(1)
+    p_lens = torch.randint(1, 30, (50,), generator=g).tolist()
+    r_lens = torch.randint(0, 60, (50,), generator=g).tolist()
+    chunks = budget_chunks(p_lens, r_lens, token_budget=200)
+    assert sorted(i for c in chunks for i in c) == list(range(50))
+    for c in chunks:
+        cost = len(c) * (max(p_lens[i] for i in c) + max(max(r_lens[i], 1) for i in c))
+        assert cost <= 200 or len(c) == 1
+    assert budget_chunks(p_lens, r_lens, token_budget=10**6) == [
+        sorted(range(50), key=lambda i: -(p_lens[i] + r_lens[i]))
+    ]
+
+
+def test_padding_checks_and_trim():
+    rb = make_rollout(4, 0)
+    wide_p = torch.cat([torch.zeros(4, 3, dtype=torch.long), rb.prompt_mask], 1)
+    wide_r = torch.cat([rb.response_mask, torch.zeros(4, 2, dtype=torch.long)], 1)
+    _, pm, _, rm = trim_padding(wide_p, wide_p, wide_r, wide_r)
+    assert pm.shape == rb.prompt_mask.shape and rm.shape == rb.response_mask.shape
+    with pytest.raises(ValueError, match="left-padded"):
+        check_padding(rb.prompt_mask.flip(1), rb.response_mask)
+    with pytest.raises(ValueError, match="right-padded"):
+        check_padding(rb.prompt_mask, rb.response_mask.flip(1))
+
+
+def test_shard_unshard_and_batch_arithmetic():
+    rb = make_rollout(6, 0)
+    tb = TrainBatch.from_rollout(rb, advantages=torch.arange(6.0))
+    parts = [shard_batch(tb, r, 3) for r in range(3)]
+    assert parts[1].advantages.tolist() == [1.0, 4.0]
+    torch.testing.assert_close(unshard_rows([p.response_ids for p in parts]), rb.response_ids)
+    with pytest.raises(ValueError, match="world_size=4"):
+        shard_batch(tb, 0, 4)
+    assert grad_accum_steps(64, 4, 2) == 8
+    with pytest.raises(ValueError, match="micro_batch_size=3"):
+        grad_accum_steps(64, 3, 2)
+
+
+# ---------------------------------------------------------------- the actor
+def test_compute_logprobs_matches_plain_transformers(tiny_model_dir):
+    """Left-padded prompts, right-padded responses, extra all-padding columns, several passes."""
+    actor = new_actor(tiny_model_dir, logprob_token_budget=48)
+    rb = make_rollout(7, 3)
+    expected = plain_hf_logprobs(tiny_model_dir, rb)
+    lp, ent = actor.compute_logprobs(rb, with_entropy=True)
+    torch.testing.assert_close(lp, expected, atol=1e-5, rtol=0)
+    assert bool((ent[rb.response_mask == 0] == 0).all()) and bool((ent[rb.response_mask == 1] > 0).all())
+
+    wider = TrainBatch.from_rollout(rb)
+    wider.prompt_ids = torch.cat([torch.zeros(7, 4, dtype=torch.long), rb.prompt_ids], 1)
+    wider.prompt_mask = torch.cat([torch.zeros(7, 4, dtype=torch.long), rb.prompt_mask], 1)
+    wider.response_ids = torch.cat([rb.response_ids, torch.zeros(7, 3, dtype=torch.long)], 1)
+    wider.response_mask = torch.cat([rb.response_mask, torch.zeros(7, 3, dtype=torch.long)], 1)
+    lp_wide, _ = actor.compute_logprobs(wider)
+    torch.testing.assert_close(lp_wide[:, : lp.shape[1]], lp, atol=1e-5, rtol=0)
+    assert bool((lp_wide[:, lp.shape[1] :] == 0).all())
+
+
+def test_update_moves_logprobs_with_the_advantage_sign(tiny_model_dir):
+    actor = new_actor(tiny_model_dir, lr=1e-3)
+    rb = make_rollout(8, 5)
+    mask = rb.response_mask.float()
+
+    def step(adv_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+        old, _ = actor.compute_logprobs(rb)
+        batch = TrainBatch.from_rollout(rb, advantages=torch.full((8,), adv_value), old_logprobs=old)
+        metrics = actor.update(batch, dict(BANDPO))
+        new, _ = actor.compute_logprobs(rb)
+        return masked_mean_per_row(new - old, mask), metrics
+
+    before = full_weights(actor)
+    delta, metrics = step(0.0)  # zero advantage, no KL, no weight decay: nothing moves
+    assert max_diff(before, full_weights(actor)) == 0.0
+    assert metrics["grad_norm"] == 0.0 and metrics["optimizer_steps"] == 1.0
+
+    delta, metrics = step(+1.0)
+    assert bool((delta > 0).all()), delta
+    assert metrics["loss"] == pytest.approx(-1.0, abs=1e-6)  # ratio 1 at the start: loss = -mean A
+    assert metrics["grad_norm"] > 0 and metrics["lr"] == pytest.approx(1e-3)
+    assert metrics["num_tokens"] == float(mask.sum())
+
+    delta, _ = step(-1.0)
+    assert bool((delta < 0).all()), delta
+
+
+@pytest.mark.parametrize(
+    "algorithm,agg",
+    [("bandpo", "seq-mean-token-mean"), ("grpo", "token-mean"), ("clip_higher", "seq-mean-token-sum-norm")],
+)
+def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, algorithm, agg):
+    loss_kwargs = dict(BANDPO, algorithm=algorithm, agg=agg, kl_coef=0.01)
+    results = []
+    for micro in (1, 4):  # 4 vs 1 micro-batches per optimizer step, 2 optimizer steps
+        actor = new_actor(tiny_model_dir, mini_batch_size=4, micro_batch_size=micro, ref_model=True)
+        batch = make_train_batch(actor, 8, seed=11)
+        batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
+        metrics = actor.update(batch, loss_kwargs)
+        results.append((full_weights(actor), metrics))
+    (w1, m1), (w4, m4) = results
+    assert max_diff(w1, w4) < 1e-5
+    assert max_diff(w1, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
+    for key in ("loss", "pg_loss", "clip_frac_up", "clip_frac_down", "entropy", "kl_ref", "grad_norm"):
+        assert m1[key] == pytest.approx(m4[key], rel=1e-5, abs=1e-6), key
+    if algorithm != "bandpo":  # band's interval is wide for these p ~ 1/400 tokens: nothing clips
+        assert m1["clip_frac_up"] + m1["clip_frac_down"] > 0  # the noisy old logprobs made clipping happen
+
+
+def test_checkpoint_resume_equals_uninterrupted_and_hf_export(tiny_model_dir, tmp_path):
+    kw = {"mini_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 3, "weight_decay": 0.01}
+    a = new_actor(tiny_model_dir, **kw)
+    b1, b2 = make_train_batch(a, 8, seed=21), make_train_batch(a, 8, seed=22)
+    m_1 = a.update(b1, dict(BANDPO))
+    assert m_1["lr"] == pytest.approx(2e-4 / 3)  # 2nd of 3 linear warmup steps
+    torch.manual_seed(1234)  # RNG state must travel with the checkpoint
+    a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1, "note": "x"})
+    a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1, "note": "x"})  # overwriting is atomic too
+    assert not (tmp_path / "ckpt.tmp").exists() and not (tmp_path / "ckpt.old").exists()
+    rand_after_save = torch.rand(3)
+    m_a = a.update(b2, dict(BANDPO))
+    uninterrupted = full_weights(a)
+
+    b = new_actor(tiny_model_dir, **kw)
+    assert b.load_checkpoint(str(tmp_path / "ckpt")) == {"step": 1, "note": "x"}
+    torch.testing.assert_close(torch.rand(3), rand_after_save)
+    m_b = b.update(b2, dict(BANDPO))
+    assert m_b["lr"] == pytest.approx(m_a["lr"]) and m_a["lr"] == pytest.approx(1e-4)  # warmup state restored
+    assert max_diff(uninterrupted, full_weights(b)) < 1e-6
+    with pytest.raises(FileNotFoundError, match="not an actor checkpoint"):
+        b.load_checkpoint(str(tmp_path))
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    a.export_hf(str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf")).eos_token == "<|im_end|>"
+    ids = make_rollout(1, 0).response_ids
+    with torch.no_grad():
+        a.engine.module.eval()
+        torch.testing.assert_close(
+            exported(input_ids=ids).logits, a.engine.module(input_ids=ids).logits, atol=1e-5, rtol=0
+        )
+
+
+def test_zero3_matches_zero2_for_one_step(tiny_model_dir, tmp_path):
+    """ZeRO-3 trains on CPU: same step as ZeRO-2, per-bucket gathers, partitioned ref model, export."""
+    loss_kwargs = dict(BANDPO, kl_coef=0.01)
+    weights = {}
+    for stage in (2, 3):
+        actor = new_actor(tiny_model_dir, zero_stage=stage, ref_model=True)
+        batch = make_train_batch(actor, 8, seed=31)
+        batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
+        actor.update(batch, loss_kwargs)
+        weights[stage] = full_weights(actor)
+    assert max_diff(weights[2], weights[3]) < 1e-5
+
+    buckets = list(actor.named_weights(bucket_bytes=64 << 10))
+    assert len(buckets) > 1
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in plain.named_parameters()]
+    assert all(t.shape == plain.get_parameter(n).shape for b in buckets for n, t in b)
+
+    actor.export_hf(str(tmp_path / "hf3"))
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf3"), dtype=torch.float32)
+    torch.testing.assert_close(dict(exported.named_parameters()), weights[3], atol=0, rtol=0)
+
+
+def test_update_rejects_bad_inputs(tiny_model_dir):
+    actor = new_actor(tiny_model_dir)
+    batch = make_train_batch(actor, 8, seed=41)
+    with pytest.raises(ValueError, match="num_tokens"):
+        actor.update(batch, dict(BANDPO, num_tokens=3))
+    with pytest.raises(ValueError, match="unknown loss_kwargs"):
+        actor.update(batch, dict(BANDPO, epsilon=0.2))
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        actor.update(batch, dict(BANDPO, kl_coef=0.1))
+    with pytest.raises(ValueError, match="not a positive multiple"):
+        actor.update(batch.select(slice(0, 6)), dict(BANDPO))
+    with pytest.raises(ValueError, match="ref_model=True"):
+        actor.compute_logprobs(batch, ref=True)
