@@ -1,0 +1,426 @@
+"""Parallel grading in worker processes with a hard per-item timeout.
+
+Why pebble (``pebble.ProcessPool``) rather than the standard library or our own pool:
+
+- ``schedule(fn, args, timeout=t)`` starts the clock when a worker *picks the task up*
+  (not when it is queued), kills that worker on expiry and starts a replacement; the
+  future fails with ``TimeoutError`` and every other task goes on. A worker that dies
+  (segfault, OOM killer, ``kill -9``) fails only its own task, with ``ProcessExpired``.
+- ``concurrent.futures.ProcessPoolExecutor`` has no per-task timeout, and one dead worker
+  breaks the whole executor; ``multiprocessing.Pool`` cannot kill a running task and
+  waits forever for a task whose worker died. A hand-written pool (one pipe per worker, a
+  select loop, kill on deadline) is about 200 lines of subtle code that pebble, a
+  maintained library, already gets right.
+
+Two pebble behaviours are handled here:
+
+- On timeout pebble sends SIGTERM, waits up to 3 s, then SIGKILLs. Its SIGTERM handler is
+  Python code, which cannot run while sympy is stuck inside one C call (a huge integer
+  power), so every such timeout would cost 3 s extra. Workers restore the default SIGTERM
+  action, which ends the process at once.
+- A worker that dies while no task is running marks the whole pool broken. The scorer
+  checks the pool before each task, rebuilds it when needed and resubmits what was lost;
+  a job gets at most ``MAX_CRASHES`` runs that end without a result before it is reported
+  as ``error``. A watchdog rebuilds the pool if nothing completes for
+  ``timeout + STALL_GRACE_S`` seconds, so ``score`` cannot hang either.
+
+How a batch is split into jobs (all in the parent, all cheap string work):
+
+- The answer is extracted first. Without one, ``dapo``/``boxed`` items are ``no_answer``
+  at once; ``auto`` items need math-verify's extraction over the whole response.
+- The grade of an extracted answer depends only on (answer, gold) (``verify_extracted``),
+  so each distinct pair is graded once: a prompt's n samples repeat a few answers.
+- Pairs whose answer and gold are short and free of what makes sympy work for long
+  (powers, factorials, binomials, huge literals: ``_is_simple``) share one task per gold
+  (split beyond ``chunk_size`` pairs): one worker parses that gold and the answers its
+  samples repeat once (LaTeX parses, not IPC, dominate the cost; a gold split over two
+  workers is parsed twice), and the parent pays pebble's ~0.2 ms per task rarely. A
+  chunk's timeout is the per-item one (simple pairs take milliseconds); if a chunk fails
+  anyway its pairs are rerun one task each, so a grade never depends on its neighbours
+  and a wrongly trusted pair costs one extra timeout at most.
+- Everything else gets its own task and its own timeout.
+
+Workers start with the ``forkserver`` method (``spawn`` where that is unavailable): the
+trainer process holds torch/Ray threads, and forking it is unsafe. The fork server
+preloads ``bandpo.reward.warm`` (the grader with its LaTeX parser initialised), so a
+replacement worker starts in milliseconds instead of re-importing sympy (~1 s). As with
+``spawn``, every worker still imports the program's ``__main__`` module (CPython 3.11's
+fork server does not preload it despite being asked to), so the entry module needs an
+``if __name__ == "__main__":`` guard, and its module-level imports are paid once per
+worker start: keep heavy ones (vLLM, DeepSpeed) inside functions of the entry module.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import re
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Self
+
+from pebble import ProcessExpired, ProcessPool
+
+from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
+from bandpo.reward.scheme import RewardScheme, Score
+from bandpo.reward.verify import gold_text, verify_extracted, verify_one
+
+MAX_CRASHES = 2
+STALL_GRACE_S = 30.0
+STOP_WAIT_S = 10.0
+
+# What a "simple" answer may contain (see ``_is_simple``): a few LaTeX commands that cannot
+# blow up, then only digits, single letters and arithmetic that does not grow numbers.
+_TEXT_GROUP_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{[^{}]*\}")  # units, words: never evaluated
+_SIMPLE_COMMANDS_RE = re.compile(r"\\(?:[dt]?frac|sqrt|pi|left|right|cdot|times|circ|%|,|!|;| )")
+_SIMPLE_CHARS_RE = re.compile(r"[0-9A-Za-z\s{}()\[\].,;:+\-/=<>$%|]*")
+_LETTER_RUN_RE = re.compile(r"[A-Za-z]{2}")
+_LONG_DIGITS_RE = re.compile(r"\d{13}")
+
+_Grade = tuple[str, "str | None", float]  # (status, extracted, seconds spent grading)
+_Job = tuple[str, str, str]  # ("answer", extracted, gold) or ("response", response, gold)
+
+
+def _init_worker() -> None:
+    """Worker start-up: make SIGTERM immediate and warm the LaTeX parser.
+
+    Runs before the worker takes its first task, so the ~0.3 s parser warm-up never
+    counts against an item's timeout.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")
+
+
+def _grade_jobs(jobs: list[_Job], answer_format: str) -> list[_Grade]:
+    """Worker side: grade each job, timing it."""
+    out = []
+    for kind, text, gold in jobs:
+        start = time.perf_counter()
+        if kind == "answer":
+            status, extracted = verify_extracted(text, gold), text
+        else:
+            status, extracted = verify_one(text, gold, answer_format)
+        out.append((status, extracted, time.perf_counter() - start))
+    return out
+
+
+def _is_simple(answer: str) -> bool:
+    """A short answer with no operator that can make sympy work for long.
+
+    Power towers, factorials, binomials and huge literals are what hang sympy; a string of
+    at most 48 characters built from digits (runs of at most 12), single-letter symbols,
+    ``+ - / =``, brackets, ``\\frac``/``\\sqrt``/``\\pi`` and ``\\text{...}`` has none of them.
+    """
+    if len(answer) > 48 or _LONG_DIGITS_RE.search(answer):
+        return False
+    rest = _SIMPLE_COMMANDS_RE.sub(" ", _TEXT_GROUP_RE.sub(" ", answer))
+    return bool(_SIMPLE_CHARS_RE.fullmatch(rest)) and not _LETTER_RUN_RE.search(rest)
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _mp_context(start_method: str | None):
+    methods = multiprocessing.get_all_start_methods()
+    method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        # Only takes effect if no fork server runs yet; otherwise workers import lazily.
+        # "__main__" is Python's own default entry (a no-op in 3.11, see the module doc).
+        ctx.set_forkserver_preload(["__main__", "bandpo.reward.warm"])
+    return ctx
+
+
+class RewardScorer:
+    """Grades batches of responses in a persistent pool of worker processes.
+
+    Create it once and reuse it across training steps (workers stay warm); close it with
+    ``close()`` or use it as a context manager. ``score`` is not thread-safe.
+
+    Args:
+        scheme: how statuses become rewards (default ``RewardScheme()``: +1 / -1).
+        answer_format: ``dapo`` | ``boxed`` | ``auto`` (see ``bandpo.reward.extract``).
+        num_workers: worker processes; default: the CPUs this process may run on.
+        timeout: hard limit in seconds for grading one item, enforced by killing its worker.
+        chunk_size: most simple (answer, gold) pairs per task; 1 disables chunking.
+        dedupe: grade each distinct (extracted answer, gold) pair once per batch.
+        start_method: multiprocessing start method; default ``forkserver`` (else ``spawn``).
+    """
+
+    def __init__(
+        self,
+        scheme: RewardScheme | None = None,
+        answer_format: str = "auto",
+        num_workers: int | None = None,
+        timeout: float = 5.0,
+        *,
+        chunk_size: int = 64,
+        dedupe: bool = True,
+        start_method: str | None = None,
+    ):
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if num_workers is not None and num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.scheme = scheme if scheme is not None else RewardScheme()
+        self.answer_format = answer_format
+        self.num_workers = num_workers or _default_workers()
+        self.timeout = float(timeout)
+        self.chunk_size = chunk_size
+        self.dedupe = dedupe
+        self._ctx = _mp_context(start_method)
+        self._pool: ProcessPool | None = None
+        self._closed = False
+
+    def score(
+        self,
+        responses: Sequence,
+        answers: Sequence,
+        response_lengths: Sequence[int] | None = None,
+    ) -> list[Score]:
+        """Grade ``responses[i]`` against ``answers[i]``; one ``Score`` per item, in order.
+
+        Item failures never raise: a hang becomes ``timeout``, a crashed worker is
+        retried and then ``error``, a non-string response or a missing gold answer is
+        ``invalid_input``. ``response_lengths`` (tokens) are required when the scheme
+        does overlong shaping. Raises ValueError when the sequences' lengths differ and
+        RuntimeError after ``close()``.
+        """
+        n = len(responses)
+        if len(answers) != n:
+            raise ValueError(f"{n} responses but {len(answers)} answers")
+        if response_lengths is not None and len(response_lengths) != n:
+            raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
+        if self.scheme.shapes_length and response_lengths is None:
+            raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+        if self._closed:
+            raise RuntimeError("RewardScorer is closed")
+        grades = _BatchRun(self, responses, answers).run()
+        scores = []
+        for i, (status, extracted, seconds) in enumerate(grades):
+            length = None if response_lengths is None else int(response_lengths[i])
+            scores.append(
+                Score(
+                    reward=self.scheme.reward(status, length),
+                    status=status,
+                    extracted=extracted,
+                    correct=status == "correct",
+                    seconds=seconds,
+                )
+            )
+        return scores
+
+    def close(self) -> None:
+        """Stop the workers. The scorer cannot be used afterwards."""
+        self._discard_pool()
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ensure_pool(self) -> ProcessPool:
+        if self._pool is None or not self._pool.active:
+            self._discard_pool()
+            self._pool = ProcessPool(
+                max_workers=self.num_workers, initializer=_init_worker, context=self._ctx
+            )
+        return self._pool
+
+    def _discard_pool(self) -> None:
+        """Stop the pool's workers; give up waiting after ``STOP_WAIT_S`` rather than hang."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        stopper = threading.Thread(target=_stop_pool, args=(pool,), daemon=True)
+        stopper.start()
+        stopper.join(timeout=STOP_WAIT_S)
+        if stopper.is_alive():
+            logging.getLogger(__name__).warning("reward pool did not stop in %.0f s; abandoned", STOP_WAIT_S)
+
+
+def _stop_pool(pool: ProcessPool) -> None:
+    try:
+        pool.stop()
+        pool.join()
+    except Exception:  # a broken pool may fail to stop cleanly; its workers are gone anyway
+        logging.getLogger(__name__).debug("stopping the reward pool failed", exc_info=True)
+
+
+class _BatchRun:
+    """One ``score`` call: jobs, the items each job resolves, tasks in flight, retries."""
+
+    def __init__(self, scorer: RewardScorer, responses: Sequence, answers: Sequence):
+        self.scorer = scorer
+        n = len(responses)
+        self.grades: list[_Grade | None] = [None] * n
+        self.jobs: list[_Job] = []
+        self.job_items: list[list[int]] = []  # the items each job's grade goes to
+        self.crashes: list[int] = []  # runs of each job that ended without a result
+        self.simple_jobs: dict[str, list[int]] = {}  # gold -> simple answer jobs
+        self.single_jobs: list[int] = []
+        seen: dict[_Job, int] = {}
+        for i in range(n):
+            self._plan(i, responses[i], answers[i], seen)
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.in_flight = 0
+        # Bumped when a wedged pool is thrown away: late callbacks of its futures are ignored.
+        self.generation = 0
+        self.lost_with_pool = 0  # tasks whose pool broke under them (rerun)
+
+    def _plan(self, i: int, response: object, answer: object, seen: dict[_Job, int]) -> None:
+        """Grade item ``i`` at once if that is free, else attach it to a (shared) job."""
+        fmt = self.scorer.answer_format
+        gold = gold_text(answer)
+        if not isinstance(response, str) or gold is None:
+            self.grades[i] = ("invalid_input", None, 0.0)
+            return
+        try:
+            extracted = extract_answer(response, fmt)
+        except Exception:  # what verify_one reports for it too
+            logging.getLogger(__name__).debug("extract_answer failed", exc_info=True)
+            self.grades[i] = ("error", None, 0.0)
+            return
+        if extracted is None and fmt != "auto":
+            self.grades[i] = ("no_answer", None, 0.0)
+            return
+        if extracted is None:
+            job, simple = ("response", response, gold), False
+        else:
+            job = ("answer", extracted, gold)
+            simple = _is_simple(extracted) and _is_simple(normalize_gold(gold))
+        if self.scorer.dedupe and job in seen:
+            self.job_items[seen[job]].append(i)
+            return
+        seen[job] = len(self.jobs)
+        self.jobs.append(job)
+        self.job_items.append([i])
+        self.crashes.append(0)
+        if simple:
+            self.simple_jobs.setdefault(gold, []).append(len(self.jobs) - 1)
+        else:
+            self.single_jobs.append(len(self.jobs) - 1)
+
+    def run(self) -> list[_Grade]:
+        """Submit every job, collect the outcomes; one grade per item, in order."""
+        size = self.scorer.chunk_size
+        for group in self.simple_jobs.values():
+            for k in range(0, len(group), size):
+                self._submit(group[k : k + size])
+        for j in self.single_jobs:
+            self._submit([j])
+        stall_limit = self.scorer.timeout + STALL_GRACE_S
+        while self.in_flight:
+            try:
+                future, task, generation = self.done.get(timeout=stall_limit)
+            except queue.Empty:
+                self._restart_wedged_pool()
+                continue
+            if generation != self.generation:
+                continue
+            self.in_flight -= 1
+            self._collect(future, task)
+        if self.lost_with_pool:
+            logging.getLogger(__name__).warning(
+                "the reward pool broke (a worker died); %d tasks were rerun", self.lost_with_pool
+            )
+        return [g if g is not None else ("error", None, 0.0) for g in self.grades]
+
+    def _submit(self, task: list[int]) -> None:
+        """Schedule one task (job ids), rebuilding a broken pool once; else give up on it."""
+        self._settle([j for j in task if self.crashes[j] >= MAX_CRASHES], "error", 0.0)
+        task = [j for j in task if self.crashes[j] < MAX_CRASHES]
+        if not task:
+            return
+        payload = [self.jobs[j] for j in task]
+        for _ in range(2):
+            try:
+                future = self.scorer._ensure_pool().schedule(
+                    _grade_jobs, args=(payload, self.scorer.answer_format), timeout=self.scorer.timeout
+                )
+            except RuntimeError:  # "The Pool is not active" / "Unexpected error within the Pool"
+                self.scorer._discard_pool()
+                continue
+            future.add_done_callback(lambda f, t=task, g=self.generation: self.done.put((f, t, g)))
+            self.in_flight += 1
+            return
+        self._settle(task, "error", 0.0)
+
+    def _collect(self, future: Future, task: list[int]) -> None:
+        chunked = len(task) > 1
+        try:
+            results = future.result()
+        except TimeoutError:
+            if chunked:  # which job hung is unknown: give each its own task and timeout
+                self._resubmit_singly(task, crashed=False)
+            else:
+                self._settle(task, "timeout", self.scorer.timeout)
+            return
+        except ProcessExpired:  # the worker died; a chunk's jobs are not to blame yet
+            self._resubmit_singly(task, crashed=not chunked)
+            return
+        except Exception:  # the pool broke (BrokenProcessPool) or was stopped (CancelledError)
+            # Not discarded here: other failing futures of the same pool would then throw away
+            # its replacement too. ``_ensure_pool`` sees that a broken pool is inactive.
+            logging.getLogger(__name__).debug("reward task lost with its pool", exc_info=True)
+            self.lost_with_pool += 1
+            self._resubmit_singly(task, crashed=not chunked)
+            return
+        for j, grade in zip(task, results):
+            for i in self.job_items[j]:
+                self.grades[i] = grade
+
+    def _restart_wedged_pool(self) -> None:
+        """Nothing finished within a full timeout plus grace: replace the pool, rerun the rest."""
+        logging.getLogger(__name__).warning("reward pool made no progress; replacing it")
+        self.scorer._discard_pool()
+        self.generation += 1
+        self.in_flight = 0
+        pending = [j for j, items in enumerate(self.job_items) if self.grades[items[0]] is None]
+        self._resubmit_singly(pending, crashed=True)
+
+    def _resubmit_singly(self, task: list[int], crashed: bool) -> None:
+        for j in task:
+            self.crashes[j] += crashed
+            self._submit([j])
+
+    def _settle(self, task: list[int], status: str, seconds: float) -> None:
+        """Give a job's items a grade the workers did not produce (timeout, error)."""
+        for j in task:
+            kind, text, _ = self.jobs[j]
+            extracted = text if kind == "answer" else None
+            for i in self.job_items[j]:
+                self.grades[i] = (status, extracted, seconds)
+
+
+def score_batch(
+    responses: Sequence,
+    answers: Sequence,
+    *,
+    scheme: RewardScheme | None = None,
+    answer_format: str = "auto",
+    num_workers: int | None = None,
+    timeout: float = 5.0,
+    response_lengths: Sequence[int] | None = None,
+) -> list[Score]:
+    """One-shot ``RewardScorer(...).score(...)``: starts and stops a pool for this batch.
+
+    Use a long-lived ``RewardScorer`` in a training loop to keep the workers warm.
+    """
+    with RewardScorer(scheme, answer_format, num_workers, timeout) as scorer:
+        return scorer.score(responses, answers, response_lengths)

@@ -1,0 +1,101 @@
+"""From a grading status to a scalar reward, and the reward metrics the trainer logs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from bandpo.reward.verify import STATUSES
+
+
+@dataclass(frozen=True)
+class RewardScheme:
+    """How a graded response becomes a reward.
+
+    Attributes:
+        correct: reward of a correct answer (paper: +1).
+        incorrect: reward of a wrong answer, and of ``timeout``/``error``/``invalid_input``
+            (paper: -1; 0 is the other common choice).
+        format_penalty: reward when no answer could be extracted (``no_answer``);
+            None means the same as ``incorrect``.
+        overlong_buffer: DAPO overlong shaping. With ``L = max_response_len`` and
+            ``B = overlong_buffer > 0``, a response of ``l > L - B`` tokens gets
+            ``-overlong_penalty * (l - (L - B)) / B`` added (so ``-overlong_penalty`` at
+            ``l = L``). 0 turns shaping off.
+        overlong_penalty: the penalty factor at the full buffer (DAPO: 1.0).
+        max_response_len: the rollout's response token limit; required for shaping.
+    """
+
+    correct: float = 1.0
+    incorrect: float = -1.0
+    format_penalty: float | None = None
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    max_response_len: int | None = None
+
+    def __post_init__(self):
+        if self.overlong_buffer < 0:
+            raise ValueError(f"RewardScheme.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        if self.overlong_buffer > 0 and (
+            self.max_response_len is None or self.max_response_len <= self.overlong_buffer
+        ):
+            raise ValueError(
+                "RewardScheme.overlong_buffer > 0 needs max_response_len > overlong_buffer, got "
+                f"max_response_len={self.max_response_len}, overlong_buffer={self.overlong_buffer}"
+            )
+
+    @property
+    def shapes_length(self) -> bool:
+        """Whether rewards depend on the response length (then lengths must be given)."""
+        return self.overlong_buffer > 0
+
+    def reward(self, status: str, response_len: int | None = None) -> float:
+        """Reward of one response with the given grading status and token length."""
+        if status == "correct":
+            value = self.correct
+        elif status == "no_answer" and self.format_penalty is not None:
+            value = self.format_penalty
+        else:
+            value = self.incorrect
+        if self.shapes_length and response_len is not None:
+            exceed = response_len - (self.max_response_len - self.overlong_buffer)
+            value += min(-exceed / self.overlong_buffer * self.overlong_penalty, 0.0)
+        return float(value)
+
+
+@dataclass
+class Score:
+    """The grading of one response.
+
+    Attributes:
+        reward: the scalar reward under the scorer's ``RewardScheme``.
+        status: one of ``correct``, ``incorrect``, ``no_answer``, ``timeout``, ``error``,
+            ``invalid_input``.
+        extracted: the answer string taken from the response, or None.
+        correct: ``status == "correct"``.
+        seconds: time spent grading this item in its worker (the timeout for ``timeout``).
+    """
+
+    reward: float
+    status: str
+    extracted: str | None
+    correct: bool
+    seconds: float = 0.0
+
+
+def reward_metrics(scores: list[Score], seconds: float) -> dict[str, float]:
+    """Trainer metrics of one scored batch.
+
+    Keys: ``reward/mean``, ``reward/accuracy``, ``reward/count/<status>`` for every status
+    (zeros included, so the logged series never have gaps) and ``time/verifier``
+    (``seconds``, the wall time the caller measured around scoring).
+    """
+    n = len(scores)
+    counts = Counter(s.status for s in scores)
+    metrics = {
+        "reward/mean": sum(s.reward for s in scores) / n if n else 0.0,
+        "reward/accuracy": counts["correct"] / n if n else 0.0,
+    }
+    metrics.update({f"reward/count/{status}": float(counts[status]) for status in STATUSES})
+    metrics["time/verifier"] = float(seconds)
+    return metrics

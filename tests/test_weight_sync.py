@@ -1,0 +1,112 @@
+"""Flat shared-memory weight buffers (CPU path) and CUDA IPC buckets (GPU path); no engine needed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from bandpo.rollout.weight_sync import (
+    ALIGN,
+    TensorMeta,
+    copy_bytes_baseline,
+    metas_from_wire,
+    metas_to_wire,
+    read_weights_shm,
+    remove_shm,
+    write_weights_shm,
+)
+
+
+def _tensors() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("model.embed_tokens.weight", torch.randn(33, 7, generator=g)),
+        ("model.layers.0.self_attn.q_proj.bias", torch.randn(5, generator=g).to(torch.bfloat16)),
+        ("scalar", torch.tensor(3.5)),
+        ("empty", torch.zeros(0, 4)),
+        ("ints", torch.arange(11, dtype=torch.int64)),
+        ("strided", torch.randn(6, 4, generator=g).t()),  # non-contiguous source
+        ("half", torch.randn(3, 3, generator=g).half()),
+    ]
+
+
+@pytest.fixture
+def shm_path(tmp_path):
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    path = os.path.join(base, f"bandpo-test-{os.getpid()}.bin")
+    yield path
+    remove_shm(path)
+
+
+def test_roundtrip_is_exact(shm_path):
+    src = _tensors()
+    metas = write_weights_shm(src, shm_path)
+    got = dict(read_weights_shm(shm_path, metas))
+    assert [m.name for m in metas] == [n for n, _ in src]
+    for name, t in src:
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape
+        assert torch.equal(got[name], t), name
+    assert all(m.offset % ALIGN == 0 for m in metas)
+    assert metas[0] == TensorMeta("model.embed_tokens.weight", "float32", (33, 7), 0)
+
+
+def test_rewrite_in_place_and_resize(shm_path):
+    metas = write_weights_shm([("w", torch.ones(4))], shm_path)
+    inode = os.stat(shm_path).st_ino
+    write_weights_shm([("w", torch.full((4,), 2.0))], shm_path)
+    assert os.stat(shm_path).st_ino == inode  # same pages reused: no fresh allocation per sync
+    assert torch.equal(dict(read_weights_shm(shm_path, metas))["w"], torch.full((4,), 2.0))
+    bigger = write_weights_shm([("w", torch.full((100,), 3.0))], shm_path)
+    assert torch.equal(dict(read_weights_shm(shm_path, bigger))["w"], torch.full((100,), 3.0))
+    smaller = write_weights_shm([("v", torch.full((2,), 4.0))], shm_path)
+    assert os.path.getsize(shm_path) == ALIGN  # shrunk to one aligned 8-byte tensor
+    assert torch.equal(dict(read_weights_shm(shm_path, smaller))["v"], torch.full((2,), 4.0))
+
+
+def test_wire_format_roundtrip_and_short_file(shm_path):
+    metas = write_weights_shm(_tensors(), shm_path)
+    wire = metas_to_wire(metas)
+    assert all(isinstance(x, tuple) and isinstance(x[2], list) for x in wire)
+    assert metas_from_wire(wire) == metas
+    assert metas_from_wire([{"name": "a", "dtype": "float32", "shape": [2], "offset": 0}])[0].nbytes == 8
+    too_long = metas + [TensorMeta("extra", "float32", (1 << 20,), metas[-1].offset + 4096)]
+    with pytest.raises(ValueError, match="bytes"):
+        list(read_weights_shm(shm_path, too_long))
+    with pytest.raises(TypeError, match="dtype"):
+        _ = TensorMeta("x", "notatype", (1,), 0).nbytes
+
+
+def test_copy_baseline_counts_bytes():
+    src = [("a", torch.zeros(10)), ("b", torch.zeros(3, dtype=torch.float64))]
+    assert copy_bytes_baseline(src) == 64 + 64  # 40 and 24 bytes, each padded to a 64-byte line
+
+
+def _receive(payload: bytes, queue) -> None:
+    from bandpo.rollout.weight_sync import open_ipc_bucket
+
+    queue.put({name: t.double().sum().item() for name, t in open_ipc_bucket(payload)})
+
+
+@pytest.mark.gpu
+def test_ipc_buckets_roundtrip_across_processes():
+    import torch.multiprocessing as mp
+
+    from bandpo.rollout.weight_sync import iter_ipc_buckets
+
+    src = [(f"w{i}", torch.randn(256, 256, device="cuda")) for i in range(5)]
+    ctx = mp.get_context("spawn")
+    got: dict[str, float] = {}
+    buckets = 0
+    # Bucket of 600 KiB holds two 256 KiB tensors, so 5 tensors make 3 buckets.
+    for payload in iter_ipc_buckets(src, bucket_bytes=600 << 10):
+        q = ctx.Queue()
+        p = ctx.Process(target=_receive, args=(payload, q))
+        p.start()
+        got.update(q.get(timeout=120))
+        p.join()
+        buckets += 1
+    assert buckets == 3
+    for name, t in src:
+        assert got[name] == pytest.approx(t.double().sum().item(), rel=1e-9)
