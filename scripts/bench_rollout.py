@@ -3,9 +3,9 @@
 For each model size (``tiny``: ~0.4M params; ``100m``: ~104M params, hidden 768 x 12 layers) and
 each backend: generated tokens/s for ``--prompts`` x ``--n`` samples of up to ``--max-tokens``,
 and the time to sync the full weights into the running engine, next to a plain in-memory copy
-of the same bytes measured in the same run (median of ``--reps``):
+of the same bytes measured in the same run (medians of ``--reps`` interleaved repetitions):
 
-    sync       = write_weights_shm (actor side) + update_weights_from_shm (engine side)
+    sync       = write_weights_shm (actor side) + update_weights_from_shm (engine side: "load")
     copy_fresh = one copy of every tensor into a newly allocated flat buffer
     copy_warm  = one copy of every tensor into an already touched flat buffer (memcpy speed)
 
@@ -42,14 +42,18 @@ def perturbed_weights(model_dir: str, scale: float = 0.01):
     return [(n, p.detach()) for n, p in model.named_parameters()]
 
 
-def median_s(fn, reps: int) -> float:
-    fn()  # warm-up: first touch of shm pages, first RPC, allocator
-    times = []
+def interleaved_medians(fns: dict, reps: int) -> dict[str, float]:
+    """Median seconds per function; the functions take turns each repetition, so load from other
+    processes on a shared machine hits all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up: first touch of shm pages, first RPC, allocator
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench_sync(engine, weights, reps: int) -> dict:
@@ -66,24 +70,17 @@ def bench_sync(engine, weights, reps: int) -> dict:
         for v, t in zip(views, tensors):
             v.copy_(t)
 
-    def write():
-        return write_weights_shm(weights, path)
-
-    def sync():
-        engine.update_weights_from_shm(path, write())
-
+    fns = {
+        "copy_fresh_s": lambda: copy_bytes_baseline(weights),
+        "copy_warm_s": copy_warm,
+        "write_shm_s": lambda: write_weights_shm(weights, path),
+        "load_s": lambda: engine.update_weights_from_shm(path, metas),
+        "sync_s": lambda: engine.update_weights_from_shm(path, write_weights_shm(weights, path)),
+    }
     try:
-        out = {
-            "params": sum(t.numel() for t in tensors),
-        "bytes": total,
-            "copy_fresh_s": median_s(lambda: copy_bytes_baseline(weights), reps),
-            "copy_warm_s": median_s(copy_warm, reps),
-            "write_shm_s": median_s(write, reps),
-            "sync_s": median_s(sync, reps),
-        }
+        out = {"params": sum(t.numel() for t in tensors), "bytes": total, **interleaved_medians(fns, reps)}
     finally:
         remove_shm(path)
-    out["load_s"] = out["sync_s"] - out["write_shm_s"]
     out["sync_over_copy_fresh"] = out["sync_s"] / out["copy_fresh_s"]
     out["sync_over_copy_warm"] = out["sync_s"] / out["copy_warm_s"]
     return out

@@ -7,6 +7,12 @@ start costs milliseconds instead of ~0.3 s of parser set-up, which matters becau
 timeout replaces a worker.
 """
 
+import gc
+
 from bandpo.reward.verify import verify_one
 
 verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")
+
+# Move everything loaded so far out of the collector's reach: forked workers then neither
+# rescan sympy's module objects in every full collection nor copy their pages on write.
+gc.freeze()
