@@ -24,7 +24,8 @@ from typing import Any, Callable
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so a rename or new entry inside it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -40,7 +41,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class CheckpointManager:
@@ -75,12 +76,12 @@ class CheckpointManager:
             json.dump(trainer_state, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = self.root / name
         if final.exists():  # the same step saved before a crash that lost `latest`
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         write_text_atomic(self.root / "latest", name)
         self._prune()
         return final

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bandpo.checkpoint import fsync_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -64,15 +66,7 @@ def _fsync_tree(root: Path) -> None:
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
@@ -88,7 +82,7 @@ def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.rename(path, old)
     os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
