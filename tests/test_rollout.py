@@ -23,11 +23,11 @@ BIG = SamplingParams(n=32, temperature=1.0, max_tokens=48, seed=7)
 # ---- helpers ----------------------------------------------------------------------------
 
 
-def _prompts(model_dir: str, k: int = 4) -> list[list[int]]:
+def _prompts(model_dir: str, k: int = 4, repeat: int = 1) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    msgs = [[{"role": "user", "content": f"What is {i} + {i * 7}? " * (1 + i)}] for i in range(k)]
+    msgs = [[{"role": "user", "content": f"What is {i} + {i * 7}? " * (1 + i) * repeat}] for i in range(k)]
     return [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"] for m in msgs]
 
 
@@ -200,8 +200,14 @@ def test_sleep_wake_are_safe(engine, prompts):
     assert engine.generate(prompts[:1], SamplingParams(n=2, max_tokens=4, seed=0)).size == 2
 
 
-def test_weight_sync_is_exact(engine, prompts, tiny_model_dir, tmp_path):
-    """Perturb the HF model, sync, and the engine's logprobs become the HF model's (and were not before)."""
+def test_weight_sync_is_exact(engine, tiny_model_dir):
+    """Perturb the HF model, sync, and the engine's logprobs become the HF model's (and were not before).
+
+    Prompts of a few hundred tokens fill whole KV blocks, which vLLM's prefix cache keeps: had the
+    sync not reset that cache, the second pass would reuse prompt KV computed with the old weights.
+    """
+    prompts = _prompts(tiny_model_dir, k=2, repeat=30)
+    assert min(map(len, prompts)) > 256
     original = _hf_model(tiny_model_dir)
     actor = _hf_model(tiny_model_dir)
     g = torch.Generator().manual_seed(0)

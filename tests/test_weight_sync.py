@@ -65,6 +65,22 @@ def test_rewrite_in_place_and_resize(shm_path):
     assert torch.equal(dict(read_weights_shm(shm_path, smaller))["v"], torch.full((2,), 4.0))
 
 
+def test_write_cache_forgets_deleted_files(shm_path):
+    from bandpo.rollout import weight_sync
+
+    write_weights_shm([("w", torch.ones(4))], shm_path)
+    assert shm_path in weight_sync._WRITE_MAPS
+    os.unlink(shm_path)  # removed by another process, not through remove_shm
+    other = shm_path + ".other"
+    try:
+        write_weights_shm([("w", torch.ones(4))], other)
+        assert shm_path not in weight_sync._WRITE_MAPS
+        metas = write_weights_shm([("w", torch.full((4,), 5.0))], shm_path)  # recreated: a new file
+        assert torch.equal(dict(read_weights_shm(shm_path, metas))["w"], torch.full((4,), 5.0))
+    finally:
+        remove_shm(other)
+
+
 def test_wire_format_roundtrip_and_short_file(shm_path):
     metas = write_weights_shm(_tensors(), shm_path)
     wire = metas_to_wire(metas)

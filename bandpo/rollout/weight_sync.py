@@ -90,6 +90,14 @@ _WRITE_MAPS: dict[str, tuple[int, int, torch.Tensor]] = {}  # path -> (inode, si
 
 def _writable_map(path: str, size: int) -> torch.Tensor:
     """A writable uint8 [size] tensor over the file at ``path`` (created or resized as needed)."""
+    # Drop mappings of files deleted or replaced by someone else, so their RAM is returned.
+    for p, (inode, _, _) in list(_WRITE_MAPS.items()):
+        try:
+            alive = os.stat(p).st_ino == inode
+        except FileNotFoundError:
+            alive = False
+        if not alive:
+            del _WRITE_MAPS[p]
     with open(path, "r+b" if os.path.exists(path) else "w+b") as f:
         if os.fstat(f.fileno()).st_size != size:
             f.truncate(size)
