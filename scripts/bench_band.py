@@ -3,7 +3,7 @@
 Prints a table and writes JSON. Timings are medians over interleaved repetitions (variants
 take turns, so machine noise hits all of them alike); compare ratios within one run.
 
-    .venv/bin/python scripts/bench_band.py [--rows 64 --cols 8192 --reps 15 --out bench_band.json]
+    .venv/bin/python scripts/bench_band.py [--rows 64 --cols 8192 --reps 15 --device cpu --out bench_band.json]
 """
 
 from __future__ import annotations
@@ -29,14 +29,18 @@ def realistic_old_logprobs(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     return torch.where(u < 0.8, head, torch.where(u < 0.95, middle, tail)).float()
 
 
-def median_ms(fns: dict, reps: int) -> dict[str, float]:
+def median_ms(fns: dict, reps: int, device: str = "cpu") -> dict[str, float]:
+    # CUDA kernels run asynchronously: synchronise around each call so the wall clock sees them.
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = {k: [] for k in fns}
     for fn in fns.values():
         fn()  # warm-up (KL table build, allocator)
     for _ in range(reps):
         for k, fn in fns.items():
+            sync()
             t0 = time.perf_counter()
             fn()
+            sync()
             times[k].append((time.perf_counter() - t0) * 1e3)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -71,13 +75,15 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--delta", type=float, default=0.05)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (timings only; errors are checked on CPU)")
     ap.add_argument("--out", default="bench_band.json")
     args = ap.parse_args()
     torch.manual_seed(0)
-    old = realistic_old_logprobs(args.rows, args.cols)
-    logp0 = (old + 0.05 * torch.randn_like(old)).clamp(max=0.0)
-    adv = torch.randn(args.rows)
-    mask = torch.ones(args.rows, args.cols, dtype=torch.long)
+    old_cpu = realistic_old_logprobs(args.rows, args.cols)
+    old = old_cpu.to(args.device)  # [rows, cols]
+    logp0 = (old + 0.05 * torch.randn_like(old)).clamp(max=0.0)  # [rows, cols]
+    adv = torch.randn(args.rows, device=args.device)  # [rows]
+    mask = torch.ones(args.rows, args.cols, dtype=torch.long, device=args.device)  # [rows, cols]
 
     bound_fns = {div: (lambda d=div: band_bounds(old, d, args.delta)) for div in ("kl", "tv", "chi2")}
 
@@ -92,12 +98,13 @@ def main() -> None:
 
     loss_fns = {"grpo": loss_fn("grpo"), "clip_higher": loss_fn("clip_higher")}
     loss_fns.update({f"bandpo-{d}": loss_fn("bandpo", d) for d in ("kl", "tv", "chi2")})
-    bounds_ms = median_ms(bound_fns, args.reps)
-    loss_ms = median_ms(loss_fns, args.reps)
-    errors = bounds_error(old, args.delta)
+    bounds_ms = median_ms(bound_fns, args.reps, args.device)
+    loss_ms = median_ms(loss_fns, args.reps, args.device)
+    errors = bounds_error(old_cpu, args.delta)
 
     tokens = args.rows * args.cols
-    print(f"tokens per mini-batch: {tokens:,}  threads: {torch.get_num_threads()}  delta: {args.delta}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads"
+    print(f"tokens per mini-batch: {tokens:,}  device: {where}  delta: {args.delta}")
     print("\n| bounds only | median ms |\n|---|---|")
     for k, v in bounds_ms.items():
         print(f"| {k} | {v:.2f} |")
@@ -108,7 +115,7 @@ def main() -> None:
     print("\n| bounds error vs float64 reference | lower max rel | upper max rel |\n|---|---|---|")
     for k, e in errors.items():
         print(f"| {k} | {e['lower_max_rel']:.2e} | {e['upper_max_rel']:.2e} |")
-    result = {"tokens": tokens, "delta": args.delta, "threads": torch.get_num_threads(),
+    result = {"tokens": tokens, "delta": args.delta, "device": where,
               "bounds_ms": bounds_ms, "loss_fwd_bwd_ms": loss_ms,
               "ratio_vs_clip_higher": {k: v / base for k, v in loss_ms.items()}, "bounds_error": errors}
     with open(args.out, "w") as fh:
