@@ -7,9 +7,12 @@ Layout of ``<output_dir>/checkpoints``::
       trainer_state.json      step, sampler position, driver RNG, metrics-log position
     latest                    text file naming the newest complete step folder
     .tmp-step_000012-<pid>/   a write in progress; never picked up, removed on the next save
+                              (or resume, or when the write fails)
 
 A kill at any moment leaves either the previous ``latest`` or the new one, never a
-half-written folder that resume would read.
+half-written folder that resume would read. A step folder exists only once complete, so
+when a kill lands between its rename and the pointer update, ``latest()`` falls back to
+the newest step folder.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
@@ -52,31 +56,48 @@ class CheckpointManager:
         self.keep_last = keep_last
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None. A stale or corrupt pointer raises, naming the file."""
+        """The newest complete checkpoint, or None. A stale or corrupt pointer raises, naming the file.
+
+        Without a pointer, the newest step folder (one is renamed into place only when complete).
+        """
         pointer = self.root / "latest"
         if not pointer.exists():
-            return None
+            steps = self._steps()
+            return steps[-1] if steps else None
         name = pointer.read_text().strip()
         folder = self.root / name
         if not STEP_RE.match(name) or not (folder / "trainer_state.json").exists():
-            raise RuntimeError(f"checkpoint pointer {pointer} names {name!r}, which is not a complete checkpoint")
+            raise RuntimeError(f"checkpoint pointer {pointer} names {name!r}, which is not a complete checkpoint "
+                               f"(delete the pointer to fall back to the newest step folder)")
         return folder
 
+    def remove_stale(self) -> None:
+        """Delete the temporary folders of writes that were killed or failed."""
+        if self.root.is_dir():
+            for stale in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(stale, ignore_errors=True)
+
     def save(self, step: int, write_actor: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step``: actor state via ``write_actor(folder)``, then the trainer state."""
+        """Write checkpoint ``step``: actor state via ``write_actor(folder)``, then the trainer state.
+
+        If anything fails (a full disk, a dead worker), the temporary folder is removed and the
+        error re-raised; ``latest`` still names the previous checkpoint.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob(".tmp-step_*"):  # a write that was killed
-            shutil.rmtree(stale, ignore_errors=True)
+        self.remove_stale()
         name = f"step_{step:06d}"
         tmp = self.root / f".tmp-{name}-{os.getpid()}"
         tmp.mkdir()
-        write_actor(tmp / "actor")
-        state_file = tmp / "trainer_state.json"
-        with open(state_file, "w") as fh:
-            json.dump(trainer_state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        fsync_dir(tmp)
+        try:
+            write_actor(tmp / "actor")
+            with open(tmp / "trainer_state.json", "w") as fh:
+                json.dump(trainer_state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            fsync_dir(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         final = self.root / name
         if final.exists():  # the same step saved before a crash that lost `latest`
             shutil.rmtree(final)
@@ -86,13 +107,25 @@ class CheckpointManager:
         self._prune()
         return final
 
-    def load_state(self, folder: Path) -> dict[str, Any]:
+    def load_state(self, folder: Path, required: tuple[str, ...] = ("step",)) -> dict[str, Any]:
+        """The trainer state saved in ``folder``; a missing, unreadable or incomplete file raises, naming it."""
+        file = folder / "trainer_state.json"
         try:
-            return json.loads((folder / "trainer_state.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise RuntimeError(f"corrupt checkpoint {folder}: trainer_state.json unreadable ({e})") from None
+            state = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from None
+        missing = [k for k in required if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise RuntimeError(f"corrupt checkpoint: {file} lacks {', '.join(missing)}")
+        return state
+
+    def _steps(self) -> list[Path]:
+        """Complete step folders, oldest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir()
+                      if STEP_RE.match(p.name) and (p / "trainer_state.json").exists())
 
     def _prune(self) -> None:
-        steps = sorted(p for p in self.root.iterdir() if STEP_RE.match(p.name))
-        for old in steps[: -self.keep_last]:
+        for old in self._steps()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)

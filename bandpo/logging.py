@@ -40,13 +40,24 @@ class MetricsLogger:
                 print(f"[bandpo] wandb disabled: {e}")
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines of steps > ``step`` (written after the checkpoint we resume from)."""
+        """Drop what a resumed run will write again: lines of steps > ``step`` (written after the
+        checkpoint we resume from), the end-of-run ``final`` line, and a line torn by a kill.
+        ``step=-1`` empties the file (a fresh start)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # only the last line can be torn (appends are fsynced)
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step and not record.get("final"):
+                keep.append(line)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
+        with open(tmp, "w") as fh:
+            fh.write("".join(line + "\n" for line in keep))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -56,8 +56,26 @@ def load_rng(folder: str | os.PathLike, rank: int) -> None:
         raise FileNotFoundError(
             f"checkpoint {folder} has no RNG state for rank {rank} (saved with fewer ranks?)"
         )
-    # numpy's state is a tuple with an ndarray: not loadable with weights_only.
-    set_rng_state(torch.load(file, weights_only=False))
+    try:
+        # numpy's state is a tuple with an ndarray: not loadable with weights_only.
+        state = torch.load(file, weights_only=False)
+    except Exception as e:
+        raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from e
+    set_rng_state(state)
+
+
+def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException) -> None:
+    """After a failed load from ``folder``: raise naming the first ``.pt`` file torch cannot open.
+
+    Returns (without raising) when every file opens, so the caller re-raises the original error.
+    Opening is cheap (``mmap``: only a truncated or garbled zip directory is detected, no
+    tensor data is read).
+    """
+    for file in sorted(Path(folder).rglob("*.pt")):
+        try:
+            torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+        except Exception as e:
+            raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from error
 
 
 def _fsync_tree(root: Path) -> None:

@@ -27,6 +27,7 @@ class MetricAccumulator:
         self.grad_norms: list[float] = []
         self.lr = math.nan
         self.steps = 0
+        self.nonfinite_steps = 0
 
     def add_micro(self, metrics: dict[str, torch.Tensor], n_tokens: torch.Tensor) -> None:
         """Add one micro-batch's ``policy_loss`` metrics; ``n_tokens`` is its valid-token count."""
@@ -45,12 +46,14 @@ class MetricAccumulator:
             self.weights[key] = self.weights.get(key, 0.0) + weight
         self.tokens = self.tokens + n
 
-    def add_step(self, grad_norm, lr: float) -> None:
-        """Record one optimizer step: its global grad norm (tensor, float or None) and learning rate."""
+    def add_step(self, grad_norm, lr: float, nonfinite: bool = False) -> None:
+        """Record one optimizer step: its global grad norm (tensor, float or None), learning rate,
+        and whether it was discarded for a NaN/inf loss or gradient."""
         if grad_norm is not None:
             self.grad_norms.append(float(grad_norm))
         self.lr = float(lr)
         self.steps += 1
+        self.nonfinite_steps += bool(nonfinite)
 
     def reduce(self, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """Global metrics; ``all_reduce`` sums a float64 CPU vector over ranks (identity for one rank)."""
@@ -71,4 +74,5 @@ class MetricAccumulator:
         out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else math.nan
         out["lr"] = self.lr
         out["optimizer_steps"] = float(self.steps)
+        out["nonfinite_steps"] = float(self.nonfinite_steps)
         return out
