@@ -15,7 +15,8 @@ Departures from the paper's scripts, stated:
   gap between the two is logged as ``health/rollout_actor_*`` instead.
 - Sampling is seeded per step (``seed * 1_000_003 + step``) so a resumed run replays the
   exact rollouts of an uninterrupted one.
-- Non-finite rewards or logprobs skip the update (counted) unless ``on_nonfinite=stop``.
+- Non-finite rewards, logprobs or loss skip the update (counted) unless ``on_nonfinite=stop``;
+  the actor never applies an optimizer step with NaN/inf gradients (``bandpo.nonfinite``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from bandpo.algo import compute_advantages
 from bandpo.checkpoint import CheckpointManager
 from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
 from bandpo.logging import MetricsLogger
+from bandpo.nonfinite import NonfiniteGuard, first_nonfinite
 from bandpo.types import SamplingParams, TrainBatch
+
+SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + ".bin": the weight-sync buffer
 
 
 class Trainer:
@@ -47,7 +51,7 @@ class Trainer:
         self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
         self.timings: dict[str, float] = {}
         self.step = 0
-        self.skipped = 0
+        self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -75,6 +79,7 @@ class Trainer:
                               max_response_len=cfg.rollout.max_tokens)
         self.scorer = RewardScorer(scheme, answer_format=cfg.data.answer_format,
                                    num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout)
+        remove_stale_weight_files()
         init_ray(cfg.trainer.ray_address, self.device)
         self._start_workers()
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
@@ -168,21 +173,20 @@ class Trainer:
 
         metrics = {**_reward_metrics(scores), **{k: float(v) for k, v in adv_metrics.items()}}
         metrics.update(_rollout_metrics(batch, entropy))
-        bad = _nonfinite(batch)
-        if bad:
-            self.skipped += 1
-            msg = f"step {self.step}: non-finite {bad}"
-            if cfg.trainer.on_nonfinite == "stop" or self.skipped > cfg.trainer.max_skipped_steps:
-                raise FloatingPointError(msg + " (trainer.on_nonfinite=stop or too many skipped steps)")
-            print(f"[bandpo] {msg}; update skipped ({self.skipped} so far)", flush=True)
-        else:
+        if not self.guard.check(self.step, first_nonfinite(batch)):
             with self.timed("update"), stage("update", "actor"):
+                bad_steps = total_steps = 0
                 for _ in range(cfg.actor.epochs):
                     update = self.actor.update(batch, self.loss_kwargs())
+                    bad_steps += int(update["nonfinite_steps"])
+                    total_steps += int(update["optimizer_steps"])
                 metrics.update({f"actor/{k}": v for k, v in update.items()})
+            if bad_steps:  # the actor discarded those optimizer steps; the others were applied: sync anyway
+                self.guard.check(self.step, f"the loss/gradients of {bad_steps} of {total_steps} optimizer "
+                                            f"steps (those were not applied)")
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
                 self.sync_weights()
-        metrics["trainer/skipped_steps"] = self.skipped
+        metrics["trainer/skipped_steps"] = self.guard.skipped
         step_time = time.perf_counter() - t_step
         metrics.update({f"time/{k}": v for k, v in self.timings.items()})
         metrics["time/step"] = step_time
@@ -220,7 +224,7 @@ class Trainer:
         from bandpo.rollout.weight_sync import remove_shm
         from bandpo.rollout.worker import sync_workers_from_shm
 
-        path = f"/dev/shm/bandpo-weights-{os.getpid()}.bin"
+        path = f"{SHM_PREFIX}{os.getpid()}.bin"
         metas = self.actor.call("publish_weights_shm", path)[0]
         try:
             sync_workers_from_shm(self.rollout, path, metas)
@@ -239,21 +243,24 @@ class Trainer:
     def save(self) -> None:
         # The driver draws no random numbers of its own (the sampler and the rollout seeds are
         # functions of seed and step); each actor rank saves its RNG states with its engine.
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped": self.skipped}
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped": self.guard.skipped}
         with self.timed("checkpoint"), stage("checkpoint", "actor"):
             self.ckpt.save(self.step, lambda folder: self.actor.call("save_checkpoint", str(folder)), state)
 
     def _resume(self) -> None:
-        if self.cfg.trainer.resume == "never":
-            return
-        folder = self.ckpt.latest()
+        """Continue from the latest complete checkpoint, or start fresh; either way the metrics
+        file then holds exactly the steps before ``self.step`` (what a killed attempt logged past
+        its last checkpoint is written again)."""
+        self.ckpt.remove_stale()
+        folder = self.ckpt.latest() if self.cfg.trainer.resume != "never" else None
         if folder is None:
+            self.logger.truncate_after(-1)
             return
-        state = self.ckpt.load_state(folder)
+        state = self.ckpt.load_state(folder, required=("step", "sampler"))
         with stage("resume", "actor"):
             self.actor.call("load_checkpoint", str(folder / "actor"))
             self.sync_weights()
-        self.step, self.skipped = state["step"], state.get("skipped", 0)
+        self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)
@@ -298,6 +305,34 @@ def ensure_model(model_cfg) -> str:
     return path
 
 
+def remove_stale_weight_files() -> list[str]:
+    """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
+
+    Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
+    would otherwise leak one model's worth of memory until reboot.
+    """
+    removed = []
+    for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
+        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                path.unlink()
+                removed.append(str(path))
+            except OSError:  # another user's file, or removed meanwhile
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def _plain(node):
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -326,18 +361,6 @@ def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor) -> dict[str, floa
         # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
         "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
     }
-
-
-def _nonfinite(batch: TrainBatch) -> str:
-    mask = batch.response_mask.bool()
-    for name in ("rewards", "old_logprobs", "ref_logprobs"):
-        t = getattr(batch, name)
-        if t is None:
-            continue
-        values = t if t.dim() == 1 else t[mask]
-        if not torch.isfinite(values).all():
-            return name
-    return ""
 
 
 def train(cfg) -> dict:

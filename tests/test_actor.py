@@ -296,3 +296,32 @@ def test_update_rejects_bad_inputs(tiny_model_dir):
         actor.update(batch.select(slice(0, 6)), dict(BANDPO))
     with pytest.raises(ValueError, match="ref_model=True"):
         actor.compute_logprobs(batch, ref=True)
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_nonfinite_loss_never_reaches_the_weights(tiny_model_dir, zero_stage):
+    actor = new_actor(tiny_model_dir, zero_stage=zero_stage, mini_batch_size=4)
+    batch = make_train_batch(actor, 8, seed=51)
+    before = full_weights(actor)
+    metrics = actor.update(batch, dict(BANDPO, entropy_coef=float("nan")))  # every gradient is NaN
+    assert metrics["nonfinite_steps"] == metrics["optimizer_steps"] == 2.0
+    assert math.isnan(metrics["grad_norm"])  # no step was applied to average over
+    assert max_diff(before, full_weights(actor)) == 0.0
+
+    metrics = actor.update(batch, dict(BANDPO))  # the discarded steps left nothing behind
+    assert metrics["nonfinite_steps"] == 0.0 and math.isfinite(metrics["grad_norm"])
+    after = full_weights(actor)
+    assert all(bool(torch.isfinite(t).all()) for t in after.values())
+    assert max_diff(before, after) > 0
+
+
+def test_update_refuses_nonfinite_inputs_naming_them(tiny_model_dir):
+    actor = new_actor(tiny_model_dir)
+    batch = make_train_batch(actor, 8, seed=52)
+    pad_row, pad_col = (batch.response_mask == 0).nonzero()[0].tolist()
+    for name, where in (("advantages", (3,)), ("old_logprobs", (pad_row, pad_col))):  # padding counts too
+        bad = TrainBatch.from_rollout(batch, advantages=batch.advantages.clone(),
+                                      old_logprobs=batch.old_logprobs.clone())
+        getattr(bad, name)[where] = float("nan")
+        with pytest.raises(ValueError, match=f"batch.{name} holds NaN/inf"):
+            actor.update(bad, dict(BANDPO))

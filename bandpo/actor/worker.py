@@ -12,11 +12,17 @@ DeepSpeed averages gradients over ranks, hence each rank back-propagates
 
 Every method that runs the model or touches parameters is collective under
 data parallelism: all ranks must call it, the same number of times, in the same order.
+
+NaN/inf: ``update`` refuses non-finite inputs (naming the tensor) before any forward. A
+non-finite loss or gradient met during an optimizer step makes DeepSpeed discard that
+step (its gradient-norm check zeroes the gradients instead of applying them); ``update``
+counts such steps (``nonfinite_steps``) and raises if one was applied anyway.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import shutil
 import time
@@ -38,6 +44,7 @@ from bandpo.actor.logprobs import (
 from bandpo.actor.metrics import MetricAccumulator
 from bandpo.actor.setup import LinearWarmup, init_distributed, load_model, seed_everything
 from bandpo.algo.losses import policy_loss
+from bandpo.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
@@ -226,7 +233,9 @@ class Actor:
         ``max_len`` there overrides the default ``seq-mean-token-sum-norm`` length (the longest
         response of the global mini-batch). Returns metrics averaged over the global batch,
         identical on every rank: token-weighted means of the loss metrics, ``loss``/``pg_loss``
-        per optimizer step, ``grad_norm``, ``lr``, ``num_tokens``, ``time_s``, ``tokens_per_s``.
+        per optimizer step, ``grad_norm`` (over applied steps), ``lr``, ``num_tokens``,
+        ``optimizer_steps``, ``nonfinite_steps`` (discarded for a NaN/inf loss or gradient),
+        ``time_s``, ``tokens_per_s``.
         """
         start = time.perf_counter()
         loss_kwargs = self._check_update(batch, loss_kwargs)
@@ -240,6 +249,7 @@ class Actor:
         acc = MetricAccumulator()
         for step in range(n_steps):
             lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
+            finite = torch.ones((), dtype=torch.bool, device=self.device)  # read once per step: no sync per micro
             for micro in range(self.grad_accum):
                 first = step * per_rank + micro * self.micro_batch_size
                 mb = batch.select(slice(first, first + self.micro_batch_size))
@@ -272,21 +282,44 @@ class Actor:
                     entropy=entropy,
                     **loss_kwargs,
                 )
-                # DeepSpeed averages gradients over ranks; scale so they end up summed.
+                finite &= torch.isfinite(loss.detach())
+                # DeepSpeed averages gradients over ranks; scale so they end up summed. A NaN loss is
+                # back-propagated too: its NaN gradients make DeepSpeed discard the step (checked below).
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()  # applies the optimizer only at the accumulation boundary
                 acc.add_micro(metrics, r_mask.sum())
                 del logits, logprobs, entropy, loss
-            acc.add_step(grad_norm=self.engine.get_global_grad_norm(), lr=lr)
+            grad_norm = self.engine.get_global_grad_norm()
+            bad = self._discarded_nonfinite_step(bool(finite), grad_norm)
+            acc.add_step(grad_norm=None if bad else grad_norm, lr=lr, nonfinite=bad)
         out = acc.reduce(self._all_reduce)
         out["time_s"] = time.perf_counter() - start
         out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
         return out
 
+    def _discarded_nonfinite_step(self, loss_finite: bool, grad_norm) -> bool:
+        """True when the optimizer step just taken met a NaN/inf loss or gradient on any rank.
+
+        Such a step must have been discarded by DeepSpeed; one that was applied would have
+        written NaN into the weights, so that raises FloatingPointError.
+        """
+        norm_finite = grad_norm is None or math.isfinite(float(grad_norm))
+        bad = bool(self._all_reduce(torch.tensor([float(not (loss_finite and norm_finite))]), max_=True))
+        if bad and self.engine.was_step_applied():
+            raise FloatingPointError(
+                "update: an optimizer step with a non-finite loss or gradient was applied "
+                f"(loss finite: {loss_finite}, grad norm: {grad_norm}); the weights can no longer be trusted"
+            )
+        return bad
+
     def _check_update(self, batch: TrainBatch, loss_kwargs: dict) -> dict:
         missing = [f for f in ("advantages", "old_logprobs") if getattr(batch, f) is None]
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
+        # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
+        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs"), masked=False)
+        if bad:
+            raise ValueError(f"update: batch.{bad} holds NaN/inf values; the trainer skips such steps")
         reserved = sorted(set(loss_kwargs) & set(_RESERVED_LOSS_KWARGS))
         if reserved:
             raise ValueError(f"update: loss_kwargs {reserved} are computed by the actor; remove them")
@@ -373,9 +406,13 @@ class Actor:
             raise FileNotFoundError(
                 f"load_checkpoint: {path!r} is not an actor checkpoint (no {CKPT_TAG}/ inside)"
             )
-        load_path, client = self.engine.load_checkpoint(
-            path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        try:
+            load_path, client = self.engine.load_checkpoint(
+                path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+        except Exception as e:  # DeepSpeed's own errors do not say which file is damaged
+            ckpt.raise_naming_unreadable_file(os.path.join(path, CKPT_TAG), e)
+            raise
         if load_path is None:
             raise FileNotFoundError(f"load_checkpoint: DeepSpeed found no checkpoint in {path!r}")
         ckpt.load_rng(path, self.rank)
