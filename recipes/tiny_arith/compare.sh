@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GRPO vs Clip-Higher vs BandPO (KL, delta 0.05) on the tiny arithmetic task, several seeds each,
+# under equal budgets: every run gets the same steps, prompts, samples and lengths (the tiny
+# defaults plus your overrides); only the algorithm and trainer.seed differ. All seeds share the
+# cached tiny model (built once by the recipe); the seed changes the data order and the sampling.
+#
+#   recipes/tiny_arith/compare.sh [extra Hydra overrides for every run...]
+#   SEEDS="0 1 2" STEPS=12 RUNS=runs/compare RESULTS=recipes/tiny_arith/results.md recipes/tiny_arith/compare.sh
+#   ALGOS="bandpo" SEEDS="3 4" recipes/tiny_arith/compare.sh    # a subset (default: grpo clip_higher bandpo)
+#
+# Each run trains through scripts/train.sh into $RUNS/<algo>-s<seed>/ (its output also in train.log
+# there), seed by seed so that partial results already compare the three algorithms. The tiny config
+# evaluates on the held-out tiny_arith_test (mean@32) before the first step and after the last. A run
+# whose final evaluation after STEPS steps is logged is skipped; any other resumes from its last
+# checkpoint (trainer.resume=auto). A failed run does not stop the others. Then compare.py writes
+# $RESULTS and a plot beside it; run it alone to summarise whatever runs exist (relative paths are
+# from the repository root):
+#   .venv/bin/python recipes/tiny_arith/compare.py --runs runs/compare --out recipes/tiny_arith/results.md
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEEDS=${SEEDS:-0 1 2}
+STEPS=${STEPS:-12}
+RUNS=${RUNS:-runs/compare}
+RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
+read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
+
+algo_overrides() {
+  case $1 in
+    grpo) echo "algorithm=grpo" ;;
+    clip_higher) echo "algorithm=clip_higher" ;;
+    bandpo) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05" ;;
+    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo)" >&2; return 1 ;;
+  esac
+}
+
+for algo in "${ALGOS[@]}"; do algo_overrides "$algo" >/dev/null; done  # fail before any run starts
+
+COMMAND="ALGOS=\"${ALGOS[*]}\" SEEDS=\"$SEEDS\" STEPS=$STEPS RUNS=$RUNS RESULTS=$RESULTS recipes/tiny_arith/compare.sh $*"
+SUMMARY_ARGS=(--command "$COMMAND" --command "# each run: scripts/train.sh <algorithm overrides> trainer.seed=<seed> \
+trainer.total_steps=$STEPS trainer.output_dir=$RUNS/<algo>-s<seed> $*")
+for algo in "${ALGOS[@]}"; do SUMMARY_ARGS+=(--command "#   $algo: $(algo_overrides "$algo")"); done
+failed=()
+for seed in $SEEDS; do
+  for algo in "${ALGOS[@]}"; do
+    dir="$RUNS/$algo-s$seed"
+    # The trainer logs the final evaluation as {"step": <last step>, "final": true, ...}.
+    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, \"final\": true" "$dir/metrics.jsonl"; then
+      echo "== $dir: finished earlier ($STEPS steps), skipped"
+      continue
+    fi
+    if [[ -f $dir/metrics.jsonl && ! -f $dir/checkpoints/latest ]]; then
+      # No checkpoint to resume from: the trainer starts over and would append to these lines.
+      mv "$dir/metrics.jsonl" "$dir/metrics.jsonl.old-$(date +%Y%m%d-%H%M%S)"
+    fi
+    mkdir -p "$dir"
+    read -ra args <<< "$(algo_overrides "$algo")"
+    args+=("trainer.seed=$seed" "trainer.total_steps=$STEPS" "trainer.output_dir=$dir" "$@")
+    echo "== $dir: scripts/train.sh ${args[*]}"
+    start=$SECONDS
+    if bash scripts/train.sh "${args[@]}" 2>&1 | tee -a "$dir/train.log"; then
+      echo "== $dir: done in $((SECONDS - start)) s"
+    else
+      echo "== $dir: FAILED after $((SECONDS - start)) s (log: $dir/train.log)"
+      failed+=("$dir")
+    fi
+  done
+done
+
+.venv/bin/python recipes/tiny_arith/compare.py --runs "$RUNS" --out "$RESULTS" "${SUMMARY_ARGS[@]}"
+if ((${#failed[@]})); then
+  echo "failed runs: ${failed[*]}" >&2
+  exit 1
+fi
