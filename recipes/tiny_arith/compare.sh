@@ -49,7 +49,7 @@ for seed in $SEEDS; do
       continue
     fi
     if [[ -f $dir/metrics.jsonl && ! -f $dir/checkpoints/latest ]]; then
-      # No checkpoint to resume from: the trainer starts over and would append to these lines.
+      # No checkpoint to resume from: the run starts over, so its old lines go aside, not into the summary.
       mv "$dir/metrics.jsonl" "$dir/metrics.jsonl.old-$(date +%Y%m%d-%H%M%S)"
     fi
     mkdir -p "$dir"
