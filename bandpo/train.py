@@ -1,12 +1,15 @@
 """Training entry point: ``python -m bandpo.train [hydra overrides...]`` (what scripts/train.sh runs).
 
 The config is composed and validated before any worker starts, so a bad override fails in
-seconds naming the key (exit code 2).
+seconds naming the key (exit code 2). After training it writes ``curves.png`` (reward,
+accuracy, entropy, clip fraction per step) into the run folder and prints a summary: the
+held-out metrics before the first step and after the last one.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,12 +22,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from bandpo.trainer import train
 
-    metrics = train(cfg)
-    summary = {k: v for k, v in metrics.items() if k.startswith(("eval/", "reward/")) and "@" in k or k == "reward/mean"}
-    print(f"[bandpo] done: {cfg.trainer.total_steps} steps, outputs in {cfg.trainer.output_dir}")
-    for k, v in sorted(summary.items()):
-        print(f"  {k} = {v:.4f}")
+    train(cfg)
+    out = Path(cfg.trainer.output_dir)
+    print(summary(out / "metrics.jsonl", cfg.trainer.total_steps))
+    try:
+        from bandpo.viz import plot_run_metrics
+
+        print(f"  curves: {plot_run_metrics(out / 'metrics.jsonl', out / 'curves.png', title=out.name)}")
+    except Exception as e:  # a plot must never turn a finished run into a failure
+        print(f"  curves not written: {e}")
     return 0
+
+
+def summary(metrics_path: Path, total_steps: int) -> str:
+    """Lines for the end of a run: training reward/accuracy and held-out metrics, first vs last."""
+    from bandpo.viz import read_metrics
+
+    rows = read_metrics(metrics_path)
+    lines = [f"[bandpo] done: {total_steps} steps, outputs in {metrics_path.parent}"]
+    train_rows = [r for r in rows if "reward/mean" in r]
+    if train_rows:
+        first, last = train_rows[0], train_rows[-1]
+        for key in ("reward/mean", "reward/accuracy", "actor/entropy"):
+            if key in first and key in last:
+                lines.append(f"  {key:<34} step {first['step']}: {first[key]:.4f} -> step {last['step']}: "
+                             f"{last[key]:.4f}")
+    eval_rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    if eval_rows:
+        before, after = eval_rows[0], eval_rows[-1]
+        keys = sorted(k for k in after if k.startswith("eval/") and ("/mean@" in k or "/maj@" in k))
+        for key in keys:
+            was = f"{before[key]:.4f}" if key in before and before is not after else "  -   "
+            lines.append(f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
