@@ -71,7 +71,7 @@ class Trainer:
                              f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})")
         self.examples, self.prompts = encoded.examples, encoded.prompt_ids
         self.sampler = EpochSampler(len(self.prompts), seed=cfg.data.shuffle_seed)
-        self.eval_sets = load_eval_sets(list(cfg.eval.datasets), _plain(cfg.eval.paths) or None) \
+        self.eval_sets = load_eval_sets(list(cfg.eval.datasets), _plain(cfg.eval.paths) or None, limit=cfg.eval.limit) \
             if cfg.trainer.eval_every or cfg.trainer.eval_before_train else {}
         r = cfg.trainer.reward
         scheme = RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
@@ -145,6 +145,8 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg, ro, algo = self.cfg, self.cfg.rollout, self.cfg.algorithm
+        # A checkpoint is written after its step's metrics line, so its time goes on the next line.
+        last_checkpoint = self.timings.get("checkpoint")
         self.timings = {}
         t_step = time.perf_counter()
 
@@ -190,6 +192,8 @@ class Trainer:
         step_time = time.perf_counter() - t_step
         metrics.update({f"time/{k}": v for k, v in self.timings.items()})
         metrics["time/step"] = step_time
+        if last_checkpoint is not None:
+            metrics["time/last_checkpoint"] = last_checkpoint
         gen_tokens = int(lengths.sum())
         metrics["perf/tokens_per_s"] = gen_tokens / step_time
         metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(self.timings["rollout"], 1e-9)
