@@ -14,4 +14,5 @@ if ! nvidia-smi >/dev/null 2>&1; then
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 fi
 export TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-1}
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}  # per-request INFO lines would bury the step lines
 exec .venv/bin/python -m bandpo.train "$@"

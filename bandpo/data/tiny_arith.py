@@ -31,6 +31,9 @@ from typing import Iterable
 KINDS = ("add", "sub", "mul", "two_step", "word")
 SPLITS = ("train", "test")
 DIFFICULTIES = (1, 2, 3, 4)
+# The tiny recipe's level: its warm start and its RL data must use the same one. Level 1 has
+# 2,677 distinct train problems, enough for the recipe's runs (configs/data/tiny_arith.yaml).
+DEFAULT_DIFFICULTY = 1
 # One key in _TEST_SHARE goes to the held-out split.
 _TEST_SHARE = 8
 # Draws per requested row before giving up (a small problem space may not hold n rows).
@@ -45,7 +48,7 @@ def make_split(
     n: int,
     seed: int = 0,
     *,
-    difficulty: int = 2,
+    difficulty: int = DEFAULT_DIFFICULTY,
     kinds: Iterable[str] = KINDS,
 ) -> list[dict]:
     """Generate ``n`` distinct problems of split ``name`` ("train" or "test").
@@ -54,9 +57,9 @@ def make_split(
         name: "train" or "test"; the two never share a canonical arithmetic key.
         n: number of rows; within the split no two share both kind and canonical key.
         seed: random seed; the same (name, n, seed, difficulty, kinds) gives the same rows.
-        difficulty: 1-4; operands of add/sub have up to ``difficulty + 1`` digits, the
-            larger factor of a product up to ``difficulty`` digits, and two-step and
-            word-problem operands up to ``difficulty`` digits.
+        difficulty: 1-4, the most digits of an operand (digit counts are drawn uniformly,
+            so short numbers stay common); the second factor of a product and the
+            factors inside two-step and word problems are always single digits.
         kinds: problem kinds to mix (uniformly), a subset of ``KINDS``.
 
     Returns:
@@ -139,7 +142,7 @@ def _finish(problem: str, steps: list[str], answer: int, key: str):
 def _binary(rng: random.Random, difficulty: int, op: str) -> tuple[int, int]:
     if op == "*":
         return _number(rng, difficulty, low=2), rng.randint(2, 9)
-    a, b = _number(rng, difficulty + 1), _number(rng, difficulty + 1)
+    a, b = _number(rng, difficulty), _number(rng, difficulty)
     if op == "-" and b > a:
         a, b = b, a
     return a, b

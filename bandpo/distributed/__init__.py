@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 # Environment every worker needs, forwarded into Ray's runtime_env.
 FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
-                 "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH")
+                 "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH", "VLLM_LOGGING_LEVEL")
 
 
 class WorkerFailure(RuntimeError):

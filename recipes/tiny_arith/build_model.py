@@ -36,7 +36,7 @@ _REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:  # run as a script from a clone without `pip install -e`
     sys.path.insert(0, str(_REPO))
 
-from bandpo.data.tiny_arith import make_split  # noqa: E402
+from bandpo.data.tiny_arith import DEFAULT_DIFFICULTY, make_split  # noqa: E402
 from bandpo.models.tiny import build_tiny_model  # noqa: E402
 
 # The DAPO prompt of the paper (SPEC.md, "Prompt"); the rollout side must use the same text.
@@ -55,23 +55,23 @@ class BuildArgs:
     """Everything that determines the built model (hashed into the cache marker)."""
 
     seed: int = 0
-    difficulty: int = 2
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    difficulty: int = DEFAULT_DIFFICULTY
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
     intermediate_size: int = 512
     vocab_size: int = 512
-    sft_steps: int = 300
-    batch_size: int = 64
-    lr: float = 2e-3
+    sft_steps: int = 500
+    batch_size: int = 32
+    lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
-    n_sft: int = 20000
+    n_sft: int = 2500
     n_eval: int = 200
 
 
-def build(out_dir: str | Path, seed: int = 0, sft_steps: int = 300, *, verbose: bool = True, **overrides) -> Path:
+def build(out_dir: str | Path, seed: int = 0, sft_steps: int = BuildArgs.sft_steps, *, verbose: bool = True, **overrides) -> Path:
     """Build (or reuse) the tiny-arith model folder at ``out_dir`` and return its path.
 
     Args:
@@ -124,7 +124,9 @@ def _args_hash(args: BuildArgs) -> str:
 def _build_into(path: Path, args: BuildArgs, log) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # save/load bars would bury the build's own lines
     train = make_split("train", args.n_sft, args.seed, difficulty=args.difficulty)
     held_out = make_split("test", args.n_eval, args.seed, difficulty=args.difficulty)
     build_tiny_model(
