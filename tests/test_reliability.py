@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -197,3 +198,66 @@ def test_stale_weight_buffers_of_dead_drivers_are_removed():
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+# ---------------------------------------------------------------- the fault test's own parts
+def _run_dir(root, steps, loss=0.5, weights=1.0):
+    from safetensors.torch import save_file
+
+    (root / "hf").mkdir(parents=True)
+    save_file({"w": torch.full((3,), weights)}, root / "hf" / "model.safetensors")
+    root.joinpath("metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward/mean": -1.0, "actor/loss": loss * s}) + "\n" for s in steps))
+    mgr = CheckpointManager(root / "checkpoints")
+    mgr.save(max(steps), lambda folder: (folder / "state").mkdir(parents=True), {"step": max(steps)})
+    return root
+
+
+def test_fault_checks_pass_on_equal_runs_and_name_each_violation(tmp_path):
+    from bandpo.fault_test import checks
+
+    ref = _run_dir(tmp_path / "ref", [1, 2, 3])
+    ok = _run_dir(tmp_path / "ok", [1, 2, 3])
+    rows, ref_rows = checks.read_metrics(ok), checks.read_metrics(ref)
+    assert checks.check_steps(rows, ref_rows, 3) == []
+    assert checks.check_step_metrics(rows, ref_rows) == []
+    assert checks.check_weights(ok, ref) == ([], 0.0)
+    assert checks.check_latest(ok) == ([], "step_000003")
+    assert checks.leftovers(ok) == []
+
+    dup = _run_dir(tmp_path / "dup", [1, 2, 2, 3], loss=0.6, weights=1.1)
+    rows = checks.read_metrics(dup)
+    assert "training steps are [1, 2, 2, 3]" in checks.check_steps(rows, ref_rows, 3)[0]
+    assert "step 1: actor/loss = 0.6 after kills, 0.5 uninterrupted" in checks.check_step_metrics(rows, ref_rows)
+    problems, diff = checks.check_weights(dup, ref)
+    assert diff == pytest.approx(0.1) and "differ" in problems[0]
+    (dup / "checkpoints" / ".tmp-step_000004-1").mkdir()
+    (dup / "hf.tmp").mkdir()
+    assert checks.leftovers(dup) == ["left behind: checkpoints/.tmp-step_000004-1", "left behind: hf.tmp"]
+    (dup / "checkpoints" / "latest").write_text(".tmp-step_000004-1")
+    assert "not a step folder" in checks.check_latest(dup)[0][0]
+
+
+def test_session_kill_reaches_processes_that_left_the_process_group(tmp_path):
+    """Ray puts its workers in their own process groups (same session): killpg alone misses them."""
+    from bandpo.fault_test.process import Session
+
+    script = ("import os, subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgid(0, 0); time.sleep(300)'])\n"
+              "subprocess.Popen(['sleep', '300'])\n"
+              "print('ready', flush=True); time.sleep(300)\n")
+    session = Session([sys.executable, "-c", script], tmp_path / "log", tmp_path, dict(os.environ))
+    while "ready" not in (tmp_path / "log").read_text() or len(session.members()) < 3:
+        assert session.poll() is None
+        time.sleep(0.05)
+    members = session.members()
+    assert len({os.getpgid(p.pid) for p in members}) == 2  # one left the leader's group
+    assert session.kill() == []
+    assert session.members() == [] and session.poll() == -9
+
+
+def test_fault_test_refuses_overrides_it_owns(tmp_path):
+    from bandpo.fault_test.__main__ import main
+
+    assert main(["--out", str(tmp_path), "trainer.output_dir=/x"]) == 2
+    assert main(["--out", str(tmp_path), "--kills", "0"]) == 2

