@@ -53,6 +53,9 @@ def test_defaults_follow_the_paper():
     ("actor.mini_batch_prompts=5", "actor.mini_batch_prompts"),
     ("model.path=???", "model.path"),
     ("rollout.backend=sglang", "rollout.backend"),
+    ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
+    ("trainer.total_steps=abc", "trainer.total_steps"),
+    ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
