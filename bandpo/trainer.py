@@ -167,6 +167,7 @@ class Trainer:
             scores = self.scorer.score(texts, gold, lengths.tolist())
             batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
         with self.timed("advantages"):
+            _check_groups(batch.prompt_index, len(prompts), ro.n)
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, ro.n, algo.advantage)  # [N]
         with self.timed("logprobs"), stage("logprobs", "actor"):
             batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
@@ -341,6 +342,14 @@ def _plain(node):
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def _check_groups(prompt_index: torch.Tensor, num_prompts: int, n: int) -> None:
+    """Advantages normalise over consecutive groups of n rows: each prompt's n responses in prompt order."""
+    expected = torch.arange(num_prompts).repeat_interleave(n)  # [B*G]
+    if not torch.equal(prompt_index.cpu(), expected):
+        raise RuntimeError(f"rollout rows are not {num_prompts} contiguous groups of rollout.n={n} in prompt "
+                           f"order (prompt_index starts {prompt_index[:2 * n].tolist()})")
 
 
 def _reward_metrics(scores) -> dict[str, float]:

@@ -25,7 +25,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-DEFAULT_KEYS = ("reward/mean", "accuracy", "entropy", "clip_frac")
+DEFAULT_KEYS = ("reward/mean", "accuracy", "mean@", "entropy", "clip_frac")  # mean@: held-out evals
 # Fixed clipping intervals drawn against the band: GRPO/PPO 0.2/0.2 and Clip-Higher 0.2/0.28.
 FIXED_CLIPS = ((0.8, 1.2), (0.8, 1.28))
 _DIVERGENCE_STYLE = {"kl": ("KL", "tab:blue"), "tv": ("TV", "tab:orange"), "chi2": (r"$\chi^2$", "tab:green")}

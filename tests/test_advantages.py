@@ -32,3 +32,11 @@ def test_bad_inputs():
         group_advantages(torch.ones(5), 2)
     with pytest.raises(ValueError, match="grpo, grpo_no_std"):
         compute_advantages(torch.ones(4), 2, "rloo")
+
+
+def test_trainer_rejects_rows_not_grouped_by_prompt():
+    from bandpo.trainer import _check_groups
+
+    _check_groups(torch.tensor([0, 0, 1, 1, 2, 2]), 3, 2)
+    with pytest.raises(RuntimeError, match="contiguous groups of rollout.n=2"):
+        _check_groups(torch.tensor([0, 1, 0, 1, 2, 2]), 3, 2)  # interleaved: groups would mix prompts
