@@ -325,3 +325,12 @@ def test_update_refuses_nonfinite_inputs_naming_them(tiny_model_dir):
         getattr(bad, name)[where] = float("nan")
         with pytest.raises(ValueError, match=f"batch.{name} holds NaN/inf"):
             actor.update(bad, dict(BANDPO))
+
+
+def test_corrupt_checkpoint_file_is_named(tiny_model_dir, tmp_path):
+    actor = new_actor(tiny_model_dir)
+    actor.save_checkpoint(str(tmp_path / "ckpt"))
+    [states] = (tmp_path / "ckpt").rglob("*model_states.pt")
+    states.write_bytes(states.read_bytes()[:1000])  # cut short, as by a crash outside our atomic write
+    with pytest.raises(RuntimeError, match=rf"corrupt checkpoint: {states} is unreadable"):
+        actor.load_checkpoint(str(tmp_path / "ckpt"))

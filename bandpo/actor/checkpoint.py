@@ -68,8 +68,7 @@ def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException
     """After a failed load from ``folder``: raise naming the first ``.pt`` file torch cannot open.
 
     Returns (without raising) when every file opens, so the caller re-raises the original error.
-    Opening is cheap (``mmap``: only a truncated or garbled zip directory is detected, no
-    tensor data is read).
+    Cheap enough for an error path: with ``mmap`` the tensor data is mapped, not read.
     """
     for file in sorted(Path(folder).rglob("*.pt")):
         try:
