@@ -72,10 +72,13 @@ class CheckpointManager:
         return folder
 
     def remove_stale(self) -> None:
-        """Delete the temporary folders of writes that were killed or failed."""
-        if self.root.is_dir():
-            for stale in self.root.glob(".tmp-step_*"):
-                shutil.rmtree(stale, ignore_errors=True)
+        """Delete what writes that were killed or failed left: step folders and pointer temp files."""
+        if not self.root.is_dir():
+            return
+        for stale in self.root.glob(".tmp-step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.root.glob(".latest.tmp-*"):  # write_text_atomic's temp file
+            stale.unlink(missing_ok=True)
 
     def save(self, step: int, write_actor: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
         """Write checkpoint ``step``: actor state via ``write_actor(folder)``, then the trainer state.

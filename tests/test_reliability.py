@@ -64,9 +64,10 @@ def test_killed_write_is_never_picked_up_and_is_removed(tmp_path):
     killed = mgr.root / ".tmp-step_000002-99999"  # what a SIGKILL mid-save leaves
     (killed / "actor").mkdir(parents=True)
     (killed / "trainer_state.json").write_text('{"step": 2, "sampler"')
+    (mgr.root / ".latest.tmp-99999").write_text("step_0000")  # killed while the pointer was written
     assert mgr.latest() == mgr.root / "step_000001"
     mgr.remove_stale()  # the trainer does this on resume; save() does it too
-    assert not killed.exists()
+    assert not killed.exists() and not (mgr.root / ".latest.tmp-99999").exists()
     (killed / "actor").mkdir(parents=True)
     _save(mgr, 2)
     assert not killed.exists() and mgr.latest() == mgr.root / "step_000002"
