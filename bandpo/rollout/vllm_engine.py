@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 EXTENSION = "bandpo.rollout.vllm_extension.BandpoWorkerExtension"
+CPU_DEFAULT_KV_CACHE_GIB = 2.0  # CPU, when neither size nor VLLM_CPU_KVCACHE_SPACE is given
 _sync_ids = itertools.count()
 
 
@@ -45,6 +46,7 @@ class VllmEngine:
         gpu_memory_utilization: on GPU the fraction of device memory vLLM may take; on CPU
             the fraction of RAM reserved for the KV cache. Ignored when ``kv_cache_gib`` is set.
         kv_cache_gib: an explicit KV-cache size in GiB (CPU: overrides ``VLLM_CPU_KVCACHE_SPACE``).
+            On CPU with neither size nor that variable given: ``CPU_DEFAULT_KV_CACHE_GIB``.
         enforce_eager: skip graph capture / torch.compile (faster start, slower decode).
         tensor_parallel_size: GPUs per engine.
         enable_sleep_mode: GPU only; lets ``sleep`` free weights and KV cache for a colocated actor.
@@ -89,6 +91,11 @@ class VllmEngine:
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if self.on_cpu and kv_cache_gib is None and gpu_memory_utilization is None \
+                and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # vLLM's own default reserves 92% of RAM for the KV cache on CPU, and refuses to
+            # start when anything else (the actor, another engine) holds memory.
+            kv_cache_gib = CPU_DEFAULT_KV_CACHE_GIB
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         elif gpu_memory_utilization is not None:
