@@ -243,12 +243,13 @@ def test_session_kill_reaches_processes_that_left_the_process_group(tmp_path):
     """Ray puts its workers in their own process groups (same session): killpg alone misses them."""
     from bandpo.fault_test.process import Session
 
-    script = ("import os, subprocess, sys, time\n"
-              "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgid(0, 0); time.sleep(300)'])\n"
+    moved = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"
+    script = ("import subprocess, sys, time\n"
+              f"subprocess.Popen([sys.executable, '-c', {moved!r}])\n"
               "subprocess.Popen(['sleep', '300'])\n"
-              "print('ready', flush=True); time.sleep(300)\n")
+              "time.sleep(300)\n")
     session = Session([sys.executable, "-c", script], tmp_path / "log", tmp_path, dict(os.environ))
-    while "ready" not in (tmp_path / "log").read_text() or len(session.members()) < 3:
+    while "moved" not in (tmp_path / "log").read_text() or len(session.members()) < 3:
         assert session.poll() is None
         time.sleep(0.05)
     members = session.members()

@@ -81,9 +81,10 @@ class FaultTest:
         step_s = statistics.median([r["time/step"] for r in ref_rows if "time/step" in r] or [1.0])
 
         t1 = time.monotonic()
-        attempts = self._run_with_kills(self._plan(save_every), _saves(total, save_every), first_step_s, step_s)
+        attempts, completed = self._run_with_kills(self._plan(save_every), _saves(total, save_every),
+                                                   first_step_s, step_s)
         killed_s = time.monotonic() - t1
-        if self.violations:
+        if not completed:  # reported; nothing to compare
             return self._report(ref_s, killed_s, [], attempts)
 
         rows = checks.read_metrics(self.killed)
@@ -102,8 +103,10 @@ class FaultTest:
         return self._report(ref_s, killed_s, rows, attempts, diff)
 
     def _plan(self, save_every: int) -> list[str]:
-        """Kill modes in order: a checkpoint write first (while one is sure to come), then the rest shuffled."""
-        rest = ["startup"] * (self.opts.kills >= 3) + ["step"] * (self.opts.kills - 1 - (self.opts.kills >= 3))
+        """Kill modes in order: first a checkpoint write (while one is sure to come), then, shuffled,
+        one during start-up (when there are 3 kills or more) and the others at random points of a step."""
+        startup = 1 if self.opts.kills >= 3 else 0
+        rest = ["startup"] * startup + ["step"] * (self.opts.kills - 1 - startup)
         self.rng.shuffle(rest)
         return (["checkpoint"] if save_every else ["step"]) + rest
 
@@ -131,8 +134,8 @@ class FaultTest:
         self.violations += [f"orphan after the uninterrupted run exited: {p}" for p in session.leftovers()]
         return first_step_s or session.elapsed()
 
-    def _run_with_kills(self, plan: list[str], saves: int, first_step_s: float, step_s: float) -> int:
-        """Attempts of the killed run until one completes; returns how many there were."""
+    def _run_with_kills(self, plan: list[str], saves: int, first_step_s: float, step_s: float) -> tuple[int, bool]:
+        """Attempts of the killed run until one exits; returns how many there were and whether it succeeded."""
         attempt = 0
         while attempt <= self.opts.kills + 1:
             attempt += 1
@@ -149,13 +152,13 @@ class FaultTest:
                 if session.poll() is None:
                     self.violations.append(f"attempt {attempt} did not finish in {self.opts.attempt_timeout_s:.0f} s")
                     session.kill()
-                    return attempt
+                    return attempt, False
                 self._check_resume(session, attempt, latest_at_start)
                 if session.poll() != 0:
                     self.violations.append(f"attempt {attempt} failed (exit {session.poll()}); see "
                                            f"{session.log_path}:\n" + _last_lines(session.log_path))
                 self.violations += [f"orphan after attempt {attempt} exited: {p}" for p in session.leftovers()]
-                return attempt
+                return attempt, session.poll() == 0
             self.kill_log.append(kill)
             print(f"[fault_test] attempt {attempt}: killed {kill.detail} ({kill.at_s:.1f} s in); "
                   f"latest = {kill.latest}", flush=True)
@@ -164,7 +167,7 @@ class FaultTest:
             if mode == "checkpoint" and not kill.mid_checkpoint and plan:
                 plan[0] = "checkpoint"  # the write finished before the kill landed: try again next time
         self.violations.append(f"the killed run did not complete within {attempt} attempts")
-        return attempt
+        return attempt, False
 
     def _kill_when(self, session: Session, mode: str, attempt: int, saves: int, first_step_s: float,
                    step_s: float) -> Kill | None:
@@ -184,10 +187,7 @@ class FaultTest:
                 session.kill()
                 return None
             if mode == "checkpoint":
-                try:
-                    names = [n for n in os.listdir(ckpt) if n.startswith(".tmp-step_") and n.endswith(suffix)]
-                except FileNotFoundError:
-                    names = []
+                names = [n for n in _listdir(ckpt) if n.startswith(".tmp-step_") and n.endswith(suffix)]
                 seen_tmp += [n for n in names if n not in seen_tmp]
                 if len(seen_tmp) >= target:
                     detail = f"while writing {seen_tmp[-1]}"
@@ -229,6 +229,7 @@ class FaultTest:
             "passed": not self.violations,
             "violations": self.violations,
             "kills": [asdict(k) for k in self.kill_log],
+            "kills_requested": self.opts.kills,
             "attempts": attempts,
             "steps_logged": [r.get("step") for r in rows if checks.is_train_row(r)],
             "max_weight_diff": diff,
@@ -243,6 +244,9 @@ class FaultTest:
 def summary(report: dict) -> str:
     lines = [(f"fault test: {len(report['kills'])} kills over {report['attempts']} attempts; "
               f"uninterrupted run {report['reference_s']} s, killed run {report['killed_run_s']} s")]
+    if report["attempts"] and len(report["kills"]) < report["kills_requested"]:
+        lines.append(f"  ({report['kills_requested'] - len(report['kills'])} planned kills did not happen: "
+                     f"the run ended first)")
     for k in report["kills"]:
         where = " [mid-checkpoint]" if k["mid_checkpoint"] else ""
         lines.append(f"  attempt {k['attempt']}: {k['mode']:<10} killed {k['detail']} at {k['at_s']:.1f} s{where}; "
