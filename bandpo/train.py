@@ -1,9 +1,11 @@
 """Training entry point: ``python -m bandpo.train [hydra overrides...]`` (what scripts/train.sh runs).
 
 The config is composed and validated before any worker starts, so a bad override fails in
-seconds naming the key (exit code 2). After training it writes ``curves.png`` (reward,
-accuracy, entropy, clip fraction per step) into the run folder and prints a summary: the
-held-out metrics before the first step and after the last one.
+seconds naming the key (exit code 2); a worker that dies stops the run (exit code 1) with a
+message naming the worker, the stage and the last complete checkpoint. After training it
+writes ``curves.png`` (reward, accuracy, held-out mean@n, entropy, clip fraction per step)
+into the run folder and prints a summary: the held-out metrics before the first step and
+after the last one.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    from bandpo.distributed import WorkerFailure
     from bandpo.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except WorkerFailure as e:  # already names the worker, the stage and the checkpoint to resume from
+        print(f"[bandpo] run stopped: {e}", file=sys.stderr)
+        return 1
     out = Path(cfg.trainer.output_dir)
     print(summary(out / "metrics.jsonl", cfg.trainer.total_steps))
     try:
