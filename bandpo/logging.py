@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bandpo.checkpoint import write_text_atomic
+
 CONSOLE_KEYS = (
     ("reward/mean", "reward", "{:+.3f}"), ("reward/accuracy", "acc", "{:.3f}"), ("actor/entropy", "ent", "{:.3f}"),
     ("actor/clip_frac_up", "clip+", "{:.4f}"), ("actor/clip_frac_down", "clip-", "{:.4f}"),
@@ -53,12 +55,7 @@ class MetricsLogger:
                 continue
             if isinstance(record, dict) and record.get("step", 0) <= step and not record.get("final"):
                 keep.append(line)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            fh.write("".join(line + "\n" for line in keep))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
