@@ -41,7 +41,14 @@ def _workers(baseline: set[int]) -> list[psutil.Process]:
     baseline keeps processes of other tests and scorers out.
     """
     me = psutil.Process()
-    return [p for p in me.children(recursive=True) if p.pid not in baseline and p.ppid() != me.pid]
+    workers = []
+    for p in me.children(recursive=True):
+        try:
+            if p.pid not in baseline and p.ppid() != me.pid:
+                workers.append(p)
+        except psutil.NoSuchProcess:  # a worker that ended while we looked
+            pass
+    return workers
 
 
 def _kill_busy_worker(baseline: set[int], deadline_s: float = 10.0) -> int:
@@ -49,20 +56,40 @@ def _kill_busy_worker(baseline: set[int], deadline_s: float = 10.0) -> int:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         procs = _workers(baseline)
-        for p in procs:
-            p.cpu_percent(None)
+        _cpu_percents(procs)  # the first call only starts psutil's measurement
         time.sleep(0.3)
-        busy = []
-        for p in procs:
-            try:
-                busy.append((p.cpu_percent(None), p.pid))
-            except psutil.NoSuchProcess:
-                pass
+        busy = _cpu_percents(procs)
         if busy and max(busy)[0] > 10:  # idle workers sit at ~0%
             pid = max(busy)[1]
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it finished and was replaced meanwhile: look again
+                continue
             return pid
     raise AssertionError("no busy worker found")
+
+
+def _cpu_percents(procs: list[psutil.Process]) -> list[tuple[float, int]]:
+    """(CPU % since the last call, pid) of each process still there."""
+    out = []
+    for p in procs:
+        try:
+            out.append((p.cpu_percent(None), p.pid))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _kill_all(procs: list[psutil.Process]) -> int:
+    """SIGKILL ``procs``; returns how many were still there to kill."""
+    killed = 0
+    for p in procs:
+        try:
+            p.kill()
+            killed += 1
+        except psutil.NoSuchProcess:
+            pass
+    return killed
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +206,7 @@ def test_batch_survives_all_workers_being_killed_repeatedly():
         kills = 0
         for _ in range(3):
             time.sleep(0.3)
-            for p in _workers(baseline):
-                p.kill()
-                kills += 1
+            kills += _kill_all(_workers(baseline))
         thread.join(timeout=60)
         assert not thread.is_alive()
         statuses = [s.status for s in result["scores"]]
@@ -213,8 +238,7 @@ def test_pool_recovers_when_all_workers_die_between_batches():
     baseline = _descendants()
     with RewardScorer(num_workers=2, timeout=5.0) as scorer:
         assert all(s.correct for s in scorer.score(*_normal_items(10)))
-        for p in _workers(baseline):
-            p.kill()
+        _kill_all(_workers(baseline))
         time.sleep(0.5)
         assert all(s.correct for s in scorer.score(*_normal_items(10)))
 

@@ -18,11 +18,18 @@ Two pebble behaviours are handled here:
   Python code, which cannot run while sympy is stuck inside one C call (a huge integer
   power), so every such timeout would cost 3 s extra. Workers restore the default SIGTERM
   action, which ends the process at once.
-- A worker that dies while no task is running marks the whole pool broken. The scorer
-  checks the pool before each task, rebuilds it when needed and resubmits what was lost;
-  a job gets at most ``MAX_CRASHES`` runs that end without a result before it is reported
-  as ``error``. A watchdog rebuilds the pool if nothing completes for
-  ``timeout + STALL_GRACE_S`` seconds, so ``score`` cannot hang either.
+- A worker that dies while no task is running marks the whole pool broken and fails every
+  queued task. The scorer checks the pool before each task, rebuilds it when needed and
+  resubmits what was lost. A job is reported as ``error`` after ``MAX_CRASHES`` runs whose
+  worker died under it, or after being lost ``MAX_LOST`` times with a broken or wedged pool
+  (not its fault, so a more generous limit; it only bounds the retries).
+- A worker killed from outside while it holds the pool's channel lock (taking a task or
+  sending a result) leaves that lock held for pebble's 60 s lock timeout: no worker can
+  take a task and no timeout can fire (pebble stops a worker only under that lock). A
+  watchdog rebuilds the pool when no task has started or finished for
+  ``timeout + STALL_GRACE_S`` seconds (a healthy pool starts or finishes one at least
+  every ``timeout`` plus a worker restart) and reruns what was in flight, so ``score``
+  cannot hang either.
 
 How a batch is split into jobs (all in the parent, all cheap string work):
 
@@ -71,7 +78,9 @@ from bandpo.reward.scheme import RewardScheme, Score
 from bandpo.reward.verify import gold_text, verify_extracted, verify_one
 
 MAX_CRASHES = 2
-STALL_GRACE_S = 30.0
+MAX_LOST = 4
+STALL_GRACE_S = 10.0
+WATCH_EVERY_S = 0.5
 STOP_WAIT_S = 10.0
 
 # What a "simple" answer may contain (see ``_is_simple``): a few LaTeX commands that cannot
@@ -235,6 +244,8 @@ class RewardScorer:
         self.close()
 
     def _ensure_pool(self) -> ProcessPool:
+        if self._closed:  # a score() still running in another thread when close() was called
+            raise RuntimeError("RewardScorer is closed")
         if self._pool is None or not self._pool.active:
             self._discard_pool()
             self._pool = ProcessPool(
@@ -271,14 +282,16 @@ class _BatchRun:
         self.grades: list[_Grade | None] = [None] * n
         self.jobs: list[_Job] = []
         self.job_items: list[list[int]] = []  # the items each job's grade goes to
-        self.crashes: list[int] = []  # runs of each job that ended without a result
+        self.crashes: list[int] = []  # runs of each job whose worker died under it
+        self.lost: list[int] = []  # runs of each job lost with a broken or wedged pool
         self.simple_jobs: dict[str, list[int]] = {}  # gold -> simple answer jobs
         self.single_jobs: list[int] = []
         seen: dict[_Job, int] = {}
         for i in range(n):
             self._plan(i, responses[i], answers[i], seen)
         self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.in_flight = 0
+        self.in_flight: dict[Future, list[int]] = {}  # future -> its job ids
+        self.seen_running: set[Future] = set()  # in-flight futures a worker has taken
         # Bumped when a wedged pool is thrown away: late callbacks of its futures are ignored.
         self.generation = 0
         self.lost_with_pool = 0  # tasks whose pool broke under them (rerun)
@@ -311,6 +324,7 @@ class _BatchRun:
         self.jobs.append(job)
         self.job_items.append([i])
         self.crashes.append(0)
+        self.lost.append(0)
         if simple:
             self.simple_jobs.setdefault(gold, []).append(len(self.jobs) - 1)
         else:
@@ -325,15 +339,22 @@ class _BatchRun:
         for j in self.single_jobs:
             self._submit([j])
         stall_limit = self.scorer.timeout + STALL_GRACE_S
+        last_progress = time.monotonic()
         while self.in_flight:
             try:
-                future, task, generation = self.done.get(timeout=stall_limit)
+                future, task, generation = self.done.get(timeout=WATCH_EVERY_S)
             except queue.Empty:
-                self._restart_wedged_pool()
+                if self._a_task_started():
+                    last_progress = time.monotonic()
+                elif time.monotonic() - last_progress > stall_limit:
+                    self._restart_wedged_pool()
+                    last_progress = time.monotonic()
                 continue
             if generation != self.generation:
                 continue
-            self.in_flight -= 1
+            del self.in_flight[future]
+            self.seen_running.discard(future)
+            last_progress = time.monotonic()
             self._collect(future, task)
         if self.lost_with_pool:
             logging.getLogger(__name__).warning(
@@ -343,8 +364,9 @@ class _BatchRun:
 
     def _submit(self, task: list[int]) -> None:
         """Schedule one task (job ids), rebuilding a broken pool once; else give up on it."""
-        self._settle([j for j in task if self.crashes[j] >= MAX_CRASHES], "error", 0.0)
-        task = [j for j in task if self.crashes[j] < MAX_CRASHES]
+        spent = [j for j in task if self.crashes[j] >= MAX_CRASHES or self.lost[j] >= MAX_LOST]
+        self._settle(spent, "error", 0.0)
+        task = [j for j in task if j not in spent]
         if not task:
             return
         payload = [self.jobs[j] for j in task]
@@ -356,8 +378,8 @@ class _BatchRun:
             except RuntimeError:  # "The Pool is not active" / "Unexpected error within the Pool"
                 self.scorer._discard_pool()
                 continue
+            self.in_flight[future] = task
             future.add_done_callback(lambda f, t=task, g=self.generation: self.done.put((f, t, g)))
-            self.in_flight += 1
             return
         self._settle(task, "error", 0.0)
 
@@ -367,36 +389,46 @@ class _BatchRun:
             results = future.result()
         except TimeoutError:
             if chunked:  # which job hung is unknown: give each its own task and timeout
-                self._resubmit_singly(task, crashed=False)
+                self._resubmit_singly(task)
             else:
                 self._settle(task, "timeout", self.scorer.timeout)
             return
         except ProcessExpired:  # the worker died; a chunk's jobs are not to blame yet
-            self._resubmit_singly(task, crashed=not chunked)
+            self._resubmit_singly(task, self.crashes if not chunked else None)
             return
         except Exception:  # the pool broke (BrokenProcessPool) or was stopped (CancelledError)
             # Not discarded here: other failing futures of the same pool would then throw away
             # its replacement too. ``_ensure_pool`` sees that a broken pool is inactive.
             logging.getLogger(__name__).debug("reward task lost with its pool", exc_info=True)
             self.lost_with_pool += 1
-            self._resubmit_singly(task, crashed=not chunked)
+            # pebble breaks the pool only when no task was running: none of these is to blame.
+            self._resubmit_singly(task, self.lost)
             return
         for j, grade in zip(task, results):
             for i in self.job_items[j]:
                 self.grades[i] = grade
 
+    def _a_task_started(self) -> bool:
+        """Whether a worker took an in-flight task since the last look (pebble's ack)."""
+        started = [f for f in self.in_flight if f.running() and f not in self.seen_running]
+        self.seen_running.update(started)
+        return bool(started)
+
     def _restart_wedged_pool(self) -> None:
-        """Nothing finished within a full timeout plus grace: replace the pool, rerun the rest."""
+        """Nothing started or finished for a full timeout plus grace: replace the pool, rerun."""
         logging.getLogger(__name__).warning("reward pool made no progress; replacing it")
         self.scorer._discard_pool()
         self.generation += 1
-        self.in_flight = 0
-        pending = [j for j, items in enumerate(self.job_items) if self.grades[items[0]] is None]
-        self._resubmit_singly(pending, crashed=True)
+        lost = [j for task in self.in_flight.values() for j in task]
+        self.in_flight.clear()
+        self.seen_running.clear()
+        self._resubmit_singly(lost, self.lost)
 
-    def _resubmit_singly(self, task: list[int], crashed: bool) -> None:
+    def _resubmit_singly(self, task: list[int], blame: list[int] | None = None) -> None:
+        """Rerun each job of ``task`` as its own task, first counting the run in ``blame``."""
         for j in task:
-            self.crashes[j] += crashed
+            if blame is not None:
+                blame[j] += 1
             self._submit([j])
 
     def _settle(self, task: list[int], status: str, seconds: float) -> None:
