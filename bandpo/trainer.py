@@ -52,6 +52,7 @@ class Trainer:
         self.timings: dict[str, float] = {}
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
+        self.sync_path = f"{SHM_PREFIX}{os.getpid()}.bin"
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -225,16 +226,16 @@ class Trainer:
         return generate_on_workers(self.rollout, prompts, sampling)
 
     def sync_weights(self) -> None:
-        """Actor -> rollout: rank 0 writes one flat buffer in /dev/shm, every engine loads it."""
-        from bandpo.rollout.weight_sync import remove_shm
+        """Actor -> rollout: rank 0 writes one flat buffer in /dev/shm, every engine loads it.
+
+        The file stays between syncs (``close`` removes it; a killed run's is removed by the next
+        start): rewriting it through the actor's kept mapping costs half of writing a new one
+        (no fresh tmpfs pages to fault in; scripts/bench_rollout.py, ``new/sync``).
+        """
         from bandpo.rollout.worker import sync_workers_from_shm
 
-        path = f"{SHM_PREFIX}{os.getpid()}.bin"
-        metas = self.actor.call("publish_weights_shm", path)[0]
-        try:
-            sync_workers_from_shm(self.rollout, path, metas)
-        finally:
-            remove_shm(path)
+        metas = self.actor.call("publish_weights_shm", self.sync_path)[0]
+        sync_workers_from_shm(self.rollout, self.sync_path, metas)
 
     def evaluate(self) -> dict:
         from bandpo.evaluate import run_eval
@@ -273,11 +274,40 @@ class Trainer:
     def close(self) -> None:
         import ray
 
+        from bandpo.rollout.weight_sync import remove_shm
+
         for closer in (getattr(self, "scorer", None), getattr(self, "logger", None)):
             if closer is not None:
                 closer.close()
+        remove_shm(self.sync_path)
         if ray.is_initialized():
+            _stop_engines(getattr(self, "rollout", []))
             ray.shutdown()
+
+
+def _stop_engines(workers, timeout_s: float = 60.0) -> None:
+    """Shut the rollout engines down before Ray kills their processes.
+
+    vLLM removes its shared-memory message queue (a /dev/shm file per engine) only in its own
+    shutdown; a process killed by ``ray.shutdown`` leaves it behind. Best effort: a dead or
+    stuck worker must not keep the run from ending.
+    """
+    import ray
+
+    refs = []
+    for w in workers:
+        try:
+            refs.append(w.shutdown.remote())
+        except Exception:  # the actor is already dead
+            pass
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:  # died earlier: the failure was reported then
+            pass
+        except Exception as e:  # reported, not raised: the run's result stands
+            print(f"[bandpo] a rollout engine failed to shut down cleanly: {e}", file=sys.stderr, flush=True)
 
 
 class _WorkersEngine:

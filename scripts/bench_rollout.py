@@ -5,7 +5,9 @@ each backend: generated tokens/s for ``--prompts`` x ``--n`` samples of up to ``
 and the time to sync the full weights into the running engine, next to a plain in-memory copy
 of the same bytes measured in the same run (medians of ``--reps`` interleaved repetitions):
 
-    sync       = write_weights_shm (actor side) + update_weights_from_shm (engine side: "load")
+    sync       = write_weights_shm (actor side) + update_weights_from_shm (engine side: "load"),
+                 into the file (and the writer's mapping of it) kept from the last sync
+    sync_new   = the same after deleting the file: fresh tmpfs pages to fault in every time
     copy_fresh = one copy of every tensor into a newly allocated flat buffer
     copy_warm  = one copy of every tensor into an already touched flat buffer (memcpy speed)
 
@@ -76,6 +78,7 @@ def bench_sync(engine, weights, reps: int) -> dict:
         "write_shm_s": lambda: write_weights_shm(weights, path),
         "load_s": lambda: engine.update_weights_from_shm(path, metas),
         "sync_s": lambda: engine.update_weights_from_shm(path, write_weights_shm(weights, path)),
+        "sync_new_s": lambda: (remove_shm(path), engine.update_weights_from_shm(path, write_weights_shm(weights, path))),
     }
     try:
         out = {"params": sum(t.numel() for t in tensors), "bytes": total, **interleaved_medians(fns, reps)}
@@ -83,6 +86,7 @@ def bench_sync(engine, weights, reps: int) -> dict:
         remove_shm(path)
     out["sync_over_copy_fresh"] = out["sync_s"] / out["copy_fresh_s"]
     out["sync_over_copy_warm"] = out["sync_s"] / out["copy_warm_s"]
+    out["sync_new_over_sync"] = out["sync_new_s"] / out["sync_s"]
     return out
 
 
@@ -136,13 +140,14 @@ def main() -> None:
             print(f"done {name}/{backend}: {res['tokens_per_s']:.0f} tok/s, sync {res['sync_s'] * 1e3:.1f} ms", flush=True)
 
     head = (f"{'model':6} {'engine':6} {'init s':>7} {'tok/s':>8} {'MB':>7} {'copy fresh':>11} {'copy warm':>10} "
-            f"{'write shm':>10} {'load':>8} {'sync':>8} {'sync/fresh':>11} {'sync/warm':>10}")
+            f"{'write shm':>10} {'load':>8} {'sync':>8} {'sync new':>9} {'sync/fresh':>11} {'sync/warm':>10} "
+            f"{'new/sync':>9}")
     print(head)
     for r in rows:
         print(f"{r['model']:6} {r['backend']:6} {r['init_s']:7.1f} {r['tokens_per_s']:8.0f} {r['bytes'] / 1e6:7.1f} "
               f"{r['copy_fresh_s'] * 1e3:9.1f}ms {r['copy_warm_s'] * 1e3:8.1f}ms {r['write_shm_s'] * 1e3:8.1f}ms "
-              f"{r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms {r['sync_over_copy_fresh']:10.2f}x "
-              f"{r['sync_over_copy_warm']:9.2f}x")
+              f"{r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms {r['sync_new_s'] * 1e3:7.1f}ms "
+              f"{r['sync_over_copy_fresh']:10.2f}x {r['sync_over_copy_warm']:9.2f}x {r['sync_new_over_sync']:8.2f}x")
     meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "workload": vars(args)}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)

@@ -29,9 +29,12 @@ def _train(model_dir: str, out: Path, *overrides: str) -> list[dict]:
             "trainer.eval_before_train=false", "trainer.save_every=1", "trainer.wandb.mode=disabled",
             f"trainer.output_dir={out}", *overrides]
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    # The weight-sync buffer and vLLM's message queues are RAM: a finished run leaves none behind.
+    assert sorted(set(os.listdir("/dev/shm")) - shm_before) == []
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
