@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 

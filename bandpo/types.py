@@ -9,8 +9,8 @@ Padding positions hold ``pad_id`` in id tensors, 0 in masks, and 0.0 in logprob 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ class RolloutBatch:
         prompt_index: Sequence[int],
         finish_reasons: Sequence[str],
         pad_id: int,
-    ) -> "RolloutBatch":
+    ) -> RolloutBatch:
         """Pad ragged per-row lists ([N] lists of token ids / logprobs) into a batch."""
         if not (len(prompts) == len(responses) == len(logprobs) == len(prompt_index) == len(finish_reasons)):
             raise ValueError("from_lists: all per-row lists must have the same length N")
@@ -73,7 +73,7 @@ class RolloutBatch:
         )
 
     @classmethod
-    def concat(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+    def concat(cls, batches: Sequence[RolloutBatch]) -> RolloutBatch:
         """Stack batches row-wise, re-padding to the widest (prompt_index offsets are kept as given)."""
         if not batches:
             raise ValueError("concat needs at least one batch")
@@ -103,10 +103,10 @@ class TrainBatch(RolloutBatch):
     ref_logprobs: torch.Tensor | None = None  # [N, R] float32, frozen reference (KL term)
 
     @classmethod
-    def from_rollout(cls, batch: RolloutBatch, **extra) -> "TrainBatch":
+    def from_rollout(cls, batch: RolloutBatch, **extra) -> TrainBatch:
         return cls(**{f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}, **extra)
 
-    def select(self, rows: torch.Tensor | slice) -> "TrainBatch":
+    def select(self, rows: torch.Tensor | slice) -> TrainBatch:
         """Rows of the batch (a slice or index tensor), same column widths."""
         out = {}
         for f in fields(self):

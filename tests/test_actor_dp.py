@@ -27,7 +27,7 @@ def _rank_weights(group: ActorGroup) -> list[dict[str, torch.Tensor]]:
 
     # All ranks at once: under ZeRO-3 every bucket is a collective gather. The lambda names no
     # test-module globals, so Ray workers can unpickle it without importing this file.
-    fetch = lambda actor: {name: t for bucket in actor.named_weights() for name, t in bucket}
+    fetch = lambda actor: {name: t for bucket in actor.named_weights() for name, t in bucket}  # noqa: E731
     return ray.get([w.__ray_call__.remote(fetch) for w in group.workers])
 
 

@@ -80,7 +80,6 @@ def test_micro_batches_sum_to_full_batch(agg, algorithm):
     n, length = 8, 7
     old = -torch.rand(n, length, generator=gen, dtype=torch.float64) * 4
     logp = (old + 0.3 * torch.randn(n, length, generator=gen, dtype=torch.float64)).requires_grad_()
-    ref = old + 0.1 * torch.randn(n, length, generator=gen, dtype=torch.float64)
     mask = (torch.rand(n, length, generator=gen) > 0.3).long()
     mask[:, 0] = 1
     adv = torch.randn(n, generator=gen, dtype=torch.float64)

@@ -20,7 +20,7 @@ from bandpo.reward import (
 )
 from bandpo.reward.extract import clean_answer, last_answer_line, last_boxed
 
-C, I, N, V = "correct", "incorrect", "no_answer", "invalid_input"
+C, I, N, V = "correct", "incorrect", "no_answer", "invalid_input"  # noqa: E741 - short, for the table
 
 # (response, gold, expected status[, answer_format]); answer_format defaults to "auto".
 CASES = [

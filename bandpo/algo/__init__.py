@@ -5,7 +5,15 @@ Imports nothing heavier than torch (no ray, vllm or deepspeed): a test enforces 
 
 from bandpo.algo.advantages import compute_advantages, group_advantages
 from bandpo.algo.band import DIVERGENCES, band_bounds
-from bandpo.algo.losses import AGG_MODES, ALGORITHMS, aggregate, get_algorithm, kl_penalty, policy_loss, ratio_interval
+from bandpo.algo.losses import (
+    AGG_MODES,
+    ALGORITHMS,
+    aggregate,
+    get_algorithm,
+    kl_penalty,
+    policy_loss,
+    ratio_interval,
+)
 
 __all__ = [
     "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "aggregate", "band_bounds", "compute_advantages",

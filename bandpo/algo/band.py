@@ -47,7 +47,7 @@ Options of the official implementation, off by default:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 KINDS = ("add", "sub", "mul", "two_step", "word")
 SPLITS = ("train", "test")
