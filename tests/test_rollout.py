@@ -82,6 +82,22 @@ def test_split_evenly():
     assert split_evenly(0, 2) == [(0, 0), (0, 0)]
 
 
+def test_only_the_expected_reload_warnings_are_dropped():
+    import logging
+
+    from bandpo.rollout.vllm_extension import _ExpectedReloadWarnings
+
+    quiet = _ExpectedReloadWarnings({"RotaryEmbedding", "ParallelLMHead"})
+
+    def record(msg, *args):
+        return logging.LogRecord("vllm", logging.WARNING, __file__, 1, msg, args, None)
+
+    assert not quiet.filter(record("%s: Failed to load weights", "RotaryEmbedding"))
+    assert not quiet.filter(record("%s: Failed to load weights", "ParallelLMHead"))
+    assert quiet.filter(record("%s: Failed to load weights", "QKVParallelLinear"))
+    assert quiet.filter(record("%s: Delayed processing", "RotaryEmbedding"))
+
+
 # ---- both engines -----------------------------------------------------------------------
 
 

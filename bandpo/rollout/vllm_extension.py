@@ -11,6 +11,24 @@ prepacking, quantization); plain ``model.load_weights`` would leave those derive
 
 from __future__ import annotations
 
+import logging
+
+# vLLM's reload warns "<Layer>: Failed to load weights" for every layer that got no tensor.
+# Two such layers are expected on every sync and need nothing: rotary embeddings (a computed
+# cos/sin cache, never in a checkpoint) and a tied lm_head (its weight is the embedding's,
+# refreshed with it; ``_bandpo_refresh_tied_head``). Any other layer's warning still shows.
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    def __init__(self, layers: set[str]):
+        super().__init__()
+        self.layers = layers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        expected = record.msg == "%s: Failed to load weights" and bool(record.args) and record.args[0] in self.layers
+        return not expected
+
 
 class BandpoWorkerExtension:
     """Weight loading entry points for the rollout engine (CPU shared memory, GPU CUDA IPC buckets)."""
@@ -20,6 +38,7 @@ class BandpoWorkerExtension:
         from bandpo.rollout.weight_sync import read_weights_shm
 
         metas = list(wire_metas)
+        self._bandpo_quiet_expected_warnings()
         self.model_runner.reload_weights(weights_iterator=read_weights_shm(path, metas))
         self._bandpo_refresh_tied_head()
         return len(metas)
@@ -29,6 +48,7 @@ class BandpoWorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self._bandpo_quiet_expected_warnings()
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
 
@@ -56,6 +76,25 @@ class BandpoWorkerExtension:
         self.model_runner.reset_lora_state()
         self._bandpo_refresh_tied_head()
 
+    def _bandpo_tied_head(self):
+        """The model's ``lm_head`` when it shares its weight with ``embed_tokens``, else None."""
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        head_w, embed_w = getattr(head, "weight", None), getattr(embed, "weight", None)
+        if head_w is None or embed_w is None or head_w.data_ptr() != embed_w.data_ptr():
+            return None
+        return head
+
+    def _bandpo_quiet_expected_warnings(self) -> None:
+        """Install (once per worker process) the filter for the reload's expected warnings."""
+        logger = logging.getLogger(_RELOAD_LOGGER)
+        if any(isinstance(f, _ExpectedReloadWarnings) for f in logger.filters):
+            return
+        head = self._bandpo_tied_head()
+        layers = {"RotaryEmbedding"} | ({type(head).__name__} if head is not None else set())
+        logger.addFilter(_ExpectedReloadWarnings(layers))
+
     def _bandpo_refresh_tied_head(self) -> None:
         """CPU + tied embeddings: re-prepack the lm_head GEMM weight.
 
@@ -67,11 +106,8 @@ class BandpoWorkerExtension:
 
         if not current_platform.is_cpu():
             return
-        model = self.model_runner.get_model()
-        head = getattr(model, "lm_head", None)
-        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-        head_w, embed_w = getattr(head, "weight", None), getattr(embed, "weight", None)
-        if head_w is None or embed_w is None or head_w.data_ptr() != embed_w.data_ptr():
+        head = self._bandpo_tied_head()
+        if head is None:
             return
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
