@@ -285,12 +285,12 @@ class Trainer:
             ray.shutdown()
 
 
-def _stop_engines(workers, timeout_s: float = 60.0) -> None:
+def _stop_engines(workers, timeout_s: float = 10.0) -> None:
     """Shut the rollout engines down before Ray kills their processes.
 
     vLLM removes its shared-memory message queue (a /dev/shm file per engine) only in its own
     shutdown; a process killed by ``ray.shutdown`` leaves it behind. Best effort: a dead or
-    stuck worker must not keep the run from ending.
+    busy worker (Ctrl-C mid-rollout) must not hold up the exit for more than ``timeout_s``.
     """
     import ray
 
