@@ -294,12 +294,7 @@ def _stop_engines(workers, timeout_s: float = 10.0) -> None:
     """
     import ray
 
-    refs = []
-    for w in workers:
-        try:
-            refs.append(w.shutdown.remote())
-        except Exception:  # the actor is already dead
-            pass
+    refs = [w.shutdown.remote() for w in workers]  # a dead actor's call fails at ray.get, below
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     for ref in ready:
         try:

@@ -419,10 +419,10 @@ class _BatchRun:
         logging.getLogger(__name__).warning("reward pool made no progress; replacing it")
         self.scorer._discard_pool()
         self.generation += 1
-        lost = [j for task in self.in_flight.values() for j in task]
+        stranded = [j for task in self.in_flight.values() for j in task]
         self.in_flight.clear()
         self.seen_running.clear()
-        self._resubmit_singly(lost, self.lost)
+        self._resubmit_singly(stranded, self.lost)
 
     def _resubmit_singly(self, task: list[int], blame: list[int] | None = None) -> None:
         """Rerun each job of ``task`` as its own task, first counting the run in ``blame``."""
