@@ -116,6 +116,17 @@ class ActorGroup:
         ]
         return ray.get(refs)[0]
 
+    def update_on_policy(self, batch: TrainBatch, loss_kwargs: dict):
+        """``Actor.update_on_policy`` over the ranks: (rank 0's metrics, old_logprobs [N, R], entropy [N, R])
+        in the batch's row order."""
+        import ray
+
+        parts = ray.get([
+            w.update_on_policy.remote(shard_batch(batch, r, self.world_size), loss_kwargs)
+            for r, w in enumerate(self.workers)
+        ])
+        return parts[0][0], unshard_rows([p[1] for p in parts]), unshard_rows([p[2] for p in parts])
+
     def compute_logprobs(self, batch: RolloutBatch, with_entropy: bool = False, ref: bool = False):
         """``Actor.compute_logprobs`` over the ranks, reassembled in the batch's row order."""
         import ray

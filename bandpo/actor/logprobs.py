@@ -11,11 +11,22 @@ One row as the model sees it::
 
 The logit predicting response token j sits at input position P - 1 + j, so the model only
 has to project the last R + 1 hidden states onto the vocabulary (``logits_to_keep``).
+
+That padded path (``response_logits`` + ``token_logprobs``/``token_entropy``) materialises
+float32 logits [n, R, V]: it is the slow, obvious reference. The production path is
+``packed_logprobs``: rows packed without padding (``bandpo.actor.packing``) and the lm_head
+replaced, for the duration of the forward, by the chunked log-prob/entropy head
+(``bandpo.actor.chunked``), so no [tokens, V] tensor larger than a chunk ever exists.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+
+from bandpo.actor.chunked import chunked_logprobs_entropy
+from bandpo.actor.packing import Packed, unpack
 
 
 def check_padding(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -124,3 +135,49 @@ def budget_chunks(prompt_lens: list[int], response_lens: list[int], token_budget
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def packed_logprobs(
+    model, packed: Packed, *, temperature: float = 1.0, chunk: int, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy [n, r] (float32, 0 at padding) of a packed micro-batch.
+
+    ``model`` is a HF causal LM or a DeepSpeed engine around one; the forward goes through it
+    (DeepSpeed's hooks, gradient checkpointing and ZeRO-3 gathers included) with its output
+    embedding computing per-token results instead of logits. The entropy carries a gradient
+    only with ``entropy_grad`` (an entropy bonus in the loss); otherwise it is detached.
+    """
+    with _chunked_head(model, packed.targets, temperature, chunk, entropy_grad):
+        out = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            logits_to_keep=packed.target_index,
+        )
+    per_token = out.logits[0]  # [n_resp, 2]: (logprob, entropy)
+    return unpack(per_token[:, 0], packed.response_mask), unpack(per_token[:, 1], packed.response_mask)
+
+
+@contextmanager
+def _chunked_head(model, targets: torch.Tensor, temperature: float, chunk: int, entropy_grad: bool):
+    """Swap the output embedding's forward for the chunked head; tied weights stay shared
+    (the head reads ``weight`` of the module, which is the embedding's when tied)."""
+    hf = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    config = getattr(hf, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, key, None) not in (None, 1.0):
+            raise ValueError(f"packed log-probs: the model's {key}={getattr(config, key)} is not supported; "
+                             "use actor.padding_free=false")
+    head = hf.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("packed log-probs: an lm_head with a bias is not supported; use actor.padding_free=false")
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:  # [1, n_resp, H] -> [1, n_resp, 2]
+        lp, ent = chunked_logprobs_entropy(hidden[0], head.weight, targets, temperature=temperature, chunk=chunk)
+        return torch.stack([lp, ent if entropy_grad else ent.detach()], dim=-1)[None]
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward

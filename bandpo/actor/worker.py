@@ -10,6 +10,15 @@ of all ranks), so the summed micro-batch losses of all ranks are exactly the min
 DeepSpeed averages gradients over ranks, hence each rank back-propagates
 ``world_size * loss`` to end with the gradient of the sum.
 
+Padding-free (default, ``padding_free=True``): each forward packs its rows into one sequence
+(``bandpo.actor.packing``) and computes log-probs/entropy through the chunked lm_head
+(``bandpo.actor.chunked``), so memory is bounded by tokens, never by rows x longest row x V.
+Update micro-batches are grouped by ``max_tokens_per_micro_batch`` packed tokens per rank
+(first-fit decreasing; 0 = ``micro_batch_size`` rows each); the optimizer-step boundary is
+set explicitly, and ranks split micro-batches until all run the same number (ZeRO reduces
+gradients every micro-batch). ``padding_free=False`` is the previous padded path with full
+float32 logits, kept as the reference.
+
 Every method that runs the model or touches parameters is collective under
 data parallelism: all ranks must call it, the same number of times, in the same order.
 
@@ -33,15 +42,18 @@ import torch
 
 from bandpo.actor import checkpoint as ckpt
 from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
+from bandpo.actor.chunked import DEFAULT_CHUNK
 from bandpo.actor.logprobs import (
     budget_chunks,
     check_padding,
+    packed_logprobs,
     response_logits,
     token_entropy,
     token_logprobs,
     trim_padding,
 )
 from bandpo.actor.metrics import MetricAccumulator
+from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups
 from bandpo.actor.setup import LinearWarmup, init_distributed, load_model, seed_everything
 from bandpo.algo.losses import policy_loss
 from bandpo.nonfinite import first_nonfinite
@@ -73,7 +85,12 @@ class Actor:
         gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
         mini_batch_size: global rows per optimizer step (all ranks).
         micro_batch_size: rows per forward/backward on one rank.
-        logprob_token_budget: padded tokens per no-grad forward in ``compute_logprobs``.
+        logprob_token_budget: tokens per no-grad forward in ``compute_logprobs`` (packed, or
+            padded with ``padding_free=False``).
+        padding_free: packed rows + chunked lm_head (default); False = padded rows, full logits.
+        max_tokens_per_micro_batch: packed tokens per update micro-batch on one rank (0: group
+            by ``micro_batch_size`` rows instead); needs ``padding_free``.
+        logits_chunk_tokens: tokens per lm_head chunk of the padding-free path.
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
@@ -98,6 +115,9 @@ class Actor:
         mini_batch_size: int,
         micro_batch_size: int,
         logprob_token_budget: int = 16384,
+        padding_free: bool = True,
+        max_tokens_per_micro_batch: int = 0,
+        logits_chunk_tokens: int = DEFAULT_CHUNK,
         ref_model: bool = False,
         temperature: float = 1.0,
         seed: int = 0,
@@ -116,6 +136,15 @@ class Actor:
             micro_batch_size,
         )
         self.logprob_token_budget, self.temperature = logprob_token_budget, temperature
+        if max_tokens_per_micro_batch < 0 or logits_chunk_tokens < 1 or logprob_token_budget < 1:
+            raise ValueError(
+                f"max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= 0, logits_chunk_tokens="
+                f"{logits_chunk_tokens} and logprob_token_budget={logprob_token_budget} >= 1"
+            )
+        if max_tokens_per_micro_batch and not padding_free:
+            raise ValueError("max_tokens_per_micro_batch needs padding_free=True (padded micro-batches go by rows)")
+        self.padding_free, self.max_tokens_per_micro_batch = padding_free, max_tokens_per_micro_batch
+        self.logits_chunk_tokens = logits_chunk_tokens
         self.grad_accum = grad_accum_steps(mini_batch_size, micro_batch_size, world_size)
         seed_everything(seed)
 
@@ -173,38 +202,54 @@ class Actor:
         """Log-probs [N, R] (and entropy [N, R] when asked) of the response tokens, float32 on CPU.
 
         ``ref=True`` uses the frozen reference model. Rows are grouped into forward passes of
-        at most ``logprob_token_budget`` padded tokens; padding positions hold 0.0.
+        at most ``logprob_token_budget`` tokens (packed; padded ones with ``padding_free=False``);
+        padding positions hold 0.0.
         """
         model = self._model(ref)
         model.eval()
         check_padding(batch.prompt_mask, batch.response_mask)
+        if not isinstance(batch, TrainBatch):
+            batch = TrainBatch.from_rollout(batch)
         n, width = batch.response_ids.shape
         logprobs = torch.zeros(n, width, dtype=torch.float32)
         entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
-        chunks = budget_chunks(
-            batch.prompt_mask.sum(-1).tolist(),
-            batch.response_mask.sum(-1).tolist(),
-            self.logprob_token_budget,
-        )
+        p_lens, r_lens = batch.prompt_mask.sum(-1).tolist(), batch.response_mask.sum(-1).tolist()
+        if self.padding_free:
+            chunks = token_budget_groups([p + r for p, r in zip(p_lens, r_lens)], self.logprob_token_budget)
+        else:
+            chunks = budget_chunks(p_lens, r_lens, self.logprob_token_budget)
         for idx in chunks:
             rows = torch.tensor(idx)
-            p_ids, p_mask, r_ids, r_mask = (
-                t.to(self.device)
-                for t in trim_padding(
-                    batch.prompt_ids[rows],
-                    batch.prompt_mask[rows],
-                    batch.response_ids[rows],
-                    batch.response_mask[rows],
-                )
-            )
-            logits = response_logits(model, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature)
-            r, pad = r_ids.shape[1], r_mask == 0
-            logprobs[rows, :r] = token_logprobs(logits, r_ids).masked_fill(pad, 0.0).cpu()
+            lp, ent, r_mask = self._forward(model, batch.select(rows), with_entropy=with_entropy)
+            r = r_mask.shape[1]
+            logprobs[rows, :r] = lp.cpu()
             if entropy is not None:
-                entropy[rows, :r] = token_entropy(logits).masked_fill(pad, 0.0).cpu()
-            del logits
+                entropy[rows, :r] = ent.cpu()
         self._pad_zero3_passes(model, len(chunks))
         return logprobs, entropy
+
+    def _forward(self, model, mb: TrainBatch, *, with_entropy: bool = True, entropy_grad: bool = False):
+        """``(logprobs [n, r], entropy [n, r] or None, response_mask [n, r])`` on the device for
+        the rows of ``mb``, r its longest response; 0.0 at padding. Grad flows when enabled."""
+        if self.padding_free:
+            packed = pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask).to(self.device)
+            lp, ent = packed_logprobs(
+                model, packed, temperature=self.temperature, chunk=self.logits_chunk_tokens, entropy_grad=entropy_grad
+            )
+            return lp, ent, packed.response_mask.long()
+        p_ids, p_mask, r_ids, r_mask = (
+            t.to(self.device) for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+        )
+        logits = response_logits(model, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature)
+        pad = r_mask == 0
+        logprobs = token_logprobs(logits, r_ids).masked_fill(pad, 0.0)  # [n, r]
+        entropy = None
+        if entropy_grad:
+            entropy = token_entropy(logits).masked_fill(pad, 0.0)
+        elif with_entropy:  # for the metric only: no graph through a second softmax
+            with torch.no_grad():
+                entropy = token_entropy(logits.detach()).masked_fill(pad, 0.0)
+        return logprobs, entropy, r_mask
 
     def _model(self, ref: bool):
         if not ref:
@@ -228,7 +273,8 @@ class Actor:
         """Optimizer steps over ``batch`` (this rank's shard) with ``policy_loss(**loss_kwargs)``.
 
         The shard is split in order into mini-batches of ``mini_batch_size / world_size`` rows
-        (one optimizer step each) and those into micro-batches of ``micro_batch_size`` rows.
+        (one optimizer step each) and those into micro-batches (``max_tokens_per_micro_batch``
+        packed tokens, else ``micro_batch_size`` rows).
         ``loss_kwargs`` are ``policy_loss`` options (algorithm, eps, band, agg, kl_coef, ...);
         ``max_len`` there overrides the default ``seq-mean-token-sum-norm`` length (the longest
         response of the global mini-batch). Returns metrics averaged over the global batch,
@@ -237,42 +283,53 @@ class Actor:
         ``optimizer_steps``, ``nonfinite_steps`` (discarded for a NaN/inf loss or gradient),
         ``time_s``, ``tokens_per_s``.
         """
+        return self._update(batch, loss_kwargs, reuse_old=False)[0]
+
+    def update_on_policy(
+        self, batch: TrainBatch, loss_kwargs: dict
+    ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """One optimizer step over the whole shard with old log-probs taken from its own forward.
+
+        With one optimizer step per rollout the policy before the update is the policy of the
+        update's forward, so ``old = logprobs.detach()`` (ratio exactly 1) replaces a separate
+        ``compute_logprobs`` pass. ``batch.old_logprobs`` is ignored. Returns ``(metrics as
+        update(), old_logprobs [N, R], entropy [N, R])`` (float32, CPU, 0.0 at padding), the
+        entropy of the same forward.
+        """
+        return self._update(batch, loss_kwargs, reuse_old=True)
+
+    def _update(self, batch: TrainBatch, loss_kwargs: dict, reuse_old: bool):
         start = time.perf_counter()
-        loss_kwargs = self._check_update(batch, loss_kwargs)
+        loss_kwargs = self._check_update(batch, loss_kwargs, reuse_old)
         max_len_override = loss_kwargs.pop("max_len", None)
         entropy_grad = float(loss_kwargs.get("entropy_coef", 0.0)) != 0.0
         per_rank = self.mini_batch_size // self.world_size
         n_steps = batch.size // per_rank
         num_tokens, max_len = self._global_normalisers(batch.response_mask, n_steps, per_rank)
+        old_out = torch.zeros(batch.response_ids.shape, dtype=torch.float32) if reuse_old else None  # [N, R]
+        ent_out = torch.zeros(batch.response_ids.shape, dtype=torch.float32) if reuse_old else None  # [N, R]
 
         self.engine.train()
         acc = MetricAccumulator()
         for step in range(n_steps):
             lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
             finite = torch.ones((), dtype=torch.bool, device=self.device)  # read once per step: no sync per micro
-            for micro in range(self.grad_accum):
-                first = step * per_rank + micro * self.micro_batch_size
-                mb = batch.select(slice(first, first + self.micro_batch_size))
-                p_ids, p_mask, r_ids, r_mask = (
-                    t.to(self.device)
-                    for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-                )
-                r = r_ids.shape[1]
-                logits = response_logits(
-                    self.engine, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature
-                )
-                logprobs = token_logprobs(logits, r_ids)  # [n, r]
-                if entropy_grad:
-                    entropy = token_entropy(logits)
-                else:  # for the metric only: no graph through a second softmax
-                    with torch.no_grad():
-                        entropy = token_entropy(logits.detach())
-                ref_lp = (
-                    None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
-                )
+            micros = self._micro_batches(batch, step * per_rank, per_rank)
+            for k, idx in enumerate(micros):
+                self.engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
+                rows = torch.tensor(idx)
+                mb = batch.select(rows)
+                logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)  # [n, r]
+                r = r_mask.shape[1]
+                if reuse_old:  # the policy before this step is the one of this forward: ratio == 1
+                    old = logprobs.detach()
+                    old_out[rows, :r], ent_out[rows, :r] = old.cpu(), entropy.detach().float().cpu()
+                else:
+                    old = mb.old_logprobs[:, :r].contiguous().to(self.device)
+                ref_lp = None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
                 loss, metrics = policy_loss(
                     logprobs,
-                    mb.old_logprobs[:, :r].contiguous().to(self.device),
+                    old,
                     mb.advantages.to(self.device),
                     r_mask,
                     num_tokens=num_tokens[step],
@@ -288,14 +345,27 @@ class Actor:
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()  # applies the optimizer only at the accumulation boundary
                 acc.add_micro(metrics, r_mask.sum())
-                del logits, logprobs, entropy, loss
+                del logprobs, entropy, loss
             grad_norm = self.engine.get_global_grad_norm()
             bad = self._discarded_nonfinite_step(bool(finite), grad_norm)
             acc.add_step(grad_norm=None if bad else grad_norm, lr=lr, nonfinite=bad)
         out = acc.reduce(self._all_reduce)
         out["time_s"] = time.perf_counter() - start
         out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
-        return out
+        return out, old_out, ent_out
+
+    def _micro_batches(self, batch: TrainBatch, first: int, rows: int) -> list[list[int]]:
+        """Row indices of the micro-batches of the mini-batch ``first .. first + rows``; every rank
+        gets the same number of them (the busiest rank's)."""
+        if not self.max_tokens_per_micro_batch:
+            return [list(range(s, min(s + self.micro_batch_size, first + rows))) for s in
+                    range(first, first + rows, self.micro_batch_size)]
+        lengths = (batch.prompt_mask[first:first + rows].sum(-1) + batch.response_mask[first:first + rows].sum(-1))
+        lengths = lengths.tolist()
+        groups = token_budget_groups(lengths, self.max_tokens_per_micro_batch)
+        count = int(self._all_reduce(torch.tensor([len(groups)]), max_=True))
+        groups = split_to_count(groups, lengths, count)
+        return [[first + i for i in g] for g in groups]
 
     def _discarded_nonfinite_step(self, loss_finite: bool, grad_norm) -> bool:
         """True when the optimizer step just taken met a NaN/inf loss or gradient on any rank.
@@ -312,8 +382,8 @@ class Actor:
             )
         return bad
 
-    def _check_update(self, batch: TrainBatch, loss_kwargs: dict) -> dict:
-        missing = [f for f in ("advantages", "old_logprobs") if getattr(batch, f) is None]
+    def _check_update(self, batch: TrainBatch, loss_kwargs: dict, reuse_old: bool = False) -> dict:
+        missing = [f for f in ("advantages",) + (() if reuse_old else ("old_logprobs",)) if getattr(batch, f) is None]
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
         # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
@@ -333,6 +403,11 @@ class Actor:
             raise ValueError(
                 f"update: this rank's {batch.size} rows are not a positive multiple of "
                 f"mini_batch_size/world_size = {self.mini_batch_size}/{self.world_size} = {per_rank}"
+            )
+        if reuse_old and batch.size != per_rank:
+            raise ValueError(
+                f"update_on_policy: needs one optimizer step over the shard ({batch.size} rows), but "
+                f"mini_batch_size/world_size = {per_rank} makes {batch.size // per_rank} steps"
             )
         check_padding(batch.prompt_mask, batch.response_mask)
         return dict(loss_kwargs)

@@ -1,0 +1,102 @@
+"""Log-probs and entropy of target tokens through the lm_head, chunk by chunk over tokens.
+
+The obvious path (``bandpo.actor.logprobs``) materialises float32 logits [T, V] and a
+softmax of the same size; with V = 151,936 that is 0.6 MB per token and pass. Here the
+projection ``z = (h W^T) / temperature`` is done for ``chunk`` tokens at a time; forward
+keeps only per-token log Z (logsumexp) and entropy, and backward recomputes each chunk's
+logits to form its gradient. Extra memory is O(chunk x V), independent of T.
+
+Per token t with target y, p = softmax(z), H = log Z - sum_k p_k z_k:
+    d logp_y / dz_k = [k = y] - p_k
+    d H / dz_k      = -p_k (z_k - E_p[z]),   E_p[z] = log Z - H
+    d z / d(h W^T)  = 1 / temperature
+and with G = dL/d(h W^T) [C, V]: dL/dh = G W, dL/dW += G^T h.
+
+The matmul runs in the weight's dtype (bf16 on GPU, like the model's own lm_head);
+softmax arithmetic and the weight-gradient accumulator are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CHUNK = 512  # tokens: 512 x 151,936 x 4 B = 311 MB per float32 [chunk, V] buffer
+
+
+class ChunkedLogprobEntropy(torch.autograd.Function):
+    """``(logprobs [T], entropy [T])`` float32 from hidden [T, H], lm_head weight [V, H], targets [T]."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+        n = hidden.shape[0]
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(logprobs)
+        lse = torch.empty_like(logprobs)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            logp = _logits(hidden[s:e], weight, temperature)  # [C, V] float32, becomes log p in place
+            lse[s:e] = torch.logsumexp(logp, dim=-1)
+            logp -= lse[s:e, None]
+            logprobs[s:e] = logp.gather(-1, targets[s:e, None]).squeeze(-1)
+            # H = -sum p log p; exp underflow gives p = 0 next to a finite log p, so no 0 * inf.
+            entropy[s:e] = -(logp.exp().mul_(logp)).sum(-1)
+            del logp
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        n, t = hidden.shape[0], ctx.temperature
+        for s in range(0, n, ctx.chunk):
+            e = min(s + ctx.chunk, n)
+            logp = _logits(hidden[s:e], weight, t).sub_(lse[s:e, None])  # [C, V] log p
+            p = logp.exp()
+            if grad_entropy is not None:  # g = -ge p (log p + H) = -ge p (z - E_p[z])
+                g = logp.add_(entropy[s:e, None]).mul_(p).mul_(-grad_entropy[s:e, None].float())
+                if grad_logprobs is not None:
+                    g -= p.mul_(grad_logprobs[s:e, None].float())
+            else:
+                g = p.mul_(-grad_logprobs[s:e, None].float())
+            if grad_logprobs is not None:
+                g.scatter_add_(-1, targets[s:e, None], grad_logprobs[s:e, None].float())
+            del logp, p
+            g = g.div_(t).to(weight.dtype)  # dL/d(h W^T)
+            if need_h:
+                grad_hidden[s:e] = g @ weight
+            if need_w:
+                grad_weight.addmm_(g.t().float(), hidden[s:e].float())
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = (hidden @ weight.t()).float()
+    return z / temperature if temperature != 1.0 else z
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(h W^T / temperature)[target] and the entropy of that softmax, per token.
+
+    hidden [T, H] (the last hidden states predicting ``targets``), weight [V, H] (the lm_head's),
+    targets [T] long. Returns float32 ``(logprobs [T], entropy [T])``; both are differentiable
+    (the entropy's gradient is computed only when the loss uses it).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}")
+    return ChunkedLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(chunk))
