@@ -7,7 +7,8 @@ A packed micro-batch of n rows, row i with p_i prompt and r_i response tokens::
 
 No attention mask is passed: transformers (masking_utils.find_packed_sequence_indices) reads
 the row boundaries from the position ids restarting and builds a block-diagonal causal
-mask, so a token attends only to earlier tokens of its own row (checked against the padded
+mask (only without a KV cache: the forward must get ``use_cache=False``; flash-attention
+kernels take the same boundaries as varlen offsets), so a token attends only to earlier tokens of its own row (checked against the padded
 forward in tests/test_actor_packed.py).
 
 The hidden state predicting response token j of row i sits at offset_i + p_i - 1 + j;

@@ -1,0 +1,205 @@
+"""Padding-free actor: chunked lm_head log-probs vs the full-logit reference, packed vs padded
+forwards and updates, old log-probs from the update's own forward, bounded memory at V = 151,936.
+
+Tolerances: everything is float32. Log-probs/entropies are sums of a few hundred terms of
+size O(1) (relative rounding ~6e-8 each), so two summation orders differ by ~1e-6; 1e-5
+leaves a margin of 10 and still fails for any real mistake (a wrong token, mask or
+temperature moves values by > 1e-2). Weights after one Adam step: see ``new_actor``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from bandpo.actor.chunked import chunked_logprobs_entropy
+from bandpo.actor.logprobs import model_inputs, token_entropy, token_logprobs, trim_padding
+from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups, unpack
+from bandpo.types import TrainBatch
+from tests.test_actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
+
+
+# ---------------------------------------------------------------- chunked head vs full logits
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 5), (0.7, 64)])
+def test_chunked_logprobs_entropy_and_grads_match_full_logits(temperature, chunk):
+    g = torch.Generator().manual_seed(0)
+    t, h, v = 37, 16, 503
+    hidden = (torch.randn(t, h, generator=g) / 2).requires_grad_()
+    weight = (torch.randn(v, h, generator=g) / 2).requires_grad_()
+    targets = torch.randint(0, v, (t,), generator=g)
+    a, b = torch.randn(t, generator=g), torch.randn(t, generator=g)  # arbitrary upstream gradients
+
+    lp, ent = chunked_logprobs_entropy(hidden, weight, targets, temperature=temperature, chunk=chunk)
+    grads = torch.autograd.grad((lp * a).sum() + (ent * b).sum(), (hidden, weight))
+    lp_only = torch.autograd.grad((chunked_logprobs_entropy(hidden, weight, targets, chunk=chunk)[0] * a).sum(),
+                                  (hidden, weight))
+
+    logits = (hidden @ weight.t())[None] / temperature  # [1, T, V]: today's obvious path
+    ref_lp, ref_ent = token_logprobs(logits, targets[None])[0], token_entropy(logits)[0]
+    ref_grads = torch.autograd.grad((ref_lp * a).sum() + (ref_ent * b).sum(), (hidden, weight))
+    logits1 = (hidden @ weight.t())[None]
+    ref_lp_only = torch.autograd.grad((token_logprobs(logits1, targets[None])[0] * a).sum(), (hidden, weight))
+
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    for got, want in zip(grads + lp_only, ref_grads + ref_lp_only):
+        assert float(want.abs().max()) > 0.1  # the comparison is not between two zeros
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- packing helpers
+def test_pack_rows_layout_and_unpack():
+    rb = make_rollout(3, 0)
+    packed = pack_rows(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    prompts, responses, _ = rb.to_lists()
+    assert packed.input_ids[0].tolist() == [x for p, r in zip(prompts, responses) for x in p + r]
+    assert packed.position_ids[0].tolist() == [i for p, r in zip(prompts, responses) for i in range(len(p) + len(r))]
+    # the hidden state at target_index is followed by the target token
+    assert packed.input_ids[0, packed.target_index + 1].tolist() == packed.targets.tolist()
+    flat = torch.arange(1.0, len(packed.targets) + 1)
+    dense = unpack(flat, packed.response_mask)
+    assert dense[packed.response_mask].tolist() == flat.tolist() and float(dense[~packed.response_mask].abs().sum()) == 0
+
+
+def test_token_budget_groups_cover_rows_once_within_budget_and_split_to_count():
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 300, (40,), generator=g).tolist()
+    groups = token_budget_groups(lengths, 400)
+    assert sorted(i for grp in groups for i in grp) == list(range(40))
+    assert all(sum(lengths[i] for i in grp) <= 400 for grp in groups)
+    assert len(groups) <= -(-sum(lengths) // 400) + 5  # first-fit decreasing packs tightly
+    assert token_budget_groups([500, 10], 400) == [[0], [1]]  # an over-budget row goes alone
+    more = split_to_count(groups, lengths, len(groups) + 3)
+    assert len(more) == len(groups) + 3 and sorted(i for grp in more for i in grp) == list(range(40))
+    with pytest.raises(ValueError, match="cannot make"):
+        split_to_count([[0], [1]], [5, 5], 3)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
+    """transformers separates packed rows from position ids restarting at 0 (no attention mask,
+    no KV cache)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
+    rb = make_rollout(5, 7)
+    p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    packed = pack_rows(p_ids, p_mask, r_ids, r_mask)
+    with torch.no_grad():
+        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]  # [n, r, V]
+        kw = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
+        flat = model(**kw, use_cache=False).logits[0, packed.target_index]
+        with_cache = model(**kw, use_cache=True).logits[0, packed.target_index]
+    # with a KV cache transformers does not look for packed rows: rows would attend across boundaries
+    assert float((with_cache - flat).abs().max()) > 1e-2
+    torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- through the DeepSpeed actor
+def test_packed_update_equals_padded_update(tiny_model_dir):
+    """Token-budget micro-batches (several per step, uneven) + entropy bonus + KL vs the padded path
+    with 2-row micro-batches: same loss, metrics and weights (tied embeddings: the lm_head's
+    gradient reaches the shared weight). Gradient checkpointing changes nothing either."""
+    loss_kwargs = dict(BANDPO, kl_coef=0.01, entropy_coef=0.01)
+    runs = {}
+    for name, kw in {
+        "padded": dict(padding_free=False),
+        "packed": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7),
+        "packed_ckpt": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7, gradient_checkpointing=True),
+    }.items():
+        actor = new_actor(tiny_model_dir, mini_batch_size=4, ref_model=True, **kw)
+        batch = make_train_batch(actor, 8, seed=61)
+        lp, ent = actor.compute_logprobs(batch, with_entropy=True)
+        batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
+        metrics = actor.update(batch, loss_kwargs)
+        runs[name] = (lp, ent, metrics, full_weights(actor))
+    lp, ent, m, w = runs["padded"]
+    assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
+    for name in ("packed", "packed_ckpt"):
+        lp2, ent2, m2, w2 = runs[name]
+        torch.testing.assert_close(lp2, lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent2, ent, atol=1e-5, rtol=0)
+        assert max_diff(w, w2) < 1e-5, name
+        for key in ("loss", "pg_loss", "entropy", "kl_ref", "grad_norm", "clip_frac_up", "num_tokens"):
+            assert m2[key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), (name, key)
+
+
+def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir):
+    """One optimizer step per rollout: old log-probs from the update's own forward give the same
+    step as a separate no-grad pass, and the same old log-probs and entropy back."""
+    g = torch.Generator().manual_seed(3)
+    rb = make_rollout(8, 71)
+    adv = torch.randn(8, generator=g)
+    full = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50)
+    old, ent = full.compute_logprobs(rb, with_entropy=True)
+    m_full = full.update(TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old), dict(BANDPO))
+
+    skip = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50)
+    m_skip, old_skip, ent_skip = skip.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
+    torch.testing.assert_close(old_skip, old, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_skip, ent, atol=1e-5, rtol=0)
+    assert max_diff(full_weights(full), full_weights(skip)) < 1e-5
+    for key in ("loss", "grad_norm", "entropy", "approx_kl"):
+        assert m_skip[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-6), key
+    assert m_skip["clip_frac_up"] == m_skip["clip_frac_down"] == 0.0  # ratio == 1 exactly
+
+    two_steps = new_actor(tiny_model_dir, mini_batch_size=4)
+    with pytest.raises(ValueError, match="one optimizer step"):
+        two_steps.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
+
+
+# ---------------------------------------------------------------- memory at the real vocabulary
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_during(fn) -> tuple[int, object]:
+    """Peak resident memory (sampled every 2 ms) while ``fn`` runs, and its result."""
+    peak, done = [_rss_bytes()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak[0], _rss_bytes()), result
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc (Linux)")
+def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
+    """V = 151,936, 4 rows x (32 + 224) tokens = 1,024 tokens: the padded path's float32 logits
+    alone are 1,024 x 151,936 x 4 B = 622 MB (and its entropy softmax as much again). With
+    64-token chunks one [chunk, V] buffer is 39 MB; forward holds 2 and backward 3 of them,
+    plus the lm_head gradient (39 MB) and Adam's state (2 x 39 MB, first step): < 300 MB."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab = 151_936
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
+    actor = new_actor(str(tmp_path), mini_batch_size=4, max_tokens_per_micro_batch=1024, logits_chunk_tokens=64)
+    g = torch.Generator().manual_seed(0)
+    from bandpo.types import RolloutBatch
+
+    rb = RolloutBatch.from_lists(
+        torch.randint(3, vocab, (4, 32), generator=g).tolist(), torch.randint(3, vocab, (4, 224), generator=g).tolist(),
+        [[0.0] * 224] * 4, list(range(4)), ["length"] * 4, pad_id=0)
+    base = _rss_bytes()
+    peak_lp, (old, _) = _peak_rss_during(lambda: actor.compute_logprobs(rb, with_entropy=True))
+    batch = TrainBatch.from_rollout(rb, advantages=torch.randn(4, generator=g), old_logprobs=old)
+    peak_up, _ = _peak_rss_during(lambda: actor.update(batch, dict(BANDPO)))
+    extra_mb = (max(peak_lp, peak_up) - base) / 2**20
+    assert extra_mb < 300, f"extra peak {extra_mb:.0f} MB (log-probs {(peak_lp - base) / 2**20:.0f} MB)"
