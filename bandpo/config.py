@@ -117,6 +117,15 @@ def validate(cfg) -> None:
            f"must divide the rows per rank of a mini-batch (mini_batch_prompts x rollout.n / num_workers = "
            f"{rows // workers})", micro)
 
+    _number(cfg, "actor.logprob_token_budget", low=1, integer=True)
+    _number(cfg, "actor.logits_chunk_tokens", low=1, integer=True)
+    budget = _number(cfg, "actor.max_tokens_per_micro_batch", low=0, integer=True)
+    padding_free = _get(cfg, "actor.padding_free")
+    _check(isinstance(padding_free, bool), "actor.padding_free", "must be true or false", padding_free)
+    _check(padding_free or budget == 0, "actor.max_tokens_per_micro_batch",
+           "must be 0 with actor.padding_free=false (padded micro-batches go by micro_batch_size rows)", budget)
+    reuse_old_logprobs(cfg)
+
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _number(cfg, "trainer.save_every", low=0, integer=True)
     _number(cfg, "trainer.eval_every", low=0, integer=True)
@@ -131,3 +140,25 @@ def validate(cfg) -> None:
     looks_local = path.startswith(("/", ".", "~")) or os.sep in path and Path(path).expanduser().parent.exists()
     if looks_local and not Path(path).expanduser().exists() and not _get(cfg, "model.build"):
         raise ConfigError(f"config error: model.path {path!r} does not exist (a local folder or a hub id is needed)")
+
+
+def reuse_old_logprobs(cfg) -> bool:
+    """Whether the update takes the old log-probs from its own forward (``actor.reuse_old_logprobs``).
+
+    It applies when the update is one optimizer step per rollout (``actor.mini_batch_prompts ==
+    trainer.prompts_per_step``, ``actor.epochs == 1``): then the policy before the step is the
+    policy of the step's forward. ``auto`` uses it where it applies; ``true`` where it does not
+    is a config error.
+    """
+    value = _get(cfg, "actor.reuse_old_logprobs")
+    _check(value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value)
+    one_step = (_get(cfg, "actor.mini_batch_prompts") == _get(cfg, "trainer.prompts_per_step")
+                and _get(cfg, "actor.epochs") == 1)
+    if value is True and not one_step:
+        raise ConfigError(
+            "config error: actor.reuse_old_logprobs=true needs one optimizer step per rollout "
+            f"(actor.mini_batch_prompts == trainer.prompts_per_step and actor.epochs == 1), got "
+            f"mini_batch_prompts={_get(cfg, 'actor.mini_batch_prompts')}, prompts_per_step="
+            f"{_get(cfg, 'trainer.prompts_per_step')}, epochs={_get(cfg, 'actor.epochs')}"
+        )
+    return one_step and value is not False

@@ -13,6 +13,11 @@ Per step (SPEC.md):
 Departures from the paper's scripts, stated:
 - Old logprobs are recomputed by the actor (as verl does) rather than taken from vLLM; the
   gap between the two is logged as ``health/rollout_actor_*`` instead.
+- With one optimizer step per rollout (``actor.mini_batch_prompts == trainer.prompts_per_step``,
+  ``actor.epochs=1``) stage 5 skips the old-logprob pass: the update's own forward is the
+  policy before its only step, so old = its detached log-probs (ratio 1 there) and the
+  logged entropy is that forward's (``actor.reuse_old_logprobs``: auto | true | false, on
+  where it applies). The ref pass (kl_coef > 0) still runs.
 - Sampling is seeded per step (``seed * 1_000_003 + step``) so a resumed run replays the
   exact rollouts of an uninterrupted one.
 - Non-finite rewards, logprobs or loss skip the update (counted) unless ``on_nonfinite=stop``;
@@ -53,6 +58,9 @@ class Trainer:
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.sync_path = f"{SHM_PREFIX}{os.getpid()}.bin"
+        from bandpo.config import reuse_old_logprobs
+
+        self.reuse_old = reuse_old_logprobs(cfg)  # old logprobs from the update's own forward
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -117,7 +125,9 @@ class Trainer:
                 warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
                 gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
                 mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
-                logprob_token_budget=ac.logprob_token_budget, ref_model=cfg.algorithm.kl_coef > 0,
+                logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
+                max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
+                logits_chunk_tokens=ac.logits_chunk_tokens, ref_model=cfg.algorithm.kl_coef > 0,
                 temperature=ro.temperature, seed=cfg.trainer.seed)
 
     # ------------------------------------------------------------------ loop
@@ -171,7 +181,9 @@ class Trainer:
             _check_groups(batch.prompt_index, len(prompts), ro.n)
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, ro.n, algo.advantage)  # [N]
         with self.timed("logprobs"), stage("logprobs", "actor"):
-            batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
+            entropy = None
+            if not self.reuse_old:
+                batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
             if algo.kl_coef > 0:
                 batch.ref_logprobs, _ = self.actor.compute_logprobs(batch, ref=True)  # [N, R]
 
@@ -181,7 +193,11 @@ class Trainer:
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
                 for _ in range(cfg.actor.epochs):
-                    update = self.actor.update(batch, self.loss_kwargs())
+                    if self.reuse_old:  # one step: old logprobs and entropy [N, R] come from its forward
+                        update, batch.old_logprobs, entropy = self.actor.update_on_policy(batch, self.loss_kwargs())
+                        metrics.update(_rollout_metrics(batch, entropy))
+                    else:
+                        update = self.actor.update(batch, self.loss_kwargs())
                     bad_steps += int(update["nonfinite_steps"])
                     total_steps += int(update["optimizer_steps"])
                 metrics.update({f"actor/{k}": v for k, v in update.items()})
@@ -387,13 +403,20 @@ def _reward_metrics(scores) -> dict[str, float]:
     return out
 
 
-def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor) -> dict[str, float]:
+def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:
+    """Response lengths; with the actor's old logprobs and entropy [N, R] also their health metrics
+    (absent until the update's forward made them, with reuse_old_logprobs)."""
     mask = batch.response_mask.bool()  # [N, R]
     lengths = batch.response_lengths.float()  # [N]
-    diff = (batch.rollout_logprobs - batch.old_logprobs)[mask]  # log pi_rollout - log pi_actor, same tokens
-    return {
+    out = {
         "response/length_mean": lengths.mean().item(), "response/length_max": lengths.max().item(),
         "response/truncated_frac": sum(f == "length" for f in batch.finish_reasons) / max(batch.size, 1),
+    }
+    if entropy is None or batch.old_logprobs is None:
+        return out
+    diff = (batch.rollout_logprobs - batch.old_logprobs)[mask]  # log pi_rollout - log pi_actor, same tokens
+    return {
+        **out,
         "actor/entropy": entropy[mask].mean().item(),
         "health/rollout_actor_abs_diff": diff.abs().mean().item(),
         # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.

@@ -203,3 +203,35 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     peak_up, _ = _peak_rss_during(lambda: actor.update(batch, dict(BANDPO)))
     extra_mb = (max(peak_lp, peak_up) - base) / 2**20
     assert extra_mb < 300, f"extra peak {extra_mb:.0f} MB (log-probs {(peak_lp - base) / 2**20:.0f} MB)"
+
+
+# ---------------------------------------------------------------- config keys
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["actor.reuse_old_logprobs=maybe"], "actor.reuse_old_logprobs"),
+        (["actor.reuse_old_logprobs=true"], "actor.reuse_old_logprobs"),  # tiny: 2 optimizer steps per rollout
+        (["actor.reuse_old_logprobs=true", "actor.mini_batch_prompts=16", "actor.epochs=2"], "actor.reuse_old_logprobs"),
+        (["actor.padding_free=false"], "actor.max_tokens_per_micro_batch"),
+        (["actor.padding_free=maybe"], "actor.padding_free"),
+        (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
+        (["actor.max_tokens_per_micro_batch=-1"], "actor.max_tokens_per_micro_batch"),
+    ],
+)
+def test_actor_config_keys_are_validated(overrides, key):
+    from bandpo.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=key):
+        compose(overrides)
+
+
+def test_reuse_old_logprobs_applies_only_with_one_optimizer_step_per_rollout():
+    from bandpo.config import compose, reuse_old_logprobs
+
+    assert not reuse_old_logprobs(compose([]))  # tiny default: mini_batch_prompts 8 of 16 prompts
+    one_step = ["actor.mini_batch_prompts=16"]
+    assert reuse_old_logprobs(compose(one_step))
+    assert reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=true"]))
+    assert not reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=false"]))
+    assert not reuse_old_logprobs(compose(one_step + ["actor.epochs=2"]))
+    assert compose(["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"]).actor.padding_free is False
