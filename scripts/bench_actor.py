@@ -1,11 +1,24 @@
-"""Actor training throughput: a random ~100M-parameter Qwen2 at 1 and more data-parallel ranks.
+"""Actor throughput and memory with a random Qwen2.
 
-Each configuration runs as Ray actors (like production), on CPU with DS_ACCELERATOR=cpu
-and gloo unless a GPU is present. Reported per rank count: training tokens/s (response
-tokens, i.e. tokens in the loss, and all processed tokens), no-grad log-prob tokens/s, and
-peak resident memory per rank (ru_maxrss, includes loading the model).
+Two modes:
 
-    DS_ACCELERATOR=cpu python scripts/bench_actor.py --ranks 1,2 --out bench_actor.json
+* data-parallel scaling (default): a ~100M-parameter model at 1 and more ranks as Ray
+  actors (like production), fixed-length rows. Reported per rank count: training tokens/s
+  (response tokens, i.e. tokens in the loss, and all processed tokens), no-grad log-prob
+  tokens/s, and peak resident memory per rank (ru_maxrss, includes loading the model).
+
+      DS_ACCELERATOR=cpu python scripts/bench_actor.py --ranks 1,2 --out bench_actor.json
+
+* ``--compare``: the padding-free path vs the padded one (``--old-path``) at the real
+  vocabulary on one in-process rank, each measurement in a fresh subprocess, back to back:
+  long-tailed response lengths (lognormal, median max/8, the first row at the cap), peak
+  memory above the loaded model + optimizer (RSS sampled every 5 ms from /proc; the
+  optimizer state is created by a warm-up step on a tiny batch first), tokens/s of the
+  log-prob pass and of one update, and the fraction of processed tokens that are padding.
+  The old path runs only at the smaller R (at R = 2,048 it needs more than 24 GB).
+
+      DS_ACCELERATOR=cpu python scripts/bench_actor.py --compare --vocab 151936 --hidden 64 \
+          --layers 2 --intermediate 256 --max-response 4096 --compare-r 1024,4096
 """
 
 from __future__ import annotations
@@ -17,7 +30,9 @@ import tempfile
 import time
 
 
-def build_model(path: str, hidden: int, layers: int, intermediate: int, vocab: int, kv_heads: int) -> int:
+def build_model(
+    path: str, hidden: int, layers: int, intermediate: int, vocab: int, kv_heads: int, max_len: int = 4096
+) -> int:
     """Write a random Qwen2 (no tokenizer: the actor does not need one) and return its parameter count."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -27,10 +42,10 @@ def build_model(path: str, hidden: int, layers: int, intermediate: int, vocab: i
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=kv_heads,
+        num_attention_heads=max(hidden // 64, 1),
+        num_key_value_heads=min(kv_heads, max(hidden // 64, 1)),
         tie_word_embeddings=True,
-        max_position_embeddings=4096,
+        max_position_embeddings=max(max_len, 4096),
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
@@ -76,6 +91,8 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
         lr=1e-6,
         bf16=gpu,
         gradient_checkpointing=args.gradient_checkpointing,
+        padding_free=not args.old_path,
+        max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
     )
     try:
         batch = make_batch(args.rows, args.prompt_len, args.response_len, args.vocab, seed=0)
@@ -107,6 +124,143 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
     }
 
 
+def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int, seed: int):
+    """Prompts of prompt_len/2 .. prompt_len tokens, responses lognormal (median max/8, sigma 1)
+    capped at max_response, the first row at the cap (the longest row sets the padded width)."""
+    import numpy as np
+    import torch
+
+    from bandpo.types import RolloutBatch, TrainBatch
+
+    rng = np.random.default_rng(seed)
+    r_lens = np.clip(np.round(rng.lognormal(np.log(max_response / 8), 1.0, rows)), 1, max_response).astype(int)
+    r_lens[0] = max_response
+    p_lens = rng.integers(prompt_len // 2, prompt_len + 1, rows)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in p_lens]
+    responses = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in r_lens]
+    rb = RolloutBatch.from_lists(
+        prompts, responses, [[0.0] * len(r) for r in responses], list(range(rows)), ["stop"] * rows, pad_id=0
+    )
+    return TrainBatch.from_rollout(rb, advantages=torch.randn(rows, generator=g))
+
+
+def processed_tokens(batch, actor, update: bool) -> int:
+    """Tokens the forward passes see, padding included, as the actor groups this batch."""
+    from bandpo.actor.logprobs import budget_chunks
+
+    p = batch.prompt_mask.sum(-1).tolist()
+    r = batch.response_mask.sum(-1).tolist()
+    if actor.padding_free:
+        return sum(p) + sum(r)
+    if update:
+        step = actor.micro_batch_size
+        groups = [list(range(i, min(i + step, len(p)))) for i in range(0, len(p), step)]
+    else:
+        groups = budget_chunks(p, r, actor.logprob_token_budget)
+    return sum(len(g) * (max(p[i] for i in g) + max(max(r[i] for i in g), 1)) for g in groups)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def timed_peak(fn):
+    """(seconds, peak RSS bytes) of ``fn()``, RSS sampled every 5 ms by a thread."""
+    import threading
+
+    peak, done = [_rss()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    done.set()
+    thread.join()
+    return seconds, max(peak[0], _rss())
+
+
+def single(args) -> dict:
+    """One in-process rank, one path, one R: the numbers of ``--compare``."""
+    import torch
+
+    from bandpo.actor import Actor
+
+    loss_kwargs = {"algorithm": "bandpo", "agg": "seq-mean-token-mean"}
+    with tempfile.TemporaryDirectory() as tmp:
+        build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads,
+                    args.prompt_len + args.max_response + 1)
+        actor = Actor(tmp, mini_batch_size=args.rows, micro_batch_size=args.micro, lr=1e-6,
+                      padding_free=not args.old_path, max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
+                      logprob_token_budget=args.logprob_budget, logits_chunk_tokens=args.chunk)
+    batch = long_tailed_batch(args.rows, args.prompt_len, args.max_response, args.vocab, seed=0)
+    warm = long_tailed_batch(args.rows, 4, 4, args.vocab, seed=1)  # creates the optimizer state
+    warm.old_logprobs = actor.compute_logprobs(warm)[0]
+    actor.update(warm, loss_kwargs)
+    base = _rss()
+    out = {}
+    lp_s, lp_peak = timed_peak(lambda: out.update(lp=actor.compute_logprobs(batch, with_entropy=True)))
+    batch.old_logprobs = out["lp"][0]
+    up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_kwargs))
+    real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+    return {
+        "path": "old" if args.old_path else "new",
+        "max_response": args.max_response,
+        "real_tokens": real,
+        "response_tokens": int(batch.response_mask.sum()),
+        "logprob_extra_peak_gb": (lp_peak - base) / 2**30,
+        "update_extra_peak_gb": (up_peak - base) / 2**30,
+        "logprob_tok_s": real / lp_s,
+        "update_tok_s": real / up_s,
+        "logprob_padding_frac": 1 - real / processed_tokens(batch, actor, update=False),
+        "update_padding_frac": 1 - real / processed_tokens(batch, actor, update=True),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def compare(args) -> None:
+    """New path at every R of --compare-r, old path at the smallest, back to back in subprocesses."""
+    import subprocess
+    import sys
+
+    rs = [int(r) for r in args.compare_r.split(",")]
+    runs = [(False, r) for r in rs] + [(True, min(rs))]
+    base = [a for a in sys.argv[1:] if a not in ("--compare",)]
+    results = []
+    for old, r in runs:
+        cmd = [sys.executable, __file__, *base, "--single", "--max-response", str(r)] + (["--old-path"] if old else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            raise SystemExit(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+        results.append(json.loads(lines[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    print(f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows, prompts "
+          f"{args.prompt_len // 2}-{args.prompt_len}, responses lognormal capped at R; new: max_tokens_per_micro_batch "
+          f"{args.max_tokens}, chunk {args.chunk}; old: micro_batch_size {args.micro}; logprob_token_budget "
+          f"{args.logprob_budget}; load average {os.getloadavg()}")
+    print(f"{'path':>4} {'R':>5} {'tokens':>6} {'lp extra GB':>11} {'upd extra GB':>12} {'lp tok/s':>9} "
+          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7}")
+    for x in results:
+        print(f"{x['path']:>4} {x['max_response']:>5} {x['real_tokens']:>6} {x['logprob_extra_peak_gb']:>11.2f} "
+              f"{x['update_extra_peak_gb']:>12.2f} {x['logprob_tok_s']:>9.0f} {x['update_tok_s']:>9.0f} "
+              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%}")
+    new = {x["max_response"]: x for x in results if x["path"] == "new"}
+    old = next(x for x in results if x["path"] == "old")
+    same_r = new[old["max_response"]]
+    peak = {r: max(x["logprob_extra_peak_gb"], x["update_extra_peak_gb"]) for r, x in new.items()}
+    print(f"ratios at R={old['max_response']}: update tok/s new/old {same_r['update_tok_s'] / old['update_tok_s']:.2f}x, "
+          f"log-prob tok/s new/old {same_r['logprob_tok_s'] / old['logprob_tok_s']:.2f}x; new extra peak "
+          f"R={max(rs)} / R={min(rs)}: {peak[max(rs)] / peak[min(rs)]:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", default="1,2", help="comma-separated data-parallel sizes")
@@ -130,8 +284,22 @@ def main() -> None:
         "so every configuration gets the same threads per rank and scaling is visible",
     )
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--old-path", action="store_true", help="padded rows and full logits (the previous path)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="actor.max_tokens_per_micro_batch (new path)")
+    p.add_argument("--chunk", type=int, default=512, help="actor.logits_chunk_tokens (new path)")
+    p.add_argument("--logprob-budget", type=int, default=16384, help="actor.logprob_token_budget")
+    p.add_argument("--compare", action="store_true", help="new vs old path, long-tailed lengths, one rank")
+    p.add_argument("--compare-r", default="1024,4096", help="--compare: the caps R of the new path (old: the smallest)")
+    p.add_argument("--max-response", type=int, default=4096, help="cap of the long-tailed response lengths")
+    p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # one measurement of --compare
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.single:
+        print(json.dumps(single(args)))
+        return
+    if args.compare:
+        compare(args)
+        return
 
     import ray
 
