@@ -79,24 +79,32 @@ def test_token_budget_groups_cover_rows_once_within_budget_and_split_to_count():
         split_to_count([[0], [1]], [5, 5], 3)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "packed"])
 def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
     """transformers separates packed rows from position ids restarting at 0 (no attention mask,
-    no KV cache)."""
+    no KV cache); so does bandpo's row-wise attention, which leaves padded batches to sdpa."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
+    from bandpo.actor.attention import NAME, use_packed_attention
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa" if attn == "packed" else attn)
     rb = make_rollout(5, 7)
     p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
     packed = pack_rows(p_ids, p_mask, r_ids, r_mask)
+    kw = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
     with torch.no_grad():
         padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]  # [n, r, V]
-        kw = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
-        flat = model(**kw, use_cache=False).logits[0, packed.target_index]
         with_cache = model(**kw, use_cache=True).logits[0, packed.target_index]
+        if attn == "packed":
+            use_packed_attention(model)
+            assert model.config._attn_implementation == NAME
+            padded_again = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]
+            torch.testing.assert_close(padded_again, padded, atol=1e-6, rtol=0)
+        flat = model(**kw, use_cache=False).logits[0, packed.target_index]
+    torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
     # with a KV cache transformers does not look for packed rows: rows would attend across boundaries
     assert float((with_cache - flat).abs().max()) > 1e-2
-    torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------- through the DeepSpeed actor

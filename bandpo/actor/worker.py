@@ -12,7 +12,8 @@ DeepSpeed averages gradients over ranks, hence each rank back-propagates
 
 Padding-free (default, ``padding_free=True``): each forward packs its rows into one sequence
 (``bandpo.actor.packing``) and computes log-probs/entropy through the chunked lm_head
-(``bandpo.actor.chunked``), so memory is bounded by tokens, never by rows x longest row x V.
+(``bandpo.actor.chunked``), so memory is bounded by tokens, never by rows x longest row x V;
+attention runs row by row (``bandpo.actor.attention``), never over a [T, T] mask.
 Update micro-batches are grouped by ``max_tokens_per_micro_batch`` packed tokens per rank
 (first-fit decreasing; 0 = ``micro_batch_size`` rows each); the optimizer-step boundary is
 set explicitly, and ranks split micro-batches until all run the same number (ZeRO reduces
@@ -42,6 +43,7 @@ import torch
 
 from bandpo.actor import checkpoint as ckpt
 from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
+from bandpo.actor.attention import use_packed_attention
 from bandpo.actor.chunked import DEFAULT_CHUNK
 from bandpo.actor.logprobs import (
     budget_chunks,
@@ -171,6 +173,8 @@ class Actor:
         )
         dtype = torch.bfloat16 if bf16 else torch.float32
         model = load_model(model_path, dtype)
+        if padding_free:
+            use_packed_attention(model)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(
@@ -187,6 +191,8 @@ class Actor:
         if ref_model:
             inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
             ref = load_model(model_path, dtype).requires_grad_(False)
+            if padding_free:
+                use_packed_attention(ref)
             if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
                 ref = deepspeed.initialize(model=ref, config=inf_config, dist_init_required=False)[0]
             else:
