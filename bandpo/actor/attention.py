@@ -43,12 +43,13 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     pos = position_ids.reshape(-1)  # [T]
     starts = (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist()
     bounds = [0, *starts, pos.shape[0]]
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
     p = dropout if module.training else 0.0
+    # split, not slicing: a slice's backward writes a zero-filled [1, heads, T, d] per row
+    # (rows x T work), split's backward is one concatenation.
     out = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=p, is_causal=True, scale=scaling
-        )
-        for s, e in zip(bounds[:-1], bounds[1:])
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling)
+        for q, k, v in zip(query.split(lens, dim=2), key.split(lens, dim=2), value.split(lens, dim=2))
     ]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
