@@ -42,9 +42,9 @@ from contextlib import contextmanager
 import torch
 
 from bandpo.actor import checkpoint as ckpt
-from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
 from bandpo.actor.attention import use_packed_attention
 from bandpo.actor.chunked import DEFAULT_CHUNK
+from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
 from bandpo.actor.logprobs import (
     budget_chunks,
     check_padding,
@@ -328,8 +328,9 @@ class Actor:
                 logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)  # [n, r]
                 r = r_mask.shape[1]
                 if reuse_old:  # the policy before this step is the one of this forward: ratio == 1
-                    old = logprobs.detach()
-                    old_out[rows, :r], ent_out[rows, :r] = old.cpu(), entropy.detach().float().cpu()
+                    # old_entropy [n, r] is pi_old's entropy too, computed before the loss (detached)
+                    old, old_entropy = logprobs.detach(), entropy.detach()
+                    old_out[rows, :r], ent_out[rows, :r] = old.cpu(), old_entropy.float().cpu()
                 else:
                     old = mb.old_logprobs[:, :r].contiguous().to(self.device)
                 ref_lp = None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
