@@ -21,6 +21,7 @@ Departures from the paper's scripts, stated:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -172,6 +173,8 @@ class Trainer:
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, ro.n, algo.advantage)  # [N]
         with self.timed("logprobs"), stage("logprobs", "actor"):
             batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
+            if self._adaptive_band():  # the per-token band radius is a function of pi_old's entropy
+                batch.old_entropy = entropy  # [N, R]
             if algo.kl_coef > 0:
                 batch.ref_logprobs, _ = self.actor.compute_logprobs(batch, ref=True)  # [N, R]
 
@@ -181,7 +184,7 @@ class Trainer:
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
                 for _ in range(cfg.actor.epochs):
-                    update = self.actor.update(batch, self.loss_kwargs())
+                    update = self.actor.update(batch, self.loss_kwargs(batch))
                     bad_steps += int(update["nonfinite_steps"])
                     total_steps += int(update["optimizer_steps"])
                 metrics.update({f"actor/{k}": v for k, v in update.items()})
@@ -201,7 +204,9 @@ class Trainer:
         metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(self.timings["rollout"], 1e-9)
         return metrics
 
-    def loss_kwargs(self) -> dict:
+    def loss_kwargs(self, batch: TrainBatch | None = None) -> dict:
+        """``policy_loss`` options of this run; ``batch`` (with old_entropy) sets the adaptive band's
+        per-step entropy scale."""
         a = self.cfg.algorithm
         kw = dict(algorithm=a.name, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.loss_agg,
                   max_len=self.cfg.rollout.max_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
@@ -209,7 +214,35 @@ class Trainer:
         if a.name == "bandpo":
             kw.update(divergence=a.band.divergence, delta=a.band.delta, upper_cap=a.band.upper_cap,
                       relax_high_p=a.band.relax_high_p)
+        if a.get("tis_cap") is not None:
+            kw["tis_cap"] = float(a.tis_cap)
+        if self._adaptive_band() and batch is not None:
+            kw.update(self._adaptive_band_kwargs(batch))
         return kw
+
+    def _adaptive_band(self) -> bool:
+        band = self.cfg.algorithm.get("band")
+        return band is not None and band.get("adaptive", "none") == "entropy"
+
+    def _adaptive_band_kwargs(self, batch: TrainBatch) -> dict:
+        """Entropy-adaptive band options; the scale is the step's mean valid-token entropy (batch)
+        or log V (logv), the same for every micro-batch (bandpo.algo.adaptive)."""
+        from bandpo.config import band_delta_range
+
+        band = self.cfg.algorithm.band
+        lo, hi = band_delta_range(band)
+        if band.adaptive_norm == "logv":
+            if not hasattr(self, "_log_vocab"):
+                from transformers import AutoConfig
+
+                self._log_vocab = math.log(AutoConfig.from_pretrained(self.model_path).vocab_size)
+            scale = self._log_vocab
+        else:
+            mask = batch.response_mask.bool()  # [N, R]
+            # A step whose tokens are all one-hot (entropy 0) gets delta_min everywhere.
+            scale = max(float(batch.old_entropy[mask].mean()), 1e-12)
+        return dict(band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm,
+                    entropy_scale=scale)
 
     # ------------------------------------------------------------------ pieces
     @contextmanager

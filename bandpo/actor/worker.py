@@ -49,7 +49,9 @@ from bandpo.types import TrainBatch
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
 # Normalisers and tensors the actor supplies to ``policy_loss`` itself.
-_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy")
+# Optional per-token batch fields ([n, R] like old_logprobs) handed to the loss by the same name.
+_LOSS_TOKEN_FIELDS = ("old_entropy", "rollout_logprobs")
+_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy", *_LOSS_TOKEN_FIELDS)
 _LOSS_KWARGS = set(inspect.signature(policy_loss).parameters) - {
     "logprobs",
     "old_logprobs",
@@ -270,6 +272,10 @@ class Actor:
                 ref_lp = (
                     None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
                 )
+                token_fields = {
+                    f: getattr(mb, f)[:, :r].contiguous().to(self.device)
+                    for f in _LOSS_TOKEN_FIELDS if getattr(mb, f) is not None
+                }
                 loss, metrics = policy_loss(
                     logprobs,
                     mb.old_logprobs[:, :r].contiguous().to(self.device),
@@ -280,6 +286,7 @@ class Actor:
                     max_len=float(max_len_override or max_len[step]),
                     ref_logprobs=ref_lp,
                     entropy=entropy,
+                    **token_fields,
                     **loss_kwargs,
                 )
                 finite &= torch.isfinite(loss.detach())
@@ -317,7 +324,7 @@ class Actor:
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
         # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
-        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs"), masked=False)
+        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs", "old_entropy"), masked=False)
         if bad:
             raise ValueError(f"update: batch.{bad} holds NaN/inf values; the trainer skips such steps")
         reserved = sorted(set(loss_kwargs) & set(_RESERVED_LOSS_KWARGS))
