@@ -35,8 +35,12 @@ Bounds with a per-token radius (``band_bounds_per_token``):
   relative on lower where it is small (a PHI error is amplified by 1/p). upper = exp(e^A)
   (continued below t = -40 with its exact slope, capped at 1/p), lower = exp(-e^B) (which
   underflows to 0 as the math does). Cost: 32 gathers instead of 8 and two extra exps, no
-  loop over tokens, no host sync. Error against the float64 bisection reference, measured in
-  tests/test_band_adaptive.py. Values of delta_t outside the family's range are clamped.
+  loop over tokens, no host sync (CPU, 524k tokens: ~4x the fixed-delta KL bounds, ~1.9x its
+  loss fwd+bwd; scripts/bench_band.py). Error against the float64 bisection reference
+  (tests/test_band_adaptive.py, delta in [0.005, 0.5]): at most 1.7e-6 relative on upper and
+  1.5e-5 on lower wherever lower > 2e-9 (below e^-20 the clamped ratio never reaches it);
+  float32 within 4e-5 of float64 on the same inputs. Values of delta_t outside the family's
+  range are clamped into it. Build: 2 x 64-step bisections per node, ~1 s for 30 nodes.
 """
 
 from __future__ import annotations
