@@ -60,7 +60,7 @@ def test_off_or_degenerate_gives_fixed_delta():
 def _reference_kl(x: torch.Tensor, delta: torch.Tensor):
     """Exact per-token (lower, upper) from the float64 bisection of KL(Bern(p) || Bern(q)) = delta."""
     t = x - torch.log(-torch.expm1(x))  # logit p
-    log_q_hi, log_q_lo = kl_roots_logit(t, delta)
+    log_q_hi, log_q_lo = kl_roots_logit(t, delta, steps=80)  # bracket 1e3 / 2^80: below float64's ulp of v
     return torch.exp(log_q_lo - x), torch.exp(log_q_hi - x)
 
 
@@ -71,7 +71,7 @@ def test_kl_family_matches_reference():
     # is (hs^4 / 24) |d^4 B / ds^4| with hs = log(2)/4, and a B error reaches lower multiplied
     # by log(1/lower) <= 20 where lower > 2e-9; below e^-20 the clamped ratio never reaches it.
     gen = torch.Generator().manual_seed(2)
-    n = 40000
+    n = 20000
     t = torch.rand(n, generator=gen, dtype=torch.float64) * 84 - 42
     log_d = math.log(RANGE[0]) + torch.rand(n, generator=gen, dtype=torch.float64) * math.log(RANGE[1] / RANGE[0])
     x, d = torch.nn.functional.logsigmoid(t), log_d.exp()
