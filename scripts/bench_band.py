@@ -9,8 +9,8 @@ take turns, so machine noise hits all of them alike); compare ratios within one 
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import statistics
 import time
 
