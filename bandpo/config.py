@@ -29,7 +29,10 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
             cfg = hydra_compose(config_name, overrides=list(overrides))
     except HydraException as e:
-        raise ConfigError(f"config error: {e}") from None
+        hint = ""
+        if "'algorithm.band." in str(e):  # grpo / clip_higher have no band block to override
+            hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
+        raise ConfigError(f"config error: {e}{hint}") from None
     validate(cfg)
     return cfg
 
@@ -71,8 +74,16 @@ def _number(cfg, key: str, *, low: float | None = None, high: float | None = Non
     return value
 
 
+def band_delta_range(band) -> tuple[float, float]:
+    """(delta_min, delta_max) of the adaptive band, nulls resolved to delta / 4 and 4 delta."""
+    lo = band.delta / 4 if band.get("delta_min") is None else band.delta_min
+    hi = band.delta * 4 if band.get("delta_max") is None else band.delta_max
+    return float(lo), float(hi)
+
+
 def validate(cfg) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
+    from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
     from bandpo.algo.band import DIVERGENCES
     from bandpo.algo.losses import AGG_MODES, ALGORITHMS, KL_ESTIMATORS
@@ -91,6 +102,22 @@ def validate(cfg) -> None:
         _number(cfg, "algorithm.band.delta", low=0, strict_low=True)
         if _get(cfg, "algorithm.band.upper_cap") is not None:
             _number(cfg, "algorithm.band.upper_cap", low=1, strict_low=True)
+        if _choice(cfg, "algorithm.band.adaptive", ADAPTIVE_MODES) != "none":
+            _choice(cfg, "algorithm.band.adaptive_norm", ENTROPY_NORMS)
+            for key in ("algorithm.band.delta_min", "algorithm.band.delta_max"):
+                if _get(cfg, key) is not None:
+                    _number(cfg, key, low=0, strict_low=True)
+            lo, hi = band_delta_range(cfg.algorithm.band)
+            _check(lo <= hi, "algorithm.band.delta_max", f"must be >= algorithm.band.delta_min={lo}", hi)
+    elif _get(cfg, "algorithm.band") is not None:
+        raise ConfigError(f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
+                          f"remove the algorithm.band.* overrides or pick algorithm=bandpo")
+    if _get(cfg, "algorithm.tis_cap") is not None:
+        _number(cfg, "algorithm.tis_cap", low=1)
+    _check(isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool), "algorithm.filter_groups.enable",
+           "must be true or false", _get(cfg, "algorithm.filter_groups.enable"))
+    _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
+    _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
 
     from bandpo.rollout.base import available_engines
 
@@ -130,6 +157,8 @@ def validate(cfg) -> None:
     _number(cfg, "trainer.save_every", low=0, integer=True)
     _number(cfg, "trainer.eval_every", low=0, integer=True)
     _number(cfg, "trainer.keep_last", low=1, integer=True)
+    _number(cfg, "trainer.trace_every", low=0, integer=True)
+    _number(cfg, "trainer.trace_max_chars", low=1, integer=True)
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ["skip", "stop"])
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
@@ -154,6 +183,15 @@ def reuse_old_logprobs(cfg) -> bool:
     _check(value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value)
     one_step = (_get(cfg, "actor.mini_batch_prompts") == _get(cfg, "trainer.prompts_per_step")
                 and _get(cfg, "actor.epochs") == 1)
+    # The adaptive band's ``batch`` scale is the step's mean pi_old entropy, needed before the
+    # update's first forward: it takes the separate pass.
+    band = _get(cfg, "algorithm.band") if _get(cfg, "algorithm.name") == "bandpo" else None
+    needs_pass = band is not None and band.get("adaptive", "none") == "entropy" and band.get("adaptive_norm") == "batch"
+    if value is True and needs_pass:
+        raise ConfigError("config error: actor.reuse_old_logprobs=true cannot be used with algorithm.band.adaptive="
+                          "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
+                          "old-logprob pass); use auto or false, or adaptive_norm=logv")
+    one_step = one_step and not needs_pass
     if value is True and not one_step:
         raise ConfigError(
             "config error: actor.reuse_old_logprobs=true needs one optimizer step per rollout "

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -171,19 +171,24 @@ def evaluate(
 
 
 def run_eval(
-    engine, scorer, tokenizer, datasets: Mapping[str, Sequence[Example]], cfg: Any
+    engine, scorer, tokenizer, datasets: Mapping[str, Sequence[Example]], cfg: Any,
+    on_samples: Callable[[dict[str, list[dict]]], None] | None = None,
 ) -> dict[str, float]:
     """``evaluate`` with an eval config (``EvalConfig``, DictConfig or mapping), as flat scalars for logging.
 
     Keys: ``eval/<dataset>/mean@<n>``, ``/std``, ``/pass@<k>``, ``/maj@<n>``,
     ``/response_length``, ``/truncated``, ``/num_problems`` and
     ``/status_frac/<status>`` (fraction of samples with that verifier status).
+    ``on_samples`` receives ``{dataset: per-problem samples}`` (the trainer's eval traces).
     """
     cfg = to_eval_config(cfg)
     results = evaluate(
         engine, scorer, tokenizer, datasets, cfg.n, sampling_params(cfg), cfg.template,
         system_prompt=cfg.system_prompt, max_prompt_len=cfg.max_prompt_len, pass_ks=cfg.pass_ks,
+        keep_samples=on_samples is not None,
     )
+    if on_samples is not None:
+        on_samples({name: s.pop("samples") for name, s in results.items()})
     return flatten_metrics(results)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-BATCH_TENSORS = ("rewards", "advantages", "old_logprobs", "ref_logprobs")
+BATCH_TENSORS = ("rewards", "advantages", "old_logprobs", "ref_logprobs", "old_entropy")
 
 
 def first_nonfinite(batch, names: tuple[str, ...] = BATCH_TENSORS, masked: bool = True) -> str:

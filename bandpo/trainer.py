@@ -4,6 +4,8 @@ Per step (SPEC.md):
     1. sample      B prompts from the shuffled training set (resumable sampler)
     2. rollout     n responses per prompt from vLLM with their sampling logprobs
     3. reward      rule-based verifier in a process pool (+1 correct / -1 otherwise)
+       (dynamic_sampling, DAPO, when algorithm.filter_groups.enable: rounds of 1-3 until B groups
+       have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped)
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed
@@ -18,24 +20,30 @@ Departures from the paper's scripts, stated:
   policy before its only step, so old = its detached log-probs (ratio 1 there) and the
   logged entropy is that forward's (``actor.reuse_old_logprobs``: auto | true | false, on
   where it applies). The ref pass (kl_coef > 0) still runs.
-- Sampling is seeded per step (``seed * 1_000_003 + step``) so a resumed run replays the
-  exact rollouts of an uninterrupted one.
+- Sampling is seeded per step and round (``bandpo.data.sampler.rollout_seed``) so a resumed run
+  replays the exact rollouts of an uninterrupted one, dynamic sampling's extra rounds included.
+- Optional, off by default: truncated importance sampling (``algorithm.tis_cap``) reweights the
+  loss by min(pi_old / pi_rollout, C); entropy-adaptive Band (``algorithm.band.adaptive``) uses
+  pi_old's per-token entropy from step 5; traces (``trainer.trace_every``) go to <run>/traces/.
 - Non-finite rewards, logprobs or loss skip the update (counted) unless ``on_nonfinite=stop``;
   the actor never applies an optimizer step with NaN/inf gradients (``bandpo.nonfinite``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bandpo.algo import compute_advantages
 from bandpo.checkpoint import CheckpointManager
+from bandpo.data.sampler import draw_groups, rollout_seed
 from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
 from bandpo.logging import MetricsLogger
 from bandpo.nonfinite import NonfiniteGuard, first_nonfinite
@@ -161,43 +169,42 @@ class Trainer:
         self.timings = {}
         t_step = time.perf_counter()
 
-        with self.timed("sample"):
-            idx = self.sampler.next_batch(cfg.trainer.prompts_per_step)
-            prompts = [self.prompts[i] for i in idx]
-            answers = [self.examples[i].answer for i in idx]
-        with self.timed("rollout"), stage("rollout", "rollout"):
-            rollout = self._generate(prompts, SamplingParams(
-                n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_tokens,
-                seed=cfg.trainer.seed * 1_000_003 + self.step))
-        batch = TrainBatch.from_rollout(rollout)
+        if algo.filter_groups.enable:  # DAPO: rounds of sample/rollout/reward until enough groups vary
+            with self.timed("dynamic_sampling"):
+                rnd, filter_metrics = self._rollout_filtered()
+        else:
+            rnd, filter_metrics = self._rollout_round(cfg.trainer.prompts_per_step, 0), {}
+        batch, scores = rnd.batch, rnd.scores
         lengths = batch.response_lengths  # [N]
-        with self.timed("reward"):
-            _, responses, _ = batch.to_lists()
-            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-            gold = [answers[i] for i in batch.prompt_index.tolist()]
-            scores = self.scorer.score(texts, gold, lengths.tolist())
-            batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
         with self.timed("advantages"):
-            _check_groups(batch.prompt_index, len(prompts), ro.n)
+            _check_groups(batch.prompt_index, len(rnd.idx), ro.n)
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, ro.n, algo.advantage)  # [N]
+        if cfg.trainer.trace_every and self.step % cfg.trainer.trace_every == 0:
+            with self.timed("trace"):
+                self._write_trace(rnd)
         with self.timed("logprobs"), stage("logprobs", "actor"):
             entropy = None
             if not self.reuse_old:
                 batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
+                if self._adaptive_band():  # the per-token band radius is a function of pi_old's entropy
+                    batch.old_entropy = entropy  # [N, R]
             if algo.kl_coef > 0:
                 batch.ref_logprobs, _ = self.actor.compute_logprobs(batch, ref=True)  # [N, R]
 
-        metrics = {**_reward_metrics(scores), **{k: float(v) for k, v in adv_metrics.items()}}
+        # Rewards and throughput count every generated response (dropped rounds too).
+        all_scores = filter_metrics.pop("all_scores", scores)
+        gen_tokens = filter_metrics.pop("gen_tokens", int(lengths.sum()))
+        metrics = {**_reward_metrics(all_scores), **{k: float(v) for k, v in adv_metrics.items()}, **filter_metrics}
         metrics.update(_rollout_metrics(batch, entropy))
         if not self.guard.check(self.step, first_nonfinite(batch)):
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
                 for _ in range(cfg.actor.epochs):
                     if self.reuse_old:  # one step: old logprobs and entropy [N, R] come from its forward
-                        update, batch.old_logprobs, entropy = self.actor.update_on_policy(batch, self.loss_kwargs())
+                        update, batch.old_logprobs, entropy = self.actor.update_on_policy(batch, self.loss_kwargs(batch))
                         metrics.update(_rollout_metrics(batch, entropy))
                     else:
-                        update = self.actor.update(batch, self.loss_kwargs())
+                        update = self.actor.update(batch, self.loss_kwargs(batch))
                     bad_steps += int(update["nonfinite_steps"])
                     total_steps += int(update["optimizer_steps"])
                 metrics.update({f"actor/{k}": v for k, v in update.items()})
@@ -212,12 +219,13 @@ class Trainer:
         metrics["time/step"] = step_time
         if last_checkpoint is not None:
             metrics["time/last_checkpoint"] = last_checkpoint
-        gen_tokens = int(lengths.sum())
         metrics["perf/tokens_per_s"] = gen_tokens / step_time
         metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(self.timings["rollout"], 1e-9)
         return metrics
 
-    def loss_kwargs(self) -> dict:
+    def loss_kwargs(self, batch: TrainBatch | None = None) -> dict:
+        """``policy_loss`` options of this run; ``batch`` (with old_entropy) sets the adaptive band's
+        per-step entropy scale."""
         a = self.cfg.algorithm
         kw = dict(algorithm=a.name, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.loss_agg,
                   max_len=self.cfg.rollout.max_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
@@ -225,7 +233,108 @@ class Trainer:
         if a.name == "bandpo":
             kw.update(divergence=a.band.divergence, delta=a.band.delta, upper_cap=a.band.upper_cap,
                       relax_high_p=a.band.relax_high_p)
+        if a.get("tis_cap") is not None:
+            kw["tis_cap"] = float(a.tis_cap)
+        if self._adaptive_band() and batch is not None:
+            kw.update(self._adaptive_band_kwargs(batch))
         return kw
+
+    def _adaptive_band(self) -> bool:
+        band = self.cfg.algorithm.get("band")
+        return band is not None and band.get("adaptive", "none") == "entropy"
+
+    def _adaptive_band_kwargs(self, batch: TrainBatch) -> dict:
+        """Entropy-adaptive band options; the scale is the step's mean valid-token entropy (batch)
+        or log V (logv), the same for every micro-batch (bandpo.algo.adaptive)."""
+        from bandpo.config import band_delta_range
+
+        band = self.cfg.algorithm.band
+        lo, hi = band_delta_range(band)
+        if band.adaptive_norm == "logv":
+            if not hasattr(self, "_log_vocab"):
+                from transformers import AutoConfig
+
+                self._log_vocab = math.log(AutoConfig.from_pretrained(self.model_path).vocab_size)
+            scale = self._log_vocab
+        else:
+            mask = batch.response_mask.bool()  # [N, R]
+            # A step whose tokens are all one-hot (entropy 0) gets delta_min everywhere.
+            scale = max(float(batch.old_entropy[mask].mean()), 1e-12)
+        return dict(band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm,
+                    entropy_scale=scale)
+
+    # ------------------------------------------------------------------ rollout rounds
+    def _rollout_round(self, num_prompts: int, round_: int) -> _Round:
+        """Steps 1-3 for one round: sample prompts, roll them out (seed of (seed, step, round)), reward."""
+        cfg, ro = self.cfg, self.cfg.rollout
+        with self.timed("sample"):
+            idx = self.sampler.next_batch(num_prompts)
+            prompts = [self.prompts[i] for i in idx]
+            answers = [self.examples[i].answer for i in idx]
+        with self.timed("rollout"), stage("rollout", "rollout"):
+            rollout = self._generate(prompts, SamplingParams(
+                n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_tokens,
+                seed=rollout_seed(cfg.trainer.seed, self.step, round_)))
+        batch = TrainBatch.from_rollout(rollout)
+        with self.timed("reward"):
+            _, responses, _ = batch.to_lists()
+            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+            gold = [answers[i] for i in batch.prompt_index.tolist()]
+            scores = self.scorer.score(texts, gold, batch.response_lengths.tolist())
+            batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
+        return _Round(idx, batch, texts, scores)
+
+    def _rollout_filtered(self) -> tuple[_Round, dict]:
+        """DAPO dynamic sampling: drop groups whose metric (accuracy or reward) is all equal, and run
+        more rounds until ``prompts_per_step`` groups vary or ``max_gen_rounds`` is reached.
+
+        Short of groups, it trains on what there is, cut to a multiple of ``actor.mini_batch_prompts``
+        (the update's unit); with fewer varying groups than one mini-batch, the mini-batch is filled
+        with equal-metric groups (advantage 0: no policy gradient, only the KL term). Both are logged.
+        """
+        cfg, fg = self.cfg, self.cfg.algorithm.filter_groups
+        n, need = cfg.rollout.n, cfg.trainer.prompts_per_step
+        rounds: list[_Round] = []
+
+        def run_round(r: int) -> list[bool]:
+            rounds.append(self._rollout_round(need, r))
+            rnd = rounds[-1]
+            _check_groups(rnd.batch.prompt_index, len(rnd.idx), n)
+            if fg.metric == "acc":
+                values = torch.tensor([float(s.correct) for s in rnd.scores])  # [N]
+            else:
+                values = rnd.batch.rewards  # [N]
+            grouped = values.view(-1, n)  # [B, G]
+            return (grouped.amax(1) != grouped.amin(1)).tolist()
+
+        draw = draw_groups(need, fg.max_gen_rounds, run_round)
+        mini = cfg.actor.mini_batch_prompts
+        chosen = draw.kept[: len(draw.kept) - len(draw.kept) % mini]
+        padded = draw.flat[: mini - len(chosen)] if not chosen else []
+        out = _Round.gather(rounds, chosen + padded, n)
+        metrics = {
+            "filter/rounds": draw.rounds, "filter/prompts_drawn": draw.drawn,
+            "filter/kept_frac": draw.informative / draw.drawn, "filter/groups_trained": len(out.idx),
+            "filter/short_groups": need - len(chosen), "filter/padded_groups": len(padded),
+            "all_scores": [s for r in rounds for s in r.scores],
+            "gen_tokens": sum(int(r.batch.response_lengths.sum()) for r in rounds),
+        }
+        if len(chosen) < need:
+            print(f"[bandpo] step {self.step}: dynamic sampling found {draw.informative} varying groups of {need} "
+                  f"in {draw.rounds} rounds (algorithm.filter_groups.max_gen_rounds={fg.max_gen_rounds}); "
+                  f"training on {len(chosen)} (+{len(padded)} equal-metric)", file=sys.stderr, flush=True)
+        return out, metrics
+
+    def _write_trace(self, rnd: _Round) -> None:
+        from bandpo.traces import group_records, write_records
+
+        ex = [self.examples[i] for i in rnd.idx]
+        b = rnd.batch
+        records = group_records(
+            self.step, [e.id for e in ex], [e.problem for e in ex], [e.answer for e in ex], rnd.texts, rnd.scores,
+            b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons,
+            self.cfg.trainer.trace_max_chars)
+        write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
 
     # ------------------------------------------------------------------ pieces
     @contextmanager
@@ -258,9 +367,16 @@ class Trainer:
 
         t0 = time.perf_counter()
         with stage("eval", "rollout"):
-            out = run_eval(_WorkersEngine(self.rollout), self.scorer, self.tokenizer, self.eval_sets, self.cfg.eval)
+            out = run_eval(_WorkersEngine(self.rollout), self.scorer, self.tokenizer, self.eval_sets, self.cfg.eval,
+                           on_samples=self._write_eval_trace if self.cfg.trainer.trace_every else None)
         out["time/eval"] = time.perf_counter() - t0
         return out
+
+    def _write_eval_trace(self, samples: dict) -> None:
+        from bandpo.traces import eval_records, write_records
+
+        records = eval_records(self.step, samples, self.cfg.trainer.trace_max_chars)
+        write_records(self.out / "traces" / f"eval_step_{self.step}.jsonl", records)
 
     def save(self) -> None:
         # The driver draws no random numbers of its own (the sampler and the rollout seeds are
@@ -319,6 +435,33 @@ def _stop_engines(workers, timeout_s: float = 10.0) -> None:
             pass
         except Exception as e:  # reported, not raised: the run's result stands
             print(f"[bandpo] a rollout engine failed to shut down cleanly: {e}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Round:
+    """One rollout round: the prompts' example indices [B], the batch [B*G rows] with rewards, the
+    decoded responses and their scores [B*G]."""
+
+    idx: list[int]
+    batch: TrainBatch
+    texts: list[str]
+    scores: list
+
+    @classmethod
+    def gather(cls, rounds: list[_Round], groups: list[tuple[int, int]], n: int) -> _Round:
+        """The (round, group) groups of ``rounds``, in that order, as one round (prompt_index renumbered)."""
+        parts, idx, texts, scores = [], [], [], []
+        for r, g in groups:
+            rnd = rounds[r]
+            rows = slice(g * n, (g + 1) * n)  # groups are contiguous (checked by _check_groups)
+            parts.append(rnd.batch.select(rows))
+            idx.append(rnd.idx[g])
+            texts.extend(rnd.texts[rows])
+            scores.extend(rnd.scores[rows])
+        batch = TrainBatch.concat(parts)
+        batch.prompt_index = torch.arange(len(groups)).repeat_interleave(n)  # [B*G]
+        batch.rewards = torch.cat([p.rewards for p in parts])  # [B*G]
+        return cls(idx, batch, texts, scores)
 
 
 class _WorkersEngine:

@@ -101,6 +101,7 @@ class TrainBatch(RolloutBatch):
     advantages: torch.Tensor | None = None  # [N] float32, broadcast over response tokens
     old_logprobs: torch.Tensor | None = None  # [N, R] float32, actor before the update
     ref_logprobs: torch.Tensor | None = None  # [N, R] float32, frozen reference (KL term)
+    old_entropy: torch.Tensor | None = None  # [N, R] float32, entropy of pi_old per position (adaptive band)
 
     @classmethod
     def from_rollout(cls, batch: RolloutBatch, **extra) -> TrainBatch:

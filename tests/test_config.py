@@ -56,10 +56,35 @@ def test_defaults_follow_the_paper():
     ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
     ("trainer.total_steps=abc", "trainer.total_steps"),
     ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
+    ("algorithm.tis_cap=0.5", "algorithm.tis_cap"),
+    ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
+    ("algorithm.filter_groups.max_gen_rounds=0", "algorithm.filter_groups.max_gen_rounds"),
+    ("algorithm.filter_groups.enable=yes", "algorithm.filter_groups.enable"),
+    ("algorithm.band.adaptive=entropic", "algorithm.band.adaptive"),
+    ("trainer.trace_every=-1", "trainer.trace_every"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([override])
+
+
+def test_new_options_default_off_and_validate_together():
+    cfg = compose([])
+    assert cfg.algorithm.tis_cap is None and cfg.algorithm.filter_groups.enable is False
+    assert cfg.algorithm.band.adaptive == "none" and cfg.trainer.trace_every == 0
+    compose(["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=logv", "algorithm.tis_cap=2",
+             "algorithm.filter_groups.enable=true", "trainer.trace_every=5"])
+    with pytest.raises(ConfigError, match=r"algorithm\.band\.delta_max must be >= algorithm\.band\.delta_min"):
+        compose(["algorithm.band.adaptive=entropy", "algorithm.band.delta_min=0.3"])
+    with pytest.raises(ConfigError, match=r"algorithm\.band\.adaptive_norm"):
+        compose(["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=zscore"])
+    # The band block is bandpo's: refused (not ignored) with another algorithm.
+    for algo in ("grpo", "clip_higher"):
+        with pytest.raises(ConfigError, match="apply to algorithm=bandpo only"):
+            compose([f"algorithm={algo}", "algorithm.band.adaptive=entropy"])
+        with pytest.raises(ConfigError, match="applies to algorithm=bandpo only"):
+            compose([f"algorithm={algo}", "+algorithm.band.adaptive=entropy"])
+        compose([f"algorithm={algo}", "algorithm.tis_cap=2", "algorithm.filter_groups.enable=true"])
 
 
 def test_missing_model_path_names_the_key():

@@ -63,7 +63,9 @@ from bandpo.types import TrainBatch
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
 # Normalisers and tensors the actor supplies to ``policy_loss`` itself.
-_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy")
+# Optional per-token batch fields ([n, R] like old_logprobs) handed to the loss by the same name.
+_LOSS_TOKEN_FIELDS = ("old_entropy", "rollout_logprobs")
+_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy", *_LOSS_TOKEN_FIELDS)
 _LOSS_KWARGS = set(inspect.signature(policy_loss).parameters) - {
     "logprobs",
     "old_logprobs",
@@ -334,6 +336,12 @@ class Actor:
                 else:
                     old = mb.old_logprobs[:, :r].contiguous().to(self.device)
                 ref_lp = None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
+                token_fields = {
+                    f: getattr(mb, f)[:, :r].contiguous().to(self.device)
+                    for f in _LOSS_TOKEN_FIELDS if getattr(mb, f) is not None
+                }
+                if reuse_old:  # pi_old's entropy is this forward's too (adaptive band reads it)
+                    token_fields["old_entropy"] = old_entropy
                 loss, metrics = policy_loss(
                     logprobs,
                     old,
@@ -344,6 +352,7 @@ class Actor:
                     max_len=float(max_len_override or max_len[step]),
                     ref_logprobs=ref_lp,
                     entropy=entropy,
+                    **token_fields,
                     **loss_kwargs,
                 )
                 finite &= torch.isfinite(loss.detach())
@@ -394,7 +403,7 @@ class Actor:
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
         # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
-        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs"), masked=False)
+        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs", "old_entropy"), masked=False)
         if bad:
             raise ValueError(f"update: batch.{bad} holds NaN/inf values; the trainer skips such steps")
         reserved = sorted(set(loss_kwargs) & set(_RESERVED_LOSS_KWARGS))

@@ -3,6 +3,7 @@
 Imports nothing heavier than torch (no ray, vllm or deepspeed): a test enforces it.
 """
 
+from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, adaptive_delta, band_bounds_per_token
 from bandpo.algo.advantages import compute_advantages, group_advantages
 from bandpo.algo.band import DIVERGENCES, band_bounds
 from bandpo.algo.losses import (
@@ -13,9 +14,11 @@ from bandpo.algo.losses import (
     kl_penalty,
     policy_loss,
     ratio_interval,
+    tis_weights,
 )
 
 __all__ = [
-    "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "aggregate", "band_bounds", "compute_advantages",
-    "get_algorithm", "group_advantages", "kl_penalty", "policy_loss", "ratio_interval",
+    "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "adaptive_delta", "aggregate",
+    "band_bounds", "band_bounds_per_token", "compute_advantages", "get_algorithm", "group_advantages",
+    "kl_penalty", "policy_loss", "ratio_interval", "tis_weights",
 ]

@@ -9,6 +9,15 @@ Only the ratio interval differs between the three algorithms:
     dual clip (c > 1): where A < 0, L = min(L, -A c)
     loss = agg(L) + kl_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
 
+Options on top (off by default; each composes with every algorithm unless stated):
+- Entropy-adaptive Band (bandpo only, ``band_adaptive="entropy"``): the radius becomes a
+  per-token delta_t from the old policy's entropy (``bandpo.algo.adaptive``).
+- Truncated importance sampling (``tis_cap = C``): the rollout engine samples from
+  pi_rollout, not from the actor's pi_old (different kernels, bf16), so each token's loss is
+  reweighted by w = min(pi_old / pi_rollout, C) = min(exp(old_logp - rollout_logp), C),
+  detached (no gradient through w):  L <- w L. Truncation at C bounds the variance; the
+  bias it leaves is small while the two engines stay close (verl's ``tis_imp_ratio_cap``).
+
 Aggregation is normalised over the *global* optimizer batch: callers pass the
 global token count / sequence count (and the max response length for
 ``seq-mean-token-sum-norm``), so summing the losses of micro-batches gives the
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bandpo.algo.adaptive import ADAPTIVE_MODES, adaptive_delta, band_bounds_per_token
 from bandpo.algo.band import band_bounds
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -71,18 +81,28 @@ def ratio_interval(
     delta: float = 0.05,
     upper_cap: float | None = None,
     relax_high_p: bool = False,
+    delta_t: torch.Tensor | None = None,
+    delta_range: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor | float, torch.Tensor | float]:
     """``(lo, hi)`` ratio bounds for ``algorithm``: floats for fixed clipping, tensors for band.
 
     ``eps_low``/``eps_high`` default to the algorithm's own; for bandpo they are used only
-    by ``relax_high_p`` (union with the fixed interval).
+    by ``relax_high_p`` (union with the fixed interval). ``delta_t`` (same shape as
+    ``old_logprobs``, within ``delta_range``) replaces ``delta`` by a per-token radius.
     """
     algo = get_algorithm(algorithm)
     eps_low = algo.eps_low if eps_low is None else eps_low
     eps_high = algo.eps_high if eps_high is None else eps_high
     if not algo.band:
+        if delta_t is not None:
+            raise ValueError(f"a per-token band radius applies to bandpo only, not algorithm={algorithm!r}")
         return 1.0 - eps_low, 1.0 + eps_high
     relax = (eps_low, eps_high) if relax_high_p else None
+    if delta_t is not None:
+        if delta_range is None:
+            raise ValueError("a per-token band radius needs delta_range=(delta_min, delta_max)")
+        return band_bounds_per_token(old_logprobs, divergence, delta_t, delta_range, upper_cap=upper_cap,
+                                     relax_high_p=relax)
     return band_bounds(old_logprobs, divergence, delta, upper_cap=upper_cap, relax_high_p=relax)
 
 
@@ -158,6 +178,14 @@ def policy_loss(
     kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    band_adaptive: str = "none",
+    delta_min: float | None = None,
+    delta_max: float | None = None,
+    entropy_norm: str = "batch",
+    entropy_scale: float | None = None,
+    old_entropy: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss and its metrics.
 
@@ -175,6 +203,13 @@ def policy_loss(
         kl_coef, kl_estimator: weight and estimator (k1 | k2 | k3) of KL(pi || pi_ref).
         entropy: [B, L] per-token entropy of pi_theta (with grad when entropy_coef > 0).
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
+        band_adaptive: ``none`` | ``entropy`` (bandpo only): per-token radius
+            ``adaptive_delta(old_entropy, delta_min, delta_max, entropy_scale, entropy_norm)``;
+            ``delta`` is then unused.
+        delta_min, delta_max, entropy_norm, entropy_scale: see ``bandpo.algo.adaptive``.
+        old_entropy: [B, L] entropy of pi_old at each response position (no grad).
+        tis_cap: C >= 1 turns on truncated importance sampling, w = min(exp(old - rollout), C).
+        rollout_logprobs: [B, L] log pi_rollout of the sampled tokens (required with tis_cap).
 
     Returns:
         ``(loss, metrics)``: scalar loss; metrics are detached 0-dim tensors (no host sync),
@@ -189,9 +224,12 @@ def policy_loss(
 
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
+    delta_t = _adaptive_radius(band_adaptive, algorithm, old_entropy, old_logprobs, delta_min, delta_max,
+                               entropy_norm, entropy_scale)
     lo, hi = ratio_interval(
         old_logprobs, algorithm, eps_low=eps_low, eps_high=eps_high, divergence=divergence,
-        delta=delta, upper_cap=upper_cap, relax_high_p=relax_high_p,
+        delta=delta, upper_cap=upper_cap, relax_high_p=relax_high_p, delta_t=delta_t,
+        delta_range=None if delta_t is None else (delta_min, delta_max),
     )
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(lo, hi)
@@ -201,10 +239,16 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
         per_token = torch.where(negative, torch.minimum(per_token, -advantages * dual_clip), per_token)
+    metrics: dict[str, torch.Tensor] = {}
+    if tis_cap is not None:
+        weight, metrics["tis/weight_mean"], metrics["tis/truncated_frac"] = tis_weights(
+            old_logprobs, rollout_logprobs, tis_cap, maskf)
+        per_token = per_token * weight
     pg_loss = aggregate(per_token, mask, agg, **norm)
     loss = pg_loss
-
-    metrics: dict[str, torch.Tensor] = {"pg_loss": pg_loss.detach()}
+    metrics["pg_loss"] = pg_loss.detach()
+    if delta_t is not None:
+        metrics["band/delta_mean"] = _masked_mean(delta_t.to(maskf.dtype), maskf)
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         kl_term = aggregate(kl, mask, agg, **norm)
@@ -223,6 +267,40 @@ def policy_loss(
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
         metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
     return loss, metrics
+
+
+def tis_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None, cap: float, maskf: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Truncated importance weights w = min(exp(old - rollout), cap), detached, [B, L].
+
+    Returns ``(w, mean w, fraction truncated)``, the last two over valid tokens (maskf [B, L]).
+    The log-ratio is clamped to [-20, 20] like the policy ratio, so a -inf rollout logprob
+    gives w = cap instead of inf * 0 = NaN on a padded position.
+    """
+    if rollout_logprobs is None:
+        raise ValueError("tis_cap needs rollout_logprobs (the rollout engine's sampling logprobs)")
+    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
+        raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {cap!r}")
+    with torch.no_grad():
+        raw = torch.exp((old_logprobs.detach() - rollout_logprobs.detach()).clamp(-20.0, 20.0))
+        weight = raw.clamp(max=cap).to(old_logprobs.dtype)
+        return weight, _masked_mean(weight, maskf), _masked_mean((raw > cap).to(maskf.dtype), maskf)
+
+
+def _adaptive_radius(mode, algorithm, old_entropy, old_logprobs, delta_min, delta_max, norm, scale):
+    """The per-token radius [B, L] for ``band_adaptive="entropy"``, None for ``none``."""
+    if mode == "none":
+        return None
+    if mode != "entropy":
+        raise ValueError(f"unknown band_adaptive {mode!r}; valid: {', '.join(ADAPTIVE_MODES)}")
+    if not get_algorithm(algorithm).band:
+        raise ValueError(f"band_adaptive='entropy' applies to bandpo only, not algorithm={algorithm!r}")
+    if old_entropy is None or delta_min is None or delta_max is None or scale is None:
+        raise ValueError("band_adaptive='entropy' needs old_entropy, delta_min, delta_max and entropy_scale")
+    if old_entropy.shape != old_logprobs.shape:
+        raise ValueError(f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}")
+    return adaptive_delta(old_entropy, delta_min=delta_min, delta_max=delta_max, scale=scale, norm=norm)
 
 
 def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
