@@ -8,6 +8,8 @@ fork server with the parent's main module described in ``MAIN_ENV`` (see
 ``bandpo.reward.pool._mp_context``); installing an empty module that carries that path or
 name as ``__main__`` makes each worker's check find it "already imported". The workers run
 only ``bandpo.reward`` functions, so they need nothing from the real main module.
+
+Importing this module replaces ``__main__``: only the fork server may import it.
 """
 
 import json
@@ -16,7 +18,7 @@ import sys
 import types
 from importlib.machinery import ModuleSpec
 
-MAIN_ENV = "BANDPO_REWARD_POOL_MAIN"
+MAIN_ENV = "BANDPO_REWARD_POOL_MAIN"  # = bandpo.reward.pool.CLEAN_MAIN_ENV
 
 _info = json.loads(os.environ.get(MAIN_ENV) or "{}")
 _stub = types.ModuleType("__mp_main__", "Empty stand-in for the parent's __main__ (bandpo reward pool).")

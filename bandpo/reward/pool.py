@@ -100,6 +100,7 @@ WATCH_EVERY_S = 0.5
 STOP_WAIT_S = 10.0
 MAX_REBUILDS = 3  # pool rebuilds in one batch with no task finished before the start-up check reruns
 STARTUP_TIMEOUT_S = 120.0  # a fresh fork server imports sympy and math-verify (~2 s; slow shared nodes)
+CLEAN_MAIN_ENV = "BANDPO_REWARD_POOL_MAIN"  # read by bandpo.reward.clean_main (never imported here)
 DEFAULT_MEMORY_CAP_GIB = 4.0  # a worker uses ~0.5 GiB of address space (sympy, ANTLR, math-verify)
 
 
@@ -225,8 +226,6 @@ def _default_workers() -> int:
 
 
 def _mp_context(start_method: str | None):
-    from bandpo.reward.clean_main import MAIN_ENV
-
     methods = multiprocessing.get_all_start_methods()
     method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
     ctx = multiprocessing.get_context(method)
@@ -239,7 +238,7 @@ def _mp_context(start_method: str | None):
         path = getattr(main, "__file__", None)
         if path is not None and not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
             path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
-        os.environ[MAIN_ENV] = json.dumps({"name": name, "path": os.path.normpath(path) if path else None})
+        os.environ[CLEAN_MAIN_ENV] = json.dumps({"name": name, "path": os.path.normpath(path) if path else None})
         ctx.set_forkserver_preload(["bandpo.reward.clean_main", "bandpo.reward.warm"])
     return ctx
 
