@@ -56,10 +56,30 @@ def test_defaults_follow_the_paper():
     ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
     ("trainer.total_steps=abc", "trainer.total_steps"),
     ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
+    ("trainer.max_error_share=1.5", "trainer.max_error_share"),
+    ("trainer.verifier_memory_gib=0", "trainer.verifier_memory_gib"),
+    ("trainer.inject_nonfinite=loss", "trainer.inject_nonfinite"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([override])
+
+
+@pytest.mark.parametrize("override", ["trainer.verifier_timout=3", "+trainer.verifier_timout=3",
+                                      "++trainer.verifier_timout=3", "~trainer.verifier_timout"])
+def test_unknown_keys_are_refused_in_every_form_with_the_closest_key(override):
+    # Hydra itself adds unknown keys on +k= / ++k=: a misspelt option would be silently ignored.
+    with pytest.raises(ConfigError, match=r"trainer\.verifier_timout is not a config key .*did you mean "
+                                          r"trainer\.verifier_timeout\?"):
+        compose([override])
+
+
+def test_known_keys_in_every_form_and_group_choices_still_compose():
+    cfg = compose(["++trainer.seed=3", "model=qwen2.5-3b", "data=jsonl", "data.train.0.path=/tmp/x.jsonl",
+                   "trainer.total_steps=7"])
+    assert (cfg.trainer.seed, cfg.trainer.total_steps, cfg.data.train[0].path) == (3, 7, "/tmp/x.jsonl")
+    with pytest.raises(ConfigError, match="zzz is not a config key"):
+        compose(["+zzz=1"])
 
 
 def test_missing_model_path_names_the_key():

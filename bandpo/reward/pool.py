@@ -123,13 +123,17 @@ _Grade = tuple[str, "str | None", float]  # (status, extracted, seconds spent gr
 _Job = tuple[str, str, str]  # ("answer", extracted, gold) or ("response", response, gold)
 
 
-def _init_worker(memory_cap_bytes: int | None = None) -> str:
-    """Worker start-up: make SIGTERM immediate, cap memory, warm the LaTeX parser.
+def _init_worker(memory_cap_bytes: int | None = None, log_path: str | None = None) -> str:
+    """Worker start-up: send output to ``log_path``, make SIGTERM immediate, cap memory, warm the parser.
 
     Runs before the worker takes its first task, so the ~0.3 s parser warm-up never
     counts against an item's timeout. Returns the warm-up's grade (``correct`` when the
     grader works).
     """
+    if log_path:
+        from bandpo.run_logs import redirect_output
+
+        redirect_output(log_path)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if memory_cap_bytes:
         import resource
@@ -140,18 +144,19 @@ def _init_worker(memory_cap_bytes: int | None = None) -> str:
     return verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")[0]
 
 
-def _startup_check(conn, memory_cap_bytes: int | None) -> None:
+def _startup_check(conn, memory_cap_bytes: int | None, log_path: str | None) -> None:
     """Run in one hand-started worker: its start-up and one grade, reported through ``conn``."""
     try:
-        conn.send(("ok", _init_worker(memory_cap_bytes)))
+        conn.send(("ok", _init_worker(memory_cap_bytes, log_path)))
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
 
 
-def check_workers_start(ctx, memory_cap_bytes: int | None, timeout: float = STARTUP_TIMEOUT_S) -> None:
+def check_workers_start(ctx, memory_cap_bytes: int | None, log_path: str | None = None,
+                        timeout: float = STARTUP_TIMEOUT_S) -> None:
     """Start one worker as the pool would; raise ``VerifierUnavailable`` with its cause if it fails."""
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_startup_check, args=(sender, memory_cap_bytes), daemon=True)
+    proc = ctx.Process(target=_startup_check, args=(sender, memory_cap_bytes, log_path), daemon=True)
     try:
         proc.start()
     except Exception as e:
@@ -174,7 +179,8 @@ def check_workers_start(ctx, memory_cap_bytes: int | None, timeout: float = STAR
     if report is None:
         how = f"did not finish its start-up in {timeout:.0f} s" if waited_out else \
             f"exited with code {proc.exitcode} before finishing its start-up"
-        raise VerifierUnavailable(f"reward pool: a worker process {how} (its error output above has the "
+        where = log_path or "above"
+        raise VerifierUnavailable(f"reward pool: a worker process {how} (its error output, {where}, has the "
                                   f"cause){_main_hint()}")
     kind, detail = report
     if kind == "failed":
@@ -258,6 +264,7 @@ class RewardScorer:
         dedupe: grade each distinct (extracted answer, gold) pair once per batch.
         start_method: multiprocessing start method; default ``forkserver`` (else ``spawn``).
         memory_cap_gib: address-space limit of each worker (GiB); None for none.
+        log_path: file for the workers' output (appended); None: this process's stderr.
     """
 
     def __init__(
@@ -271,6 +278,7 @@ class RewardScorer:
         dedupe: bool = True,
         start_method: str | None = None,
         memory_cap_gib: float | None = DEFAULT_MEMORY_CAP_GIB,
+        log_path: str | os.PathLike | None = None,
     ):
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
@@ -289,6 +297,7 @@ class RewardScorer:
         self.chunk_size = chunk_size
         self.dedupe = dedupe
         self.memory_cap_bytes = int(memory_cap_gib * 2**30) if memory_cap_gib else None
+        self.log_path = str(log_path) if log_path is not None else None
         self._ctx = _mp_context(start_method)
         self._pool: ProcessPool | None = None
         self._closed = False
@@ -351,10 +360,10 @@ class RewardScorer:
             self._discard_pool()
             self._rebuilds += 1
             if not self._checked or self._rebuilds > MAX_REBUILDS:
-                check_workers_start(self._ctx, self.memory_cap_bytes)  # raises VerifierUnavailable
+                check_workers_start(self._ctx, self.memory_cap_bytes, self.log_path)  # raises VerifierUnavailable
                 self._checked, self._rebuilds = True, 0
             self._pool = ProcessPool(
-                max_workers=self.num_workers, initializer=_init_worker, initargs=(self.memory_cap_bytes,),
+                max_workers=self.num_workers, initializer=_init_worker, initargs=(self.memory_cap_bytes, self.log_path),
                 context=self._ctx,
             )
         return self._pool
