@@ -154,7 +154,25 @@ def _startup_check(conn, memory_cap_bytes: int | None, log_path: str | None) -> 
 
 def check_workers_start(ctx, memory_cap_bytes: int | None, log_path: str | None = None,
                         timeout: float = STARTUP_TIMEOUT_S) -> None:
-    """Start one worker as the pool would; raise ``VerifierUnavailable`` with its cause if it fails."""
+    """Start one worker as the pool would; raise ``VerifierUnavailable`` with its cause if it fails.
+
+    A check worker killed by a signal is tried once more: a signal can come from outside
+    (an OOM kill of the whole pool, an operator) and says nothing about the next start.
+    """
+    try:
+        _check_once(ctx, memory_cap_bytes, log_path, timeout)
+    except _KilledCheck:
+        try:
+            _check_once(ctx, memory_cap_bytes, log_path, timeout)
+        except _KilledCheck as e:
+            raise VerifierUnavailable(str(e)) from None
+
+
+class _KilledCheck(VerifierUnavailable):
+    """The check worker ended by a signal before reporting."""
+
+
+def _check_once(ctx, memory_cap_bytes: int | None, log_path: str | None, timeout: float) -> None:
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_startup_check, args=(sender, memory_cap_bytes, log_path), daemon=True)
     try:
@@ -180,7 +198,9 @@ def check_workers_start(ctx, memory_cap_bytes: int | None, log_path: str | None 
         how = f"did not finish its start-up in {timeout:.0f} s" if waited_out else \
             f"exited with code {proc.exitcode} before finishing its start-up"
         where = log_path or "above"
-        raise VerifierUnavailable(f"reward pool: a worker process {how} (its error output, {where}, has the "
+        error = _KilledCheck if proc.exitcode is not None and proc.exitcode < 0 and not waited_out \
+            else VerifierUnavailable
+        raise error(f"reward pool: a worker process {how} (its error output, {where}, has the "
                                   f"cause){_main_hint()}")
     kind, detail = report
     if kind == "failed":
