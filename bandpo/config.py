@@ -27,8 +27,18 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
 
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
-            check_override_keys(overrides, lambda groups: hydra_compose(config_name, overrides=groups))
-            cfg = hydra_compose(config_name, overrides=list(overrides))
+            def schema(groups):
+                return hydra_compose(config_name, overrides=groups)
+
+            # Hydra itself refuses an unknown `k=v` (checked below only to name the closest key)
+            # but adds `+k=v` / `++k=v`: those are checked first.
+            if any(o.lstrip().startswith(("+", "~")) for o in overrides):
+                check_override_keys(overrides, schema)
+            try:
+                cfg = hydra_compose(config_name, overrides=list(overrides))
+            except HydraException:
+                check_override_keys(overrides, schema)
+                raise
     except HydraException as e:
         raise ConfigError(f"config error: {e}") from None
     validate(cfg)
