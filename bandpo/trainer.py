@@ -34,9 +34,9 @@ from bandpo.algo import compute_advantages
 from bandpo.checkpoint import CheckpointManager
 from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
 from bandpo.logging import MetricsLogger
+from bandpo.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.reward import check_error_share
 from bandpo.run_logs import setup_run_logs
-from bandpo.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.types import SamplingParams, TrainBatch
 
 SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + ".bin": the weight-sync buffer

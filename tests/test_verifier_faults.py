@@ -6,7 +6,6 @@ and pools whose workers cannot start.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
