@@ -81,38 +81,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _held_by_anyone(path: str) -> bool:
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    return bool(holders({path}, pids))
-
-
 def remove_dead_entries(run_dir: Path | None = None) -> list[str]:
     """Remove recorded entries whose processes are all gone; returns the removed paths.
 
-    Reads ``<run_dir>/logs/shm.json`` and the per-user index; a record whose entries are
-    all gone (removed, or still held by someone) is dropped from the index.
+    Reads ``<run_dir>/logs/shm.json`` and the per-user index; a record none of whose
+    entries is left (removed, or still held by someone) is dropped from the index.
     """
     records = sorted(INDEX_DIR.glob("*.json")) if INDEX_DIR.is_dir() else []
     if run_dir is not None and (Path(run_dir) / "logs" / "shm.json").exists():
         records.append(Path(run_dir) / "logs" / "shm.json")
-    removed = []
+    entries: dict[Path, dict[str, list[int]]] = {}
     for record in records:
         try:
-            entries = json.loads(record.read_text())["entries"]
+            entries[record] = json.loads(record.read_text())["entries"]
         except (OSError, ValueError, KeyError):
             continue
-        left = False
-        for path, pids in entries.items():
-            if not os.path.exists(path):
-                continue
-            if any(_alive(p) for p in pids) or _held_by_anyone(path):
-                left = True
-                continue
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:  # not ours after all, or removed meanwhile
-                pass
-        if not left and record.parent == INDEX_DIR:
+    orphans = {path for found in entries.values() for path, pids in found.items()
+               if os.path.exists(path) and not any(_alive(p) for p in pids)}
+    if orphans:  # one pass over every process on the node: is any of them still using one?
+        orphans -= set(holders(orphans, [int(p) for p in os.listdir("/proc") if p.isdigit()]))
+    removed = []
+    for path in sorted(orphans):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # not ours after all, or removed meanwhile
+            pass
+    for record, found in entries.items():
+        if record.parent == INDEX_DIR and not any(os.path.exists(path) for path in found):
             record.unlink(missing_ok=True)
     return removed
