@@ -27,7 +27,18 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
 
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
-            cfg = hydra_compose(config_name, overrides=list(overrides))
+            def schema(groups):
+                return hydra_compose(config_name, overrides=groups)
+
+            # Hydra itself refuses an unknown `k=v` (checked below only to name the closest key)
+            # but adds `+k=v` / `++k=v`: those are checked first.
+            if any(o.lstrip().startswith(("+", "~")) for o in overrides):
+                check_override_keys(overrides, schema)
+            try:
+                cfg = hydra_compose(config_name, overrides=list(overrides))
+            except HydraException:
+                check_override_keys(overrides, schema)
+                raise
     except HydraException as e:
         hint = ""
         if "'algorithm.band." in str(e):  # grpo / clip_higher have no band block to override
@@ -35,6 +46,43 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
         raise ConfigError(f"config error: {e}{hint}") from None
     validate(cfg)
     return cfg
+
+
+def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
+    """Refuse an override of a key the config does not have, in every form (``k=``, ``+k=``, ``++k=``, ``~k``).
+
+    Hydra adds unknown keys on ``+k=v`` / ``++k=v`` (its append syntax), and a misspelt
+    option would then be silently ignored. The schema is the config composed with only the
+    group choices among ``overrides`` (``compose_groups(list)``: ``model=...`` changes which
+    keys exist); the error names the key and the closest valid one.
+    """
+    import difflib
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    is_group = [(CONFIG_DIR / o.key_or_group.split("@")[0]).is_dir() for o in parsed]
+    schema = compose_groups([o.input_line for o, group in zip(parsed, is_group) if group])
+    keys = _dotted_keys(OmegaConf.to_container(schema, resolve=False))
+    for o, group in zip(parsed, is_group):
+        key = o.key_or_group
+        if group or key.startswith("hydra.") or key in keys:
+            continue
+        close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"config error: {key} is not a config key (override {o.input_line!r}){hint}")
+
+
+def _dotted_keys(node, prefix: str = "") -> set[str]:
+    """Every key of a plain container as a dotted path, inner nodes and list indices included."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    out: set[str] = set()
+    for k, v in items:
+        path = f"{prefix}{k}"
+        out.add(path)
+        out |= _dotted_keys(v, path + ".")
+    return out
 
 
 def _get(cfg, key: str) -> Any:
@@ -162,6 +210,11 @@ def validate(cfg) -> None:
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ["skip", "stop"])
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
+    _number(cfg, "trainer.verifier_memory_gib", low=0, strict_low=True)
+    _number(cfg, "trainer.max_error_share", low=0, high=1)
+    _number(cfg, "trainer.inject_nonfinite_step", low=0, integer=True)
+    _choice(cfg, "trainer.inject_nonfinite", ["rewards", "logprobs"])
+    _choice(cfg, "trainer.verbose", [True, False])
     _choice(cfg, "data.template", ["dapo", "boxed"])
     _number(cfg, "eval.n", low=1, integer=True)
 

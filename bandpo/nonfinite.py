@@ -64,3 +64,18 @@ class NonfiniteGuard:
                                      f"(trainer.max_skipped_steps={self.max_skipped})")
         print(f"[bandpo] {msg}; update skipped ({self.skipped} skipped so far)", flush=True)
         return True
+
+
+def inject_nonfinite(batch, what: str) -> None:
+    """Test hook (``trainer.inject_nonfinite_step``): put a NaN into the batch's ``what``.
+
+    ``rewards`` poisons the first row's reward, ``logprobs`` the first response token's old
+    log-prob; the guard must then skip (or stop) the step as for a real NaN.
+    """
+    if what == "rewards":
+        batch.rewards[0] = float("nan")  # [N]
+    elif what == "logprobs":
+        row, col = batch.response_mask.nonzero()[0].tolist()
+        batch.old_logprobs[row, col] = float("nan")  # [N, R]
+    else:
+        raise ValueError(f"inject_nonfinite: what must be rewards or logprobs, got {what!r}")

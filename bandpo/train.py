@@ -23,12 +23,16 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     from bandpo.distributed import WorkerFailure
+    from bandpo.reward import VerifierUnavailable
     from bandpo.trainer import train
 
     try:
         train(cfg)
     except WorkerFailure as e:  # already names the worker, the stage and the checkpoint to resume from
         print(f"[bandpo] run stopped: {e}", file=sys.stderr)
+        return 1
+    except (VerifierUnavailable, FloatingPointError) as e:  # a broken verifier; NaN/inf under on_nonfinite=stop
+        print(f"[bandpo] run stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     out = Path(cfg.trainer.output_dir)
     print(summary(out / "metrics.jsonl", cfg.trainer.total_steps))

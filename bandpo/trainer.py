@@ -41,12 +41,15 @@ from pathlib import Path
 
 import torch
 
+from bandpo import shm
 from bandpo.algo import compute_advantages
 from bandpo.checkpoint import CheckpointManager
 from bandpo.data.sampler import draw_groups, rollout_seed
 from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
 from bandpo.logging import MetricsLogger
-from bandpo.nonfinite import NonfiniteGuard, first_nonfinite
+from bandpo.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
+from bandpo.reward import check_error_share
+from bandpo.run_logs import setup_run_logs
 from bandpo.types import SamplingParams, TrainBatch
 
 SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + ".bin": the weight-sync buffer
@@ -79,6 +82,7 @@ class Trainer:
         from bandpo.reward import RewardScheme, RewardScorer
 
         cfg = self.cfg
+        self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
         self.model_path = ensure_model(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         examples = [ex for src in cfg.data.train for ex in load_source(_plain(src))]
@@ -95,10 +99,14 @@ class Trainer:
                               overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
                               max_response_len=cfg.rollout.max_tokens)
         self.scorer = RewardScorer(scheme, answer_format=cfg.data.answer_format,
-                                   num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout)
+                                   num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
+                                   memory_cap_gib=cfg.trainer.verifier_memory_gib,
+                                   log_path=self.logs_dir / "verifier.log" if self.logs_dir else None)
         remove_stale_weight_files()
-        init_ray(cfg.trainer.ray_address, self.device)
+        shm_before = _clean_shm(self.out)
+        init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
         self._start_workers()
+        shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
 
     def _start_workers(self) -> None:
@@ -196,6 +204,8 @@ class Trainer:
         gen_tokens = filter_metrics.pop("gen_tokens", int(lengths.sum()))
         metrics = {**_reward_metrics(all_scores), **{k: float(v) for k, v in adv_metrics.items()}, **filter_metrics}
         metrics.update(_rollout_metrics(batch, entropy))
+        if cfg.trainer.inject_nonfinite_step == self.step:  # test hook, see configs/trainer/default.yaml
+            inject_nonfinite(batch, cfg.trainer.inject_nonfinite)
         if not self.guard.check(self.step, first_nonfinite(batch)):
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
@@ -281,6 +291,8 @@ class Trainer:
             texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
             gold = [answers[i] for i in batch.prompt_index.tolist()]
             scores = self.scorer.score(texts, gold, batch.response_lengths.tolist())
+            check_error_share([s.status for s in scores], self.cfg.trainer.max_error_share,
+                              f"step {self.step} round {round_}")
             batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
         return _Round(idx, batch, texts, scores)
 
@@ -510,6 +522,14 @@ def remove_stale_weight_files() -> list[str]:
             except OSError:  # another user's file, or removed meanwhile
                 pass
     return removed
+
+
+def _clean_shm(run_dir: Path) -> set[str]:
+    """Remove vLLM /dev/shm files of this project's dead runs (``bandpo.shm``); the entries left now."""
+    removed = shm.remove_dead_entries(run_dir)
+    if removed:
+        print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
+    return shm.snapshot()
 
 
 def _alive(pid: int) -> bool:

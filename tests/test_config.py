@@ -62,6 +62,9 @@ def test_defaults_follow_the_paper():
     ("algorithm.filter_groups.enable=yes", "algorithm.filter_groups.enable"),
     ("algorithm.band.adaptive=entropic", "algorithm.band.adaptive"),
     ("trainer.trace_every=-1", "trainer.trace_every"),
+    ("trainer.max_error_share=1.5", "trainer.max_error_share"),
+    ("trainer.verifier_memory_gib=0", "trainer.verifier_memory_gib"),
+    ("trainer.inject_nonfinite=loss", "trainer.inject_nonfinite"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -85,6 +88,23 @@ def test_new_options_default_off_and_validate_together():
         with pytest.raises(ConfigError, match="applies to algorithm=bandpo only"):
             compose([f"algorithm={algo}", "+algorithm.band.adaptive=entropy"])
         compose([f"algorithm={algo}", "algorithm.tis_cap=2", "algorithm.filter_groups.enable=true"])
+
+
+@pytest.mark.parametrize("override", ["trainer.verifier_timout=3", "+trainer.verifier_timout=3",
+                                      "++trainer.verifier_timout=3", "~trainer.verifier_timout"])
+def test_unknown_keys_are_refused_in_every_form_with_the_closest_key(override):
+    # Hydra itself adds unknown keys on +k= / ++k=: a misspelt option would be silently ignored.
+    with pytest.raises(ConfigError, match=r"trainer\.verifier_timout is not a config key .*did you mean "
+                                          r"trainer\.verifier_timeout\?"):
+        compose([override])
+
+
+def test_known_keys_in_every_form_and_group_choices_still_compose():
+    cfg = compose(["++trainer.seed=3", "model=qwen2.5-3b", "data=jsonl", "data.train.0.path=/tmp/x.jsonl",
+                   "trainer.total_steps=7"])
+    assert (cfg.trainer.seed, cfg.trainer.total_steps, cfg.data.train[0].path) == (3, 7, "/tmp/x.jsonl")
+    with pytest.raises(ConfigError, match="zzz is not a config key"):
+        compose(["+zzz=1"])
 
 
 def test_missing_model_path_names_the_key():

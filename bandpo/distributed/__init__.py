@@ -29,8 +29,14 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_ray(address: str | None, device: str) -> None:
-    """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine."""
+def init_ray(address: str | None, device: str, logs_dir=None) -> None:
+    """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine.
+
+    With ``logs_dir``, every worker's output goes to ``<logs_dir>/ray-workers.log`` instead of
+    the driver's console (``bandpo.run_logs``).
+    """
+    import logging
+
     import ray
 
     if ray.is_initialized():
@@ -38,14 +44,22 @@ def init_ray(address: str | None, device: str) -> None:
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    runtime_env: dict = {"env_vars": env}
+    quiet = logs_dir is not None
+    if quiet:
+        from bandpo.run_logs import LOG_ENV, SETUP_HOOK
+
+        env[LOG_ENV] = str(os.path.join(logs_dir, "ray-workers.log"))
+        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    kw = dict(runtime_env=runtime_env, log_to_driver=not quiet,
+              logging_level=logging.WARNING if quiet else logging.INFO)
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        ray.init(address=address, **kw)
     else:
         # Logical CPUs: the workers of a tiny CPU run (rollout, actor, eval) exceed 2 cores
         # by count but take turns, so oversubscribing the scheduler is what we want.
-        ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, runtime_env={"env_vars": env},
-                 log_to_driver=True)
+        ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
 
 
 @contextmanager

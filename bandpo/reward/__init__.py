@@ -11,7 +11,7 @@ grader), ``scheme`` (rewards and metrics), ``pool`` (``RewardScorer``, ``score_b
 """
 
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
-from bandpo.reward.pool import RewardScorer, score_batch
+from bandpo.reward.pool import RewardScorer, VerifierUnavailable, check_error_share, score_batch
 from bandpo.reward.scheme import RewardScheme, Score, reward_metrics
 from bandpo.reward.verify import STATUSES, verify_one
 
@@ -21,6 +21,8 @@ __all__ = [
     "RewardScheme",
     "RewardScorer",
     "Score",
+    "VerifierUnavailable",
+    "check_error_share",
     "extract_answer",
     "normalize_gold",
     "reward_metrics",

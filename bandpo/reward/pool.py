@@ -50,23 +50,39 @@ How a batch is split into jobs (all in the parent, all cheap string work):
 Workers start with the ``forkserver`` method (``spawn`` where that is unavailable): the
 trainer process holds torch/Ray threads, and forking it is unsafe. The fork server
 preloads ``bandpo.reward.warm`` (the grader with its LaTeX parser initialised), so a
-replacement worker starts in milliseconds instead of re-importing sympy (~1 s). As with
-``spawn``, every worker still imports the program's ``__main__`` module (CPython 3.11's
-fork server does not preload it despite being asked to), so the entry module needs an
-``if __name__ == "__main__":`` guard, and its module-level imports are paid once per
-worker start: keep heavy ones (vLLM, DeepSpeed) inside functions of the entry module.
+replacement worker starts in milliseconds instead of re-importing sympy (~1 s), and
+``bandpo.reward.clean_main``, so workers do not import the program's ``__main__`` (which
+fails from ``python - <script`` and would rerun an unguarded entry script): ``score_batch``
+works from scripts on standard input, ``python -c`` and notebooks alike. (If some other code
+started this process's fork server first, its preloads are not ours and workers import
+``__main__`` as with ``spawn``.)
+
+Infrastructure faults are not grades. Before its first pool, and again when pools keep
+breaking within one batch with no task finishing (``MAX_REBUILDS``), the scorer starts one
+worker by hand that runs the workers' start-up and grades a known answer; if that fails,
+``score`` raises ``VerifierUnavailable`` with the worker's traceback (or exit code) instead
+of returning a batch of ``error`` items. A response that crashes its worker is still that
+item's ``error``: the pool replaces the worker and goes on.
+
+Each worker caps its own address space (``memory_cap_gib``, RLIMIT_AS): model output built
+to make sympy allocate without bound (a power tower, a huge factorial) gets MemoryError in
+that worker, which grades the item ``error``, instead of taking the node's memory.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
+import multiprocessing.process
 import os
 import queue
 import re
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Self
@@ -82,6 +98,18 @@ MAX_LOST = 4
 STALL_GRACE_S = 10.0
 WATCH_EVERY_S = 0.5
 STOP_WAIT_S = 10.0
+MAX_REBUILDS = 3  # pool rebuilds in one batch with no task finished before the start-up check reruns
+STARTUP_TIMEOUT_S = 120.0  # a fresh fork server imports sympy and math-verify (~2 s; slow shared nodes)
+CLEAN_MAIN_ENV = "BANDPO_REWARD_POOL_MAIN"  # read by bandpo.reward.clean_main (never imported here)
+DEFAULT_MEMORY_CAP_GIB = 4.0  # a worker uses ~0.5 GiB of address space (sympy, ANTLR, math-verify)
+
+
+class VerifierUnavailable(RuntimeError):
+    """The reward pool's workers cannot start or run: nothing can be graded.
+
+    An infrastructure fault, never a property of the responses; the message carries the
+    cause reported by the worker (its traceback, or how it exited).
+    """
 
 # What a "simple" answer may contain (see ``_is_simple``): a few LaTeX commands that cannot
 # blow up, then only digits, single letters and arithmetic that does not grow numbers.
@@ -95,14 +123,99 @@ _Grade = tuple[str, "str | None", float]  # (status, extracted, seconds spent gr
 _Job = tuple[str, str, str]  # ("answer", extracted, gold) or ("response", response, gold)
 
 
-def _init_worker() -> None:
-    """Worker start-up: make SIGTERM immediate and warm the LaTeX parser.
+def _init_worker(memory_cap_bytes: int | None = None, log_path: str | None = None) -> str:
+    """Worker start-up: send output to ``log_path``, make SIGTERM immediate, cap memory, warm the parser.
 
     Runs before the worker takes its first task, so the ~0.3 s parser warm-up never
-    counts against an item's timeout.
+    counts against an item's timeout. Returns the warm-up's grade (``correct`` when the
+    grader works).
     """
+    if log_path:
+        from bandpo.run_logs import redirect_output
+
+        redirect_output(log_path)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")
+    if memory_cap_bytes:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = memory_cap_bytes if hard == resource.RLIM_INFINITY else min(memory_cap_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")[0]
+
+
+def _startup_check(conn, memory_cap_bytes: int | None, log_path: str | None) -> None:
+    """Run in one hand-started worker: its start-up and one grade, reported through ``conn``."""
+    try:
+        conn.send(("ok", _init_worker(memory_cap_bytes, log_path)))
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+
+
+def check_workers_start(ctx, memory_cap_bytes: int | None, log_path: str | None = None,
+                        timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Start one worker as the pool would; raise ``VerifierUnavailable`` with its cause if it fails.
+
+    A check worker killed by a signal is tried once more: a signal can come from outside
+    (an OOM kill of the whole pool, an operator) and says nothing about the next start.
+    """
+    try:
+        _check_once(ctx, memory_cap_bytes, log_path, timeout)
+    except _KilledCheck:
+        try:
+            _check_once(ctx, memory_cap_bytes, log_path, timeout)
+        except _KilledCheck as e:
+            raise VerifierUnavailable(str(e)) from None
+
+
+class _KilledCheck(VerifierUnavailable):
+    """The check worker ended by a signal before reporting."""
+
+
+def _check_once(ctx, memory_cap_bytes: int | None, log_path: str | None, timeout: float) -> None:
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_startup_check, args=(sender, memory_cap_bytes, log_path), daemon=True)
+    try:
+        proc.start()
+    except Exception as e:
+        raise VerifierUnavailable(f"reward pool: cannot start a worker process: {e!r}") from e
+    sender.close()
+    report, waited_out = None, False
+    try:
+        if receiver.poll(timeout):  # also True when the worker died (end of file)
+            report = receiver.recv()
+        else:
+            waited_out = True
+    except (EOFError, OSError):
+        pass
+    finally:
+        receiver.close()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if report is None:
+        how = f"did not finish its start-up in {timeout:.0f} s" if waited_out else \
+            f"exited with code {proc.exitcode} before finishing its start-up"
+        where = log_path or "above"
+        error = _KilledCheck if proc.exitcode is not None and proc.exitcode < 0 and not waited_out \
+            else VerifierUnavailable
+        raise error(f"reward pool: a worker process {how} (its error output, {where}, has the "
+                                  f"cause){_main_hint()}")
+    kind, detail = report
+    if kind == "failed":
+        raise VerifierUnavailable(f"reward pool: a worker failed at start-up:\n{detail}")
+    if detail != "correct":
+        raise VerifierUnavailable(f"reward pool: a worker's start-up check graded a known-correct answer "
+                                  f"{detail!r} (memory_cap_gib too low, or the grader is broken)")
+
+
+def _main_hint() -> str:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path and not os.path.exists(path):
+        return f"; workers import the program's __main__, and {path!r} is no file they can import"
+    return ""
 
 
 def _grade_jobs(jobs: list[_Job], answer_format: str) -> list[_Grade]:
@@ -143,9 +256,16 @@ def _mp_context(start_method: str | None):
     method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        # Only takes effect if no fork server runs yet; otherwise workers import lazily.
-        # "__main__" is Python's own default entry (a no-op in 3.11, see the module doc).
-        ctx.set_forkserver_preload(["__main__", "bandpo.reward.warm"])
+        # Only takes effect if no fork server runs yet. The fork server inherits the
+        # environment at its start: describe the main module the way a worker checks it
+        # (multiprocessing.spawn.get_preparation_data) for bandpo.reward.clean_main.
+        main = sys.modules.get("__main__")
+        name = getattr(getattr(main, "__spec__", None), "name", None)
+        path = getattr(main, "__file__", None)
+        if path is not None and not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
+            path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
+        os.environ[CLEAN_MAIN_ENV] = json.dumps({"name": name, "path": os.path.normpath(path) if path else None})
+        ctx.set_forkserver_preload(["bandpo.reward.clean_main", "bandpo.reward.warm"])
     return ctx
 
 
@@ -163,6 +283,8 @@ class RewardScorer:
         chunk_size: most simple (answer, gold) pairs per task; 1 disables chunking.
         dedupe: grade each distinct (extracted answer, gold) pair once per batch.
         start_method: multiprocessing start method; default ``forkserver`` (else ``spawn``).
+        memory_cap_gib: address-space limit of each worker (GiB); None for none.
+        log_path: file for the workers' output (appended); None: this process's stderr.
     """
 
     def __init__(
@@ -175,6 +297,8 @@ class RewardScorer:
         chunk_size: int = 64,
         dedupe: bool = True,
         start_method: str | None = None,
+        memory_cap_gib: float | None = DEFAULT_MEMORY_CAP_GIB,
+        log_path: str | os.PathLike | None = None,
     ):
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
@@ -184,15 +308,21 @@ class RewardScorer:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if memory_cap_gib is not None and memory_cap_gib <= 0:
+            raise ValueError(f"memory_cap_gib must be > 0 (or None), got {memory_cap_gib}")
         self.scheme = scheme if scheme is not None else RewardScheme()
         self.answer_format = answer_format
         self.num_workers = num_workers or _default_workers()
         self.timeout = float(timeout)
         self.chunk_size = chunk_size
         self.dedupe = dedupe
+        self.memory_cap_bytes = int(memory_cap_gib * 2**30) if memory_cap_gib else None
+        self.log_path = str(log_path) if log_path is not None else None
         self._ctx = _mp_context(start_method)
         self._pool: ProcessPool | None = None
         self._closed = False
+        self._checked = False  # the start-up check passed
+        self._rebuilds = 0  # pools built since a task last finished
 
     def score(
         self,
@@ -205,8 +335,8 @@ class RewardScorer:
         Item failures never raise: a hang becomes ``timeout``, a crashed worker is
         retried and then ``error``, a non-string response or a missing gold answer is
         ``invalid_input``. ``response_lengths`` (tokens) are required when the scheme
-        does overlong shaping. Raises ValueError when the sequences' lengths differ and
-        RuntimeError after ``close()``.
+        does overlong shaping. Raises ValueError when the sequences' lengths differ,
+        RuntimeError after ``close()`` and ``VerifierUnavailable`` when workers cannot start.
         """
         n = len(responses)
         if len(answers) != n:
@@ -248,8 +378,13 @@ class RewardScorer:
             raise RuntimeError("RewardScorer is closed")
         if self._pool is None or not self._pool.active:
             self._discard_pool()
+            self._rebuilds += 1
+            if not self._checked or self._rebuilds > MAX_REBUILDS:
+                check_workers_start(self._ctx, self.memory_cap_bytes, self.log_path)  # raises VerifierUnavailable
+                self._checked, self._rebuilds = True, 0
             self._pool = ProcessPool(
-                max_workers=self.num_workers, initializer=_init_worker, context=self._ctx
+                max_workers=self.num_workers, initializer=_init_worker, initargs=(self.memory_cap_bytes, self.log_path),
+                context=self._ctx,
             )
         return self._pool
 
@@ -375,6 +510,8 @@ class _BatchRun:
                 future = self.scorer._ensure_pool().schedule(
                     _grade_jobs, args=(payload, self.scorer.answer_format), timeout=self.scorer.timeout
                 )
+            except VerifierUnavailable:
+                raise
             except RuntimeError:  # "The Pool is not active" / "Unexpected error within the Pool"
                 self.scorer._discard_pool()
                 continue
@@ -404,6 +541,7 @@ class _BatchRun:
             # pebble breaks the pool only when no task was running: none of these is to blame.
             self._resubmit_singly(task, self.lost)
             return
+        self.scorer._rebuilds = 0  # a task finished: the pool works
         for j, grade in zip(task, results):
             for i in self.job_items[j]:
                 self.grades[i] = grade
@@ -449,10 +587,25 @@ def score_batch(
     num_workers: int | None = None,
     timeout: float = 5.0,
     response_lengths: Sequence[int] | None = None,
+    memory_cap_gib: float | None = DEFAULT_MEMORY_CAP_GIB,
 ) -> list[Score]:
     """One-shot ``RewardScorer(...).score(...)``: starts and stops a pool for this batch.
 
     Use a long-lived ``RewardScorer`` in a training loop to keep the workers warm.
     """
-    with RewardScorer(scheme, answer_format, num_workers, timeout) as scorer:
+    with RewardScorer(scheme, answer_format, num_workers, timeout, memory_cap_gib=memory_cap_gib) as scorer:
         return scorer.score(responses, answers, response_lengths)
+
+
+def check_error_share(statuses: Sequence[str], max_error_share: float, what: str = "a batch") -> None:
+    """Raise ``VerifierUnavailable`` when more than ``max_error_share`` of ``statuses`` are ``error``.
+
+    One response may break the grader (``error``); most of a batch failing means the
+    verifier itself is broken, and training on those rewards would learn nothing.
+    """
+    errors = sum(s == "error" for s in statuses)
+    if statuses and errors > max_error_share * len(statuses):
+        raise VerifierUnavailable(
+            f"the verifier (math-verify reward pool) failed on {errors} of {len(statuses)} responses of {what} "
+            f"(status 'error'; more than trainer.max_error_share={max_error_share}); see the warnings above "
+            f"and <run>/logs/verifier.log")

@@ -1,0 +1,76 @@
+"""/dev/shm hygiene (issue 16): only entries recorded by this project's runs whose processes are gone go."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bandpo import shm
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "INDEX_DIR", tmp_path / "index")
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    return folder
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_records_only_new_entries_held_by_the_runs_processes(shm_dir, tmp_path):
+    (shm_dir / "psm_old").write_bytes(b"x")
+    before = shm.snapshot(shm_dir)
+    for name in ("psm_ours", "sem.mp-ours", "psm_someone_elses", "unrelated_file"):
+        (shm_dir / name).write_bytes(b"x")
+    # A stand-in engine: a process of ours that keeps two of the new entries open.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; fs = [open(p) for p in sys.argv[1:]]; "
+                               "print('open', flush=True); time.sleep(60)", str(shm_dir / "psm_ours"),
+                               str(shm_dir / "sem.mp-ours")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        owned = shm.record_new_entries(tmp_path / "run", before, shm_dir, pids=[holder.pid])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert owned == {str(shm_dir / "psm_ours"): [holder.pid], str(shm_dir / "sem.mp-ours"): [holder.pid]}
+    assert json.loads((tmp_path / "run" / "logs" / "shm.json").read_text())["entries"] == owned
+
+
+def test_removes_recorded_entries_of_dead_runs_only(shm_dir, tmp_path):
+    dead, alive = _dead_pid(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in ("psm_dead_run", "sem.mp-dead_run", "psm_live_run", "psm_never_recorded"):
+            (shm_dir / name).write_bytes(b"x")
+        shm.INDEX_DIR.mkdir(parents=True)
+        (shm.INDEX_DIR / "1.json").write_text(json.dumps({"entries": {
+            str(shm_dir / "psm_dead_run"): [dead], str(shm_dir / "sem.mp-dead_run"): [dead],
+            str(shm_dir / "psm_gone_already"): [dead]}}))
+        (shm.INDEX_DIR / "2.json").write_text(json.dumps({"entries": {str(shm_dir / "psm_live_run"): [alive.pid]}}))
+        removed = shm.remove_dead_entries(tmp_path / "run")
+        assert sorted(removed) == [str(shm_dir / "psm_dead_run"), str(shm_dir / "sem.mp-dead_run")]
+        assert sorted(p.name for p in shm_dir.iterdir()) == ["psm_live_run", "psm_never_recorded"]
+        assert [p.name for p in shm.INDEX_DIR.iterdir()] == ["2.json"]  # the dead run's record is done
+    finally:
+        alive.kill()
+        alive.wait()
+    time.sleep(0.01)
+    assert shm.remove_dead_entries() == [str(shm_dir / "psm_live_run")]  # its run is dead now
+
+
+def test_an_entry_still_held_by_any_process_is_kept(shm_dir, tmp_path):
+    target = shm_dir / "psm_reused"
+    target.write_bytes(b"x")
+    shm.INDEX_DIR.mkdir(parents=True)
+    (shm.INDEX_DIR / "1.json").write_text(json.dumps({"entries": {str(target): [_dead_pid()]}}))
+    with open(target):  # someone (this test) still has it open: not garbage
+        assert shm.remove_dead_entries() == []
+    assert target.exists()
