@@ -36,7 +36,7 @@ from bandpo.logging import MetricsLogger
 from bandpo.nonfinite import NonfiniteGuard, first_nonfinite
 from bandpo.types import SamplingParams, TrainBatch
 
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + ".bin": the weight-sync buffer
+SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
 
 
 class Trainer:
@@ -52,7 +52,7 @@ class Trainer:
         self.timings: dict[str, float] = {}
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
-        self.sync_path = f"{SHM_PREFIX}{os.getpid()}.bin"
+        self.weight_sync = None  # NodeWeightSync, made at the first sync
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -226,16 +226,18 @@ class Trainer:
         return generate_on_workers(self.rollout, prompts, sampling)
 
     def sync_weights(self) -> None:
-        """Actor -> rollout: rank 0 writes one flat buffer in /dev/shm, every engine loads it.
+        """Actor -> rollout: the lowest actor rank on each node writes one flat buffer in that node's
+        /dev/shm, and every engine loads its own node's (``bandpo.distributed.node_sync``).
 
-        The file stays between syncs (``close`` removes it; a killed run's is removed by the next
-        start): rewriting it through the actor's kept mapping costs half of writing a new one
+        The files stay between syncs (``close`` removes them; a killed run's is removed by the next
+        start): rewriting one through the actor's kept mapping costs half of writing a new one
         (no fresh tmpfs pages to fault in; scripts/bench_rollout.py, ``new/sync``).
         """
-        from bandpo.rollout.worker import sync_workers_from_shm
+        from bandpo.distributed.node_sync import NodeWeightSync
 
-        metas = self.actor.call("publish_weights_shm", self.sync_path)[0]
-        sync_workers_from_shm(self.rollout, self.sync_path, metas)
+        if self.weight_sync is None:
+            self.weight_sync = NodeWeightSync(self.actor.workers, self.rollout, f"{SHM_PREFIX}{os.getpid()}")
+        self.weight_sync.sync()
 
     def evaluate(self) -> dict:
         from bandpo.evaluate import run_eval
@@ -274,12 +276,9 @@ class Trainer:
     def close(self) -> None:
         import ray
 
-        from bandpo.rollout.weight_sync import remove_shm
-
-        for closer in (getattr(self, "scorer", None), getattr(self, "logger", None)):
+        for closer in (getattr(self, "scorer", None), getattr(self, "logger", None), self.weight_sync):
             if closer is not None:
                 closer.close()
-        remove_shm(self.sync_path)
         if ray.is_initialized():
             _stop_engines(getattr(self, "rollout", []))
             ray.shutdown()
@@ -339,11 +338,12 @@ def remove_stale_weight_files() -> list[str]:
     """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
 
     Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
-    would otherwise leak one model's worth of memory until reboot.
+    would otherwise leak one model's worth of memory until reboot. Only this machine's files: on a
+    multi-node cluster the other nodes' are removed by ``close`` (a killed driver leaves them).
     """
     removed = []
     for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
-        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")]
+        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             try:
                 path.unlink()
