@@ -124,6 +124,12 @@ def validate(cfg) -> None:
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ["skip", "stop"])
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
+    actors = _get(cfg, "trainer.verifier_actors")
+    if actors != "per_node":
+        _check(isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1, "trainer.verifier_actors",
+               "must be an integer >= 1 or per_node", actors)
+    if _get(cfg, "trainer.verifier_workers") is not None:
+        _number(cfg, "trainer.verifier_workers", low=1, integer=True)
     _choice(cfg, "data.template", ["dapo", "boxed"])
     _number(cfg, "eval.n", low=1, integer=True)
 

@@ -3,7 +3,7 @@
 Per step (SPEC.md):
     1. sample      B prompts from the shuffled training set (resumable sampler)
     2. rollout     n responses per prompt from vLLM with their sampling logprobs
-    3. reward      rule-based verifier in a process pool (+1 correct / -1 otherwise)
+    3. reward      rule-based verifier: Ray actors, each with a process pool (+1 correct / -1 otherwise)
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed
@@ -60,7 +60,8 @@ class Trainer:
 
         from bandpo.data import EpochSampler, encode_examples, load_eval_sets
         from bandpo.data.datasets import load_source
-        from bandpo.reward import RewardScheme, RewardScorer
+        from bandpo.distributed.verifier import RayScorer
+        from bandpo.reward import RewardScheme
 
         cfg = self.cfg
         self.model_path = ensure_model(cfg.model)
@@ -78,10 +79,12 @@ class Trainer:
         scheme = RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
                               overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
                               max_response_len=cfg.rollout.max_tokens)
-        self.scorer = RewardScorer(scheme, answer_format=cfg.data.answer_format,
-                                   num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout)
         remove_stale_weight_files()
         init_ray(cfg.trainer.ray_address, self.device)
+        with stage("start", "verifier"):  # verifier actors, each with its own grading pool
+            self.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
+                                    num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
+                                    actors=cfg.trainer.verifier_actors)
         self._start_workers()
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
 

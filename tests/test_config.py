@@ -56,10 +56,17 @@ def test_defaults_follow_the_paper():
     ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
     ("trainer.total_steps=abc", "trainer.total_steps"),
     ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
+    ("trainer.verifier_actors=0", "trainer.verifier_actors"),
+    ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
+    ("trainer.verifier_workers=0", "trainer.verifier_workers"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([override])
+
+
+def test_verifier_actors_accepts_per_node():
+    assert compose(["trainer.verifier_actors=per_node"]).trainer.verifier_actors == "per_node"
 
 
 def test_missing_model_path_names_the_key():
