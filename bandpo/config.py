@@ -215,6 +215,12 @@ def validate(cfg) -> None:
     _number(cfg, "trainer.inject_nonfinite_step", low=0, integer=True)
     _choice(cfg, "trainer.inject_nonfinite", ["rewards", "logprobs"])
     _choice(cfg, "trainer.verbose", [True, False])
+    actors = _get(cfg, "trainer.verifier_actors")
+    if actors != "per_node":
+        _check(isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1, "trainer.verifier_actors",
+               "must be an integer >= 1 or per_node", actors)
+    if _get(cfg, "trainer.verifier_workers") is not None:
+        _number(cfg, "trainer.verifier_workers", low=1, integer=True)
     _choice(cfg, "data.template", ["dapo", "boxed"])
     _number(cfg, "eval.n", low=1, integer=True)
 

@@ -3,7 +3,7 @@
 Per step (SPEC.md):
     1. sample      B prompts from the shuffled training set (resumable sampler)
     2. rollout     n responses per prompt from vLLM with their sampling logprobs
-    3. reward      rule-based verifier in a process pool (+1 correct / -1 otherwise)
+    3. reward      rule-based verifier: Ray actors, each with a process pool (+1 correct / -1 otherwise)
        (dynamic_sampling, DAPO, when algorithm.filter_groups.enable: rounds of 1-3 until B groups
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped)
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
@@ -52,7 +52,7 @@ from bandpo.reward import check_error_share
 from bandpo.run_logs import setup_run_logs
 from bandpo.types import SamplingParams, TrainBatch
 
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + ".bin": the weight-sync buffer
+SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
 
 
 class Trainer:
@@ -68,7 +68,7 @@ class Trainer:
         self.timings: dict[str, float] = {}
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
-        self.sync_path = f"{SHM_PREFIX}{os.getpid()}.bin"
+        self.weight_sync = None  # NodeWeightSync, made at the first sync
         from bandpo.config import reuse_old_logprobs
 
         self.reuse_old = reuse_old_logprobs(cfg)  # old logprobs from the update's own forward
@@ -79,7 +79,8 @@ class Trainer:
 
         from bandpo.data import EpochSampler, encode_examples, load_eval_sets
         from bandpo.data.datasets import load_source
-        from bandpo.reward import RewardScheme, RewardScorer
+        from bandpo.distributed.verifier import RayScorer
+        from bandpo.reward import RewardScheme
 
         cfg = self.cfg
         self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
@@ -98,13 +99,13 @@ class Trainer:
         scheme = RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
                               overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
                               max_response_len=cfg.rollout.max_tokens)
-        self.scorer = RewardScorer(scheme, answer_format=cfg.data.answer_format,
-                                   num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
-                                   memory_cap_gib=cfg.trainer.verifier_memory_gib,
-                                   log_path=self.logs_dir / "verifier.log" if self.logs_dir else None)
         remove_stale_weight_files()
         shm_before = _clean_shm(self.out)
         init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
+        with stage("start", "verifier"):  # verifier actors, each with its own grading pool
+            self.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
+                                    num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
+                                    actors=cfg.trainer.verifier_actors, memory_cap_gib=cfg.trainer.verifier_memory_gib)
         self._start_workers()
         shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
@@ -363,16 +364,18 @@ class Trainer:
         return generate_on_workers(self.rollout, prompts, sampling)
 
     def sync_weights(self) -> None:
-        """Actor -> rollout: rank 0 writes one flat buffer in /dev/shm, every engine loads it.
+        """Actor -> rollout: the lowest actor rank on each node writes one flat buffer in that node's
+        /dev/shm, and every engine loads its own node's (``bandpo.distributed.node_sync``).
 
-        The file stays between syncs (``close`` removes it; a killed run's is removed by the next
-        start): rewriting it through the actor's kept mapping costs half of writing a new one
+        The files stay between syncs (``close`` removes them; a killed run's is removed by the next
+        start): rewriting one through the actor's kept mapping costs half of writing a new one
         (no fresh tmpfs pages to fault in; scripts/bench_rollout.py, ``new/sync``).
         """
-        from bandpo.rollout.worker import sync_workers_from_shm
+        from bandpo.distributed.node_sync import NodeWeightSync
 
-        metas = self.actor.call("publish_weights_shm", self.sync_path)[0]
-        sync_workers_from_shm(self.rollout, self.sync_path, metas)
+        if self.weight_sync is None:
+            self.weight_sync = NodeWeightSync(self.actor.workers, self.rollout, f"{SHM_PREFIX}{os.getpid()}")
+        self.weight_sync.sync()
 
     def evaluate(self) -> dict:
         from bandpo.evaluate import run_eval
@@ -418,12 +421,9 @@ class Trainer:
     def close(self) -> None:
         import ray
 
-        from bandpo.rollout.weight_sync import remove_shm
-
-        for closer in (getattr(self, "scorer", None), getattr(self, "logger", None)):
+        for closer in (getattr(self, "scorer", None), getattr(self, "logger", None), self.weight_sync):
             if closer is not None:
                 closer.close()
-        remove_shm(self.sync_path)
         if ray.is_initialized():
             _stop_engines(getattr(self, "rollout", []))
             ray.shutdown()
@@ -510,11 +510,12 @@ def remove_stale_weight_files() -> list[str]:
     """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
 
     Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
-    would otherwise leak one model's worth of memory until reboot.
+    would otherwise leak one model's worth of memory until reboot. Only this machine's files: on a
+    multi-node cluster the other nodes' are removed by ``close`` (a killed driver leaves them).
     """
     removed = []
     for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
-        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")]
+        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             try:
                 path.unlink()

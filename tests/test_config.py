@@ -65,6 +65,9 @@ def test_defaults_follow_the_paper():
     ("trainer.max_error_share=1.5", "trainer.max_error_share"),
     ("trainer.verifier_memory_gib=0", "trainer.verifier_memory_gib"),
     ("trainer.inject_nonfinite=loss", "trainer.inject_nonfinite"),
+    ("trainer.verifier_actors=0", "trainer.verifier_actors"),
+    ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
+    ("trainer.verifier_workers=0", "trainer.verifier_workers"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -105,6 +108,10 @@ def test_known_keys_in_every_form_and_group_choices_still_compose():
     assert (cfg.trainer.seed, cfg.trainer.total_steps, cfg.data.train[0].path) == (3, 7, "/tmp/x.jsonl")
     with pytest.raises(ConfigError, match="zzz is not a config key"):
         compose(["+zzz=1"])
+
+
+def test_verifier_actors_accepts_per_node():
+    assert compose(["trainer.verifier_actors=per_node"]).trainer.verifier_actors == "per_node"
 
 
 def test_missing_model_path_names_the_key():

@@ -188,15 +188,18 @@ def test_stale_weight_buffers_of_dead_drivers_are_removed():
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
-    stale, live = f"{SHM_PREFIX}{dead.stdout.strip()}.bin", f"{SHM_PREFIX}{os.getpid()}.bin"
-    for path in (stale, live):
+    # One file per Ray node: <pid>-<node id>.bin (and the single-file name of earlier versions).
+    dead_pid = dead.stdout.strip()
+    stale, stale_node = f"{SHM_PREFIX}{dead_pid}.bin", f"{SHM_PREFIX}{dead_pid}-0f3a9c.bin"
+    live = f"{SHM_PREFIX}{os.getpid()}-0f3a9c.bin"
+    for path in (stale, stale_node, live):
         with open(path, "wb") as fh:
             fh.write(b"\0" * 8)
     try:
-        assert stale in remove_stale_weight_files()
+        assert {stale, stale_node} <= set(remove_stale_weight_files())
         assert not os.path.exists(stale) and os.path.exists(live)
     finally:
-        for path in (stale, live):
+        for path in (stale, stale_node, live):
             if os.path.exists(path):
                 os.unlink(path)
 

@@ -522,20 +522,31 @@ class Actor:
             ckpt.publish(tmp, path)
         self._barrier()
 
-    def publish_weights_shm(self, path: str) -> list:
-        """Write the full weights to one shared-memory file for the rollout engines (CPU sync path).
+    def publish_weights_shm(self, paths: dict[int, str]) -> list:
+        """Write the full weights to one shared-memory file per node for the rollout engines.
 
-        Every rank must call it (ZeRO-3 gathers per bucket); rank 0 writes ``path`` and returns
-        the tensor layout (``TensorMeta`` list), other ranks return an empty list.
+        ``paths`` maps each writing rank (the lowest rank on each node) to its node's file.
+        Under ZeRO-3 every rank must call it (each bucket's gather is a collective); under
+        ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
+        Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
         from bandpo.rollout.weight_sync import write_weights_shm
 
+        path = paths.get(self.rank)
+        if path is None and self.zero_stage != 3:
+            return []
         tensors = ckpt.iter_tensors(self.named_weights())
-        if self.rank == 0:
+        if path is not None:
             return write_weights_shm(tensors, path)
         for _ in tensors:  # take part in the gathers
             pass
         return []
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (it publishes weights for that node's engines)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     # ------------------------------------------------------------------ misc
     def info(self) -> dict:

@@ -296,7 +296,9 @@ def _listdir(path: Path) -> list[str]:
 
 
 def _leaked_shm(pids: list[int]) -> list[str]:
-    return [p for p in (f"{SHM_PREFIX}{pid}.bin" for pid in pids) if os.path.exists(p)]
+    # One file per node, named <pid>-<node id>.bin (<pid>.bin before multi-node sync).
+    return sorted(str(p) for pid in pids for pattern in (f"{pid}.bin", f"{pid}-*.bin")
+                  for p in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + pattern))
 
 
 def _last_lines(path: Path, n: int = 30) -> str:

@@ -1,7 +1,8 @@
 """Moving actor weights into a running rollout engine without a checkpoint on disk.
 
 CPU: the actor writes every tensor into ONE flat file in ``/dev/shm`` (tmpfs, so RAM) and
-sends ``(path, metas)``; the engine maps the file and loads zero-copy views. vLLM's
+sends ``(path, metas)``; the engine maps the file and loads zero-copy views. /dev/shm is per
+machine, so each node gets a file of its own (``node_shm_path``; ``bandpo.distributed.node_sync``). vLLM's
 ``collective_rpc`` turns tensors in its arguments into plain lists, so tensors never ride the
 RPC itself; only the small metadata does (as plain tuples, see ``metas_to_wire``).
 
@@ -220,3 +221,30 @@ def open_ipc_bucket(payload: bytes) -> Iterator[tuple[str, torch.Tensor]]:
     args[6] = local[msg["uuid"]]  # reduce_tensor's args: index 6 is the storage's device index
     buf = rebuild_cuda_tensor(*args)
     yield from _views(buf, metas_from_wire(msg["metas"]))
+
+
+def node_shm_path(prefix: str, node_id: str) -> str:
+    """The weight file of one Ray node: ``<prefix>-<node id>.bin`` (the id tells nodes sharing a /dev/shm apart)."""
+    return f"{prefix}-{node_id}.bin"
+
+
+def read_file_bytes(path: str):
+    """A read-only uint8 numpy view of the whole file at ``path`` (mapped, not copied)."""
+    import numpy as np
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    with open(path, "rb") as f:
+        return np.frombuffer(mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ), dtype=np.uint8)
+
+
+def write_file_bytes(data, path: str) -> int:
+    """Write a flat uint8 array (e.g. from ``read_file_bytes`` on another node) to ``path``, reusing its mapping.
+
+    Returns the bytes written.
+    """
+    n = int(data.size)
+    buf = _writable_map(path, max(n, 1))
+    buf.numpy()[:n] = data  # numpy: the source may be a read-only object-store view, which torch warns about
+    return n

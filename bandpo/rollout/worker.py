@@ -47,8 +47,28 @@ class RolloutWorker:
         """Tensors through the Ray object store: fine for small models and tests; prefer shared memory."""
         self.engine.update_weights(named_tensors)
 
-    def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> None:
+    def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> tuple[str, str]:
+        """Load the shared-memory weight file ``path``; returns (this worker's Ray node id, ``path``)."""
         self.engine.update_weights_from_shm(path, metas)
+        return self.node_id(), path
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (weight files are per node: /dev/shm is per machine)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def write_weights_file(self, path: str, blob: list) -> tuple[str, int]:
+        """Write another node's weight file into ``path`` on this node (nodes without actor ranks).
+
+        ``blob`` is ``[ObjectRef]`` of the file's bytes (a list, so Ray hands over the reference
+        and the transfer happens here); returns (this node's id, bytes written).
+        """
+        import ray
+
+        from bandpo.rollout.weight_sync import write_file_bytes
+
+        return self.node_id(), write_file_bytes(ray.get(blob[0]), path)
 
     def weight_transfer(self, op: str, payload: Any = None) -> None:
         """vLLM's own weight-transfer API (GPU NCCL / IPC backends); see ``VllmWeightSyncClient``."""

@@ -1,0 +1,149 @@
+"""Actor -> rollout weight sync on any number of nodes: every engine loads a file on its own node.
+
+/dev/shm is per machine, so one file on the driver's node reaches only the engines there.
+Per sync (``NodeWeightSync.sync``):
+
+1. publish  every actor rank runs ``publish_weights_shm`` (under ZeRO-3 each bucket's gather is
+            a collective, so all ranks take part); the lowest rank on each node that holds actor
+            ranks writes that node's file;
+2. relay    each node with engines but no actor rank (split layouts) gets the bytes of rank 0's
+            file through Ray's object store: a task pinned to rank 0's node maps the file into
+            the store, and one rollout worker on each such node writes its node's file;
+3. load     every engine loads the file of its own node.
+
+One node: steps 1 and 3 only, with the file rewritten in place through rank 0's kept mapping,
+exactly as before multi-node support (no extra copy). Files are named
+``<prefix>-<node id>.bin`` (``node_shm_path``) and stay between syncs; ``close`` removes them on
+every node. Nodes are Ray node ids (``ray.get_runtime_context().get_node_id()``), learnt once
+at the first sync (Ray does not move a live actor).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+
+def _file_bytes(path: str):
+    """Ray task on the node holding ``path``: the file's bytes, mapped (the store copies them once)."""
+    from bandpo.rollout.weight_sync import read_file_bytes
+
+    return read_file_bytes(path)
+
+
+def _remove_file(path: str) -> None:
+    from bandpo.rollout.weight_sync import remove_shm
+
+    remove_shm(path)
+
+
+@cache
+def _remote(fn):
+    import ray
+
+    return ray.remote(fn)
+
+
+def _on_node(fn, node_id: str):
+    """``fn`` as a zero-CPU Ray task that must run on ``node_id`` (it reads or deletes a node-local file)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return _remote(fn).options(num_cpus=0, scheduling_strategy=strategy)
+
+
+class NodeWeightSync:
+    """Publishes actor weights to node-local shared-memory files and loads them into every engine.
+
+    Args:
+        actors: the actor ranks' handles, in rank order (``ActorGroup.workers``).
+        engines: the rollout workers' handles (``RolloutWorker`` actors).
+        prefix: file name prefix, e.g. ``/dev/shm/bandpo-weights-<driver pid>``.
+    """
+
+    def __init__(self, actors: list[ActorHandle], engines: list[ActorHandle], prefix: str) -> None:
+        self.actors, self.engines, self.prefix = actors, engines, prefix
+        self.actor_nodes: list[str] | None = None  # node of each rank
+        self.engine_nodes: list[str] | None = None  # node of each engine
+        self.last_loads: list[tuple[str, str]] = []  # (node, path) each engine reported at the last sync
+
+    def _locate(self) -> None:
+        import ray
+
+        self.actor_nodes = ray.get([a.node_id.remote() for a in self.actors])
+        self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
+
+    def path(self, node_id: str) -> str:
+        from bandpo.rollout.weight_sync import node_shm_path
+
+        return node_shm_path(self.prefix, node_id)
+
+    def publishers(self) -> dict[int, str]:
+        """The writing rank of each node with actor ranks (its lowest rank) -> that node's file."""
+        out: dict[int, str] = {}
+        seen: set[str] = set()
+        for rank, node in enumerate(self.actor_nodes):
+            if node not in seen:
+                seen.add(node)
+                out[rank] = self.path(node)
+        return out
+
+    def relay_nodes(self) -> dict[str, int]:
+        """Nodes with engines but no actor rank -> the index of the engine there that writes the file."""
+        out: dict[str, int] = {}
+        for i, node in enumerate(self.engine_nodes):
+            if node not in self.actor_nodes and node not in out:
+                out[node] = i
+        return out
+
+    def sync(self) -> None:
+        """Publish, relay and load (module docstring); returns when every engine has the new weights."""
+        import ray
+
+        if self.actor_nodes is None:
+            self._locate()
+        metas = ray.get([a.publish_weights_shm.remote(self.publishers()) for a in self.actors])[0]
+        relay = self.relay_nodes()
+        if relay:
+            source = self.path(self.actor_nodes[0])
+            blob = _on_node(_file_bytes, self.actor_nodes[0]).remote(source)
+            written = ray.get([self.engines[i].write_weights_file.remote(self.path(node), [blob])
+                               for node, i in relay.items()])
+            del blob  # the object store may free the copy now
+            for (node, _), (got_node, _) in zip(relay.items(), written):
+                if got_node != node:
+                    raise RuntimeError(f"rollout worker expected on node {node} wrote on {got_node}")
+        loads = ray.get([e.update_weights_from_shm.remote(self.path(node), metas)
+                         for e, node in zip(self.engines, self.engine_nodes)])
+        for (got_node, path), node in zip(loads, self.engine_nodes):
+            if got_node != node:  # an engine restarted elsewhere would read a file its node lacks
+                raise RuntimeError(f"rollout worker expected on node {node} runs on {got_node} (read {path})")
+        self.last_loads = loads
+
+    def close(self) -> None:
+        """Remove the weight files on every node they were written on (best effort: nodes may be gone)."""
+        import ray
+
+        from bandpo.rollout.weight_sync import remove_shm
+
+        if self.actor_nodes is None:
+            return
+        nodes = set(self.actor_nodes) | set(self.relay_nodes())
+        if not ray.is_initialized():  # only this machine's files can still be reached
+            for node in nodes:
+                remove_shm(self.path(node))
+            return
+        here = ray.get_runtime_context().get_node_id()
+        refs = [_on_node(_remove_file, node).remote(self.path(node)) for node in nodes if node != here]
+        if here in nodes:
+            remove_shm(self.path(here))
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # a node that went away took its /dev/shm with it
+                pass
+

@@ -1,0 +1,105 @@
+"""Weight sync on a simulated 3-node Ray cluster (one machine, so one /dev/shm for all nodes).
+
+Node a and node b each hold an actor rank (ZeRO-3: the gathers are collectives) and an engine;
+node c holds an engine and no actor rank (a split layout), so its file comes through the object
+store. Files carry the node id, which is what lets the test tell the nodes' files apart.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from test_actor import BANDPO, make_rollout
+
+from bandpo.types import SamplingParams, TrainBatch
+
+pytestmark = pytest.mark.integration
+
+NODES = ("node_a", "node_b", "node_c")
+STORE = 80 << 20  # bytes of object store per simulated node (the tiny model's weights are ~2 MB)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("ray")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # The head (the driver's node) is node c: no CPU for actor ranks, so they go to a and b.
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "resources": {"node_c": 1},
+                                                      "object_store_memory": STORE, "include_dashboard": False})
+    for name in ("node_a", "node_b"):
+        c.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE)
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _engine(model_dir: str, node: str):
+    import ray
+
+    from bandpo.rollout.worker import RolloutWorker
+
+    return ray.remote(RolloutWorker).options(num_cpus=0, resources={node: 0.1}).remote("hf", model_dir,
+                                                                                         dtype="float32")
+
+
+def _max_gap(group, out) -> float:
+    """Largest |actor logprob - engine sampling logprob| over the sampled response tokens."""
+    actor_lp, _ = group.compute_logprobs(out)  # [N, R]
+    return (actor_lp - out.rollout_logprobs)[out.response_mask.bool()].abs().max().item()
+
+
+def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir):
+    import ray
+
+    from bandpo.actor import ActorGroup
+    from bandpo.distributed.node_sync import NodeWeightSync
+    from bandpo.rollout.weight_sync import read_file_bytes
+
+    group = ActorGroup(tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4,
+                       micro_batch_size=2)
+    engines = [_engine(tiny_model_dir, n) for n in NODES]
+    sync = NodeWeightSync(group.workers, engines, f"/dev/shm/bandpo-test-nodes-{os.getpid()}")
+    try:
+        node_of = {n: ray.get(e.node_id.remote()) for n, e in zip(NODES, engines)}
+        assert len(set(node_of.values())) == 3
+        assert sorted(group.call("node_id")) == sorted([node_of["node_a"], node_of["node_b"]])
+
+        # Move the actor away from the engines' start weights (a few large-lr steps).
+        rb = make_rollout(4, seed=3)
+        batch = TrainBatch.from_rollout(rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]),
+                                        old_logprobs=group.compute_logprobs(rb)[0])
+        for _ in range(3):
+            group.update(batch, BANDPO)
+
+        prompts = [[5, 17, 42, 9], [7, 7, 100]]
+        sp = SamplingParams(n=2, max_tokens=6, seed=1)
+        assert _max_gap(group, ray.get(engines[2].generate.remote(prompts, sp))) > 1e-2  # not yet synced
+
+        sync.sync()
+        # Each engine loaded the file named for its own node; every node's file holds the same bytes.
+        assert sync.last_loads == [(node_of[n], sync.path(node_of[n])) for n in NODES]
+        assert set(sync.publishers().values()) == {sync.path(node_of["node_a"]), sync.path(node_of["node_b"])}
+        assert sync.relay_nodes() == {node_of["node_c"]: 2}
+        files = [read_file_bytes(sync.path(node_of[n])) for n in NODES]
+        assert files[0].size > 1 << 20 and all((f == files[0]).all() for f in files[1:])
+
+        # Parity: each engine's sampling logprobs are the synced actor's (fp32 both sides, as in
+        # test_rollout's single-node sync test: 1e-3 leaves room for different kernels' summation order).
+        for e in engines:
+            assert _max_gap(group, ray.get(e.generate.remote(prompts, sp))) < 1e-3
+
+        # A second sync rewrites the same files in place (the single-node fast path, per node).
+        inodes = [os.stat(sync.path(node_of[n])).st_ino for n in NODES]
+        sync.sync()
+        assert inodes == [os.stat(sync.path(node_of[n])).st_ino for n in NODES]
+    finally:
+        sync.close()
+        group.shutdown()
+        for e in engines:
+            ray.kill(e)
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"bandpo-test-nodes-{os.getpid()}")]
