@@ -71,6 +71,8 @@ def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
             continue
         close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
+        if key.startswith("algorithm.band.") and not any(k.startswith("algorithm.band.") for k in keys):  # no band block
+            hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
         raise ConfigError(f"config error: {key} is not a config key (override {o.input_line!r}){hint}")
 
 
