@@ -35,8 +35,8 @@ Bounds with a per-token radius (``band_bounds_per_token``):
   relative on lower where it is small (a PHI error is amplified by 1/p). upper = exp(e^A)
   (continued below t = -40 with its exact slope, capped at 1/p), lower = exp(-e^B) (which
   underflows to 0 as the math does). Cost: 32 gathers instead of 8 and two extra exps, no
-  loop over tokens, no host sync (CPU, 524k tokens: ~4x the fixed-delta KL bounds, ~1.9x its
-  loss fwd+bwd; scripts/bench_band.py). Error against the float64 bisection reference
+  loop over tokens, no host sync (CPU, 2 threads, 524k tokens: 4.1-5.3x the fixed-delta KL
+  bounds, 1.9-2.4x its loss fwd+bwd in two runs of scripts/bench_band.py). Error against the float64 bisection reference
   (tests/test_band_adaptive.py, delta in [0.005, 0.5]): at most 1.7e-6 relative on upper and
   1.5e-5 on lower wherever lower > 2e-9 (below e^-20 the clamped ratio never reaches it);
   float32 within 4e-5 of float64 on the same inputs. Values of delta_t outside the family's
@@ -73,13 +73,13 @@ def adaptive_delta(
         norm: ``batch`` | ``logv``.
 
     Returns:
-        delta_t, same shape, float64 (bounds are solved in float64 or from float tables).
+        delta_t, same shape and dtype as ``entropy``.
     """
     if not 0 < delta_min <= delta_max or not math.isfinite(delta_max):
         raise ValueError(f"adaptive band needs 0 < delta_min <= delta_max < inf, got {delta_min}, {delta_max}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"adaptive band entropy scale must be a finite number > 0, got {scale!r}")
-    h_raw = entropy.detach().to(torch.float64).clamp(min=0.0)  # rounding may give -1e-8 entropies
+    h_raw = entropy.detach().clamp(min=0.0)  # rounding may give -1e-8 entropies
     if norm == "logv":
         h = (h_raw / scale).clamp(max=1.0)
     elif norm == "batch":
@@ -112,10 +112,10 @@ def band_bounds_per_token(
         raise ValueError(f"band upper_cap must be > 1 (or None), got {upper_cap!r}")
     with torch.no_grad():
         x = old_logprob.detach().clamp(max=0.0)
-        d = delta.detach().to(torch.float64, copy=True).clamp_(lo_d, hi_d)
-        if divergence == "kl":
-            lower, upper = _kl_bounds_family(x, d.to(x.dtype), lo_d, hi_d)
-        elif divergence in ("tv", "chi2"):
+        if divergence == "kl":  # the tables take delta in x's dtype (1 ulp of delta moves a bound by ~1 ulp)
+            lower, upper = _kl_bounds_family(x, delta.detach().to(x.dtype).clamp(lo_d, hi_d), lo_d, hi_d)
+        elif divergence in ("tv", "chi2"):  # closed forms in float64, as band_bounds runs them
+            d = delta.detach().to(torch.float64).clamp(lo_d, hi_d)
             fn = _tv_bounds if divergence == "tv" else _chi2_bounds
             lower, upper = (b.to(x.dtype) for b in fn(x.to(torch.float64), d))
         else:
