@@ -105,3 +105,11 @@ def test_error_share_above_the_limit_stops_naming_the_verifier():
                                                   r"responses of step 3.*trainer.max_error_share=0.5"):
         check_error_share(["error", "error", "error", "correct"], 0.5, "step 3")
     check_error_share([], 0.5)
+
+
+def test_pool_workers_write_to_their_log_file(tmp_path):
+    log = tmp_path / "logs" / "verifier.log"
+    log.parent.mkdir()
+    with RewardScorer(num_workers=1, log_path=log) as scorer:
+        assert scorer.score(["Answer: 3"], ["3"])[0].status == "correct"
+    assert log.exists()  # opened by every worker at start-up (stdout and stderr)
