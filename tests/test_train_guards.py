@@ -20,12 +20,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(model_dir: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    args = [f"model.path={model_dir}", "model.build=null", "trainer.total_steps=2", "trainer.prompts_per_step=2",
-            "rollout.n=4", "rollout.max_tokens=8", "actor.mini_batch_prompts=2", "actor.micro_batch_size=8",
-            "trainer.eval_before_train=false", "trainer.eval_every=0", "trainer.save_every=0",
-            "trainer.wandb.mode=disabled", f"trainer.output_dir={out}", *overrides]
-    return subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    args = [
+        f"model.path={model_dir}",
+        "model.build=null",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "rollout.n=4",
+        "rollout.max_tokens=8",
+        "actor.mini_batch_prompts=2",
+        "actor.micro_batch_size=8",
+        "trainer.eval_before_train=false",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        "trainer.wandb.mode=disabled",
+        f"trainer.output_dir={out}",
+        *overrides,
+    ]
+    return subprocess.run(
+        ["bash", "scripts/train.sh", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_DEDUP_LOGS": "0"},
+    )
 
 
 @pytest.mark.integration
@@ -33,7 +51,10 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     out = tmp_path / "run"
     proc = _run(tiny_model_dir, out, "trainer.inject_nonfinite_step=1", "trainer.inject_nonfinite=logprobs")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "step 1: non-finite values (NaN/inf) in old_logprobs; update skipped (1 skipped so far)" in proc.stdout
+    assert (
+        "step 1: non-finite values (NaN/inf) in old_logprobs; update skipped (1 skipped so far)"
+        in proc.stdout
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["trainer/skipped_steps"]) for r in rows] == [(1, 1), (2, 1)]
     assert "actor/loss" not in rows[0] and math.isfinite(rows[1]["actor/loss"])  # step 2 updated
@@ -45,7 +66,9 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     # Console and logs (issue 16, part 6): the workers' output is in <run>/logs/, not on the console.
     console = proc.stdout + proc.stderr
     assert f"[bandpo] worker logs: {out / 'logs'}/" in console
-    noise = [line for line in console.splitlines() if " pid=" in line or "libtcmalloc" in line or "Triton" in line]
+    noise = [
+        line for line in console.splitlines() if " pid=" in line or "libtcmalloc" in line or "Triton" in line
+    ]
     assert noise == [], noise[:5]
     ray_log = (out / "logs" / "ray-workers.log").read_text()
     assert "vLLM" in ray_log or "vllm" in ray_log, ray_log[-2000:]
@@ -65,5 +88,7 @@ def test_nonfinite_under_on_nonfinite_stop_ends_the_run_with_the_message(monkeyp
 
     monkeypatch.setattr(trainer, "train", train_until_the_guard_stops)
     assert entry.main(["trainer.on_nonfinite=stop"]) == 1
-    assert "[bandpo] run stopped: FloatingPointError: step 1: non-finite values (NaN/inf) in rewards; stopping " \
-           "(trainer.on_nonfinite=stop)" in capsys.readouterr().err
+    assert (
+        "[bandpo] run stopped: FloatingPointError: step 1: non-finite values (NaN/inf) in rewards; stopping "
+        "(trainer.on_nonfinite=stop)" in capsys.readouterr().err
+    )
