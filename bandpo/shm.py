@@ -57,7 +57,9 @@ def _our_pids() -> list[int]:
     return [me.pid] + [p.pid for p in me.children(recursive=True)]
 
 
-def record_new_entries(run_dir: Path, before: set[str], shm_dir: Path = SHM_DIR, pids=None) -> dict[str, list[int]]:
+def record_new_entries(
+    run_dir: Path, before: set[str], shm_dir: Path = SHM_DIR, pids=None
+) -> dict[str, list[int]]:
     """Record the entries new since ``before`` that this run's processes hold; returns them."""
     new = {str(shm_dir / name) for name in snapshot(shm_dir) - before}
     owned = holders(new, _our_pids() if pids is None else pids) if new else {}
@@ -96,8 +98,12 @@ def remove_dead_entries(run_dir: Path | None = None) -> list[str]:
             entries[record] = json.loads(record.read_text())["entries"]
         except (OSError, ValueError, KeyError):
             continue
-    orphans = {path for found in entries.values() for path, pids in found.items()
-               if os.path.exists(path) and not any(_alive(p) for p in pids)}
+    orphans = {
+        path
+        for found in entries.values()
+        for path, pids in found.items()
+        if os.path.exists(path) and not any(_alive(p) for p in pids)
+    }
     if orphans:  # one pass over every process on the node: is any of them still using one?
         orphans -= set(holders(orphans, [int(p) for p in os.listdir("/proc") if p.isdigit()]))
     removed = []

@@ -32,9 +32,18 @@ def test_records_only_new_entries_held_by_the_runs_processes(shm_dir, tmp_path):
     for name in ("psm_ours", "sem.mp-ours", "psm_someone_elses", "unrelated_file"):
         (shm_dir / name).write_bytes(b"x")
     # A stand-in engine: a process of ours that keeps two of the new entries open.
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; fs = [open(p) for p in sys.argv[1:]]; "
-                               "print('open', flush=True); time.sleep(60)", str(shm_dir / "psm_ours"),
-                               str(shm_dir / "sem.mp-ours")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; fs = [open(p) for p in sys.argv[1:]]; "
+            "print('open', flush=True); time.sleep(60)",
+            str(shm_dir / "psm_ours"),
+            str(shm_dir / "sem.mp-ours"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         owned = shm.record_new_entries(tmp_path / "run", before, shm_dir, pids=[holder.pid])
@@ -51,10 +60,20 @@ def test_removes_recorded_entries_of_dead_runs_only(shm_dir, tmp_path):
         for name in ("psm_dead_run", "sem.mp-dead_run", "psm_live_run", "psm_never_recorded"):
             (shm_dir / name).write_bytes(b"x")
         shm.INDEX_DIR.mkdir(parents=True)
-        (shm.INDEX_DIR / "1.json").write_text(json.dumps({"entries": {
-            str(shm_dir / "psm_dead_run"): [dead], str(shm_dir / "sem.mp-dead_run"): [dead],
-            str(shm_dir / "psm_gone_already"): [dead]}}))
-        (shm.INDEX_DIR / "2.json").write_text(json.dumps({"entries": {str(shm_dir / "psm_live_run"): [alive.pid]}}))
+        (shm.INDEX_DIR / "1.json").write_text(
+            json.dumps(
+                {
+                    "entries": {
+                        str(shm_dir / "psm_dead_run"): [dead],
+                        str(shm_dir / "sem.mp-dead_run"): [dead],
+                        str(shm_dir / "psm_gone_already"): [dead],
+                    }
+                }
+            )
+        )
+        (shm.INDEX_DIR / "2.json").write_text(
+            json.dumps({"entries": {str(shm_dir / "psm_live_run"): [alive.pid]}})
+        )
         removed = shm.remove_dead_entries(tmp_path / "run")
         assert sorted(removed) == [str(shm_dir / "psm_dead_run"), str(shm_dir / "sem.mp-dead_run")]
         assert sorted(p.name for p in shm_dir.iterdir()) == ["psm_live_run", "psm_never_recorded"]

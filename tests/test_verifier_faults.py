@@ -24,8 +24,9 @@ print(sorted({s.status for s in score_batch(["Answer: 3"] * 20, ["3"] * 20, num_
 
 def _python(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
+    )
 
 
 def test_score_batch_from_a_script_on_stdin():
@@ -55,8 +56,10 @@ def test_workers_that_cannot_start_raise_verifier_unavailable(tmp_path):
     script.write_text(UNGUARDED_SCRIPT % "spawn")  # spawn: every worker imports the entry script
     out = _python([str(script)])
     assert out.returncode != 0
-    assert "VerifierUnavailable: reward pool: a worker process exited with code 1 before finishing its " \
-           "start-up" in out.stderr, out.stderr
+    assert (
+        "VerifierUnavailable: reward pool: a worker process exited with code 1 before finishing its "
+        "start-up" in out.stderr
+    ), out.stderr
     assert "my_local_plugin is not importable here" in out.stderr  # the worker's own traceback
     assert "correct" not in out.stdout  # nothing was graded
 
@@ -70,8 +73,8 @@ def test_default_workers_do_not_import_the_entry_script(tmp_path):
 
 
 EXPAND_UNDER_CAP = """
-from bandpo.reward.pool import _init_worker
-_init_worker(256 << 20)  # what each pool worker does first, with a 256 MiB cap
+from bandpo.reward.startup import init_worker
+init_worker(256 << 20)  # what each pool worker does first, with a 256 MiB cap
 import sympy
 x, y, z = sympy.symbols("x y z")
 try:
@@ -94,14 +97,27 @@ def test_worker_memory_cap_turns_a_sympy_blowup_into_memory_error():
 def test_grading_works_under_a_tight_memory_cap():
     # 256 MiB: 3-4x what a worker maps; crafted answers then fail alone, as items.
     with RewardScorer(num_workers=1, memory_cap_gib=0.25, timeout=10) as scorer:
-        scores = scorer.score(["Answer: 3", "Answer: $\\frac{1}{2}$", "Answer: $(x+y+z+1)^{300}$"], ["3", "0.5", "4"])
+        scores = scorer.score(
+            ["Answer: 3", "Answer: $\\frac{1}{2}$", "Answer: $(x+y+z+1)^{300}$"], ["3", "0.5", "4"]
+        )
     assert [s.status for s in scores[:2]] == ["correct", "correct"]
     assert scores[2].status in ("error", "timeout", "incorrect")
 
 
 def test_error_share_above_the_limit_stops_naming_the_verifier():
     check_error_share(["error", "correct", "incorrect", "error"], 0.5, "step 3")  # 2 of 4: not more than half
-    with pytest.raises(VerifierUnavailable, match=r"verifier \(math-verify reward pool\) failed on 3 of 4 "
-                                                  r"responses of step 3.*trainer.max_error_share=0.5"):
+    with pytest.raises(
+        VerifierUnavailable,
+        match=r"verifier \(math-verify reward pool\) failed on 3 of 4 "
+        r"responses of step 3.*trainer.max_error_share=0.5",
+    ):
         check_error_share(["error", "error", "error", "correct"], 0.5, "step 3")
     check_error_share([], 0.5)
+
+
+def test_pool_workers_write_to_their_log_file(tmp_path):
+    log = tmp_path / "logs" / "verifier.log"
+    log.parent.mkdir()
+    with RewardScorer(num_workers=1, log_path=log) as scorer:
+        assert scorer.score(["Answer: 3"], ["3"])[0].status == "correct"
+    assert log.exists()  # opened by every worker at start-up (stdout and stderr)

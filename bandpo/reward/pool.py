@@ -78,11 +78,9 @@ import multiprocessing.process
 import os
 import queue
 import re
-import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Self
@@ -91,7 +89,16 @@ from pebble import ProcessExpired, ProcessPool
 
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
 from bandpo.reward.scheme import RewardScheme, Score
+from bandpo.reward.startup import (
+    DEFAULT_MEMORY_CAP_GIB,
+    VerifierUnavailable,
+    check_error_share,
+    check_workers_start,
+    init_worker,
+)
 from bandpo.reward.verify import gold_text, verify_extracted, verify_one
+
+__all__ = ["RewardScorer", "VerifierUnavailable", "check_error_share", "score_batch"]
 
 MAX_CRASHES = 2
 MAX_LOST = 4
@@ -99,17 +106,8 @@ STALL_GRACE_S = 10.0
 WATCH_EVERY_S = 0.5
 STOP_WAIT_S = 10.0
 MAX_REBUILDS = 3  # pool rebuilds in one batch with no task finished before the start-up check reruns
-STARTUP_TIMEOUT_S = 120.0  # a fresh fork server imports sympy and math-verify (~2 s; slow shared nodes)
 CLEAN_MAIN_ENV = "BANDPO_REWARD_POOL_MAIN"  # read by bandpo.reward.clean_main (never imported here)
-DEFAULT_MEMORY_CAP_GIB = 4.0  # a worker uses ~0.5 GiB of address space (sympy, ANTLR, math-verify)
 
-
-class VerifierUnavailable(RuntimeError):
-    """The reward pool's workers cannot start or run: nothing can be graded.
-
-    An infrastructure fault, never a property of the responses; the message carries the
-    cause reported by the worker (its traceback, or how it exited).
-    """
 
 # What a "simple" answer may contain (see ``_is_simple``): a few LaTeX commands that cannot
 # blow up, then only digits, single letters and arithmetic that does not grow numbers.
@@ -121,101 +119,6 @@ _LONG_DIGITS_RE = re.compile(r"\d{13}")
 
 _Grade = tuple[str, "str | None", float]  # (status, extracted, seconds spent grading)
 _Job = tuple[str, str, str]  # ("answer", extracted, gold) or ("response", response, gold)
-
-
-def _init_worker(memory_cap_bytes: int | None = None, log_path: str | None = None) -> str:
-    """Worker start-up: send output to ``log_path``, make SIGTERM immediate, cap memory, warm the parser.
-
-    Runs before the worker takes its first task, so the ~0.3 s parser warm-up never
-    counts against an item's timeout. Returns the warm-up's grade (``correct`` when the
-    grader works).
-    """
-    if log_path:
-        from bandpo.run_logs import redirect_output
-
-        redirect_output(log_path)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if memory_cap_bytes:
-        import resource
-
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = memory_cap_bytes if hard == resource.RLIM_INFINITY else min(memory_cap_bytes, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    return verify_one("Answer: $\\frac{1}{2}$", "0.5", "auto")[0]
-
-
-def _startup_check(conn, memory_cap_bytes: int | None, log_path: str | None) -> None:
-    """Run in one hand-started worker: its start-up and one grade, reported through ``conn``."""
-    try:
-        conn.send(("ok", _init_worker(memory_cap_bytes, log_path)))
-    except BaseException:
-        conn.send(("failed", traceback.format_exc()))
-
-
-def check_workers_start(ctx, memory_cap_bytes: int | None, log_path: str | None = None,
-                        timeout: float = STARTUP_TIMEOUT_S) -> None:
-    """Start one worker as the pool would; raise ``VerifierUnavailable`` with its cause if it fails.
-
-    A check worker killed by a signal is tried once more: a signal can come from outside
-    (an OOM kill of the whole pool, an operator) and says nothing about the next start.
-    """
-    try:
-        _check_once(ctx, memory_cap_bytes, log_path, timeout)
-    except _KilledCheck:
-        try:
-            _check_once(ctx, memory_cap_bytes, log_path, timeout)
-        except _KilledCheck as e:
-            raise VerifierUnavailable(str(e)) from None
-
-
-class _KilledCheck(VerifierUnavailable):
-    """The check worker ended by a signal before reporting."""
-
-
-def _check_once(ctx, memory_cap_bytes: int | None, log_path: str | None, timeout: float) -> None:
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_startup_check, args=(sender, memory_cap_bytes, log_path), daemon=True)
-    try:
-        proc.start()
-    except Exception as e:
-        raise VerifierUnavailable(f"reward pool: cannot start a worker process: {e!r}") from e
-    sender.close()
-    report, waited_out = None, False
-    try:
-        if receiver.poll(timeout):  # also True when the worker died (end of file)
-            report = receiver.recv()
-        else:
-            waited_out = True
-    except (EOFError, OSError):
-        pass
-    finally:
-        receiver.close()
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    if report is None:
-        how = f"did not finish its start-up in {timeout:.0f} s" if waited_out else \
-            f"exited with code {proc.exitcode} before finishing its start-up"
-        where = log_path or "above"
-        error = _KilledCheck if proc.exitcode is not None and proc.exitcode < 0 and not waited_out \
-            else VerifierUnavailable
-        raise error(f"reward pool: a worker process {how} (its error output, {where}, has the "
-                                  f"cause){_main_hint()}")
-    kind, detail = report
-    if kind == "failed":
-        raise VerifierUnavailable(f"reward pool: a worker failed at start-up:\n{detail}")
-    if detail != "correct":
-        raise VerifierUnavailable(f"reward pool: a worker's start-up check graded a known-correct answer "
-                                  f"{detail!r} (memory_cap_gib too low, or the grader is broken)")
-
-
-def _main_hint() -> str:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path and not os.path.exists(path):
-        return f"; workers import the program's __main__, and {path!r} is no file they can import"
-    return ""
 
 
 def _grade_jobs(jobs: list[_Job], answer_format: str) -> list[_Grade]:
@@ -264,7 +167,9 @@ def _mp_context(start_method: str | None):
         path = getattr(main, "__file__", None)
         if path is not None and not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
             path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
-        os.environ[CLEAN_MAIN_ENV] = json.dumps({"name": name, "path": os.path.normpath(path) if path else None})
+        os.environ[CLEAN_MAIN_ENV] = json.dumps(
+            {"name": name, "path": os.path.normpath(path) if path else None}
+        )
         ctx.set_forkserver_preload(["bandpo.reward.clean_main", "bandpo.reward.warm"])
     return ctx
 
@@ -380,10 +285,13 @@ class RewardScorer:
             self._discard_pool()
             self._rebuilds += 1
             if not self._checked or self._rebuilds > MAX_REBUILDS:
-                check_workers_start(self._ctx, self.memory_cap_bytes, self.log_path)  # raises VerifierUnavailable
+                # Raises VerifierUnavailable (with the worker's cause) when workers cannot start.
+                check_workers_start(self._ctx, self.memory_cap_bytes, self.log_path)
                 self._checked, self._rebuilds = True, 0
             self._pool = ProcessPool(
-                max_workers=self.num_workers, initializer=_init_worker, initargs=(self.memory_cap_bytes, self.log_path),
+                max_workers=self.num_workers,
+                initializer=init_worker,
+                initargs=(self.memory_cap_bytes, self.log_path),
                 context=self._ctx,
             )
         return self._pool
@@ -595,17 +503,3 @@ def score_batch(
     """
     with RewardScorer(scheme, answer_format, num_workers, timeout, memory_cap_gib=memory_cap_gib) as scorer:
         return scorer.score(responses, answers, response_lengths)
-
-
-def check_error_share(statuses: Sequence[str], max_error_share: float, what: str = "a batch") -> None:
-    """Raise ``VerifierUnavailable`` when more than ``max_error_share`` of ``statuses`` are ``error``.
-
-    One response may break the grader (``error``); most of a batch failing means the
-    verifier itself is broken, and training on those rewards would learn nothing.
-    """
-    errors = sum(s == "error" for s in statuses)
-    if statuses and errors > max_error_share * len(statuses):
-        raise VerifierUnavailable(
-            f"the verifier (math-verify reward pool) failed on {errors} of {len(statuses)} responses of {what} "
-            f"(status 'error'; more than trainer.max_error_share={max_error_share}); see the warnings above "
-            f"and <run>/logs/verifier.log")
