@@ -126,3 +126,17 @@ def test_ipc_buckets_roundtrip_across_processes():
     assert buckets == 3
     for name, t in src:
         assert got[name] == pytest.approx(t.double().sum().item(), rel=1e-9)
+
+
+def test_node_plan_lowest_rank_per_node_publishes_and_engine_only_nodes_get_a_relay():
+    from bandpo.distributed.node_sync import NodeWeightSync
+    from bandpo.rollout.weight_sync import node_shm_path
+
+    sync = NodeWeightSync([], [], "/dev/shm/x-7")
+    sync.actor_nodes = ["A", "A", "B", "B", "A"]  # node of each rank
+    sync.engine_nodes = ["B", "C", "A", "C", "D"]  # node of each engine
+    assert sync.publishers() == {0: "/dev/shm/x-7-A.bin", 2: "/dev/shm/x-7-B.bin"}
+    assert sync.relay_nodes() == {"C": 1, "D": 4}  # the first engine on each node writes its file
+    assert node_shm_path("/dev/shm/x-7", "C") == sync.path("C") == "/dev/shm/x-7-C.bin"
+    sync.actor_nodes = sync.engine_nodes = ["A"]  # one node: one file, no relay (the fast path)
+    assert sync.publishers() == {0: "/dev/shm/x-7-A.bin"} and sync.relay_nodes() == {}

@@ -152,6 +152,8 @@ class RayScorer:
             raise ValueError(f"{n} responses but {len(answers)} answers")
         if response_lengths is not None and len(response_lengths) != n:
             raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
+        if self.scheme.shapes_length and response_lengths is None:
+            raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
         if self.actors is None:
             raise RuntimeError("RayScorer is closed")
         chunks = [(j, s, e) for j, (s, e) in enumerate(split_evenly(n, len(self.actors))) if s < e]
