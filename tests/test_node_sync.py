@@ -103,3 +103,20 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
         for e in engines:
             ray.kill(e)
     assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"bandpo-test-nodes-{os.getpid()}")]
+
+
+def test_per_node_verifiers_grade_on_every_node_with_cpus(cluster):
+    """``trainer.verifier_actors=per_node``: one verifier on each node that has CPUs (a and b, not c)."""
+    import ray
+
+    from bandpo.distributed.verifier import RayScorer
+
+    scorer = RayScorer(answer_format="auto", num_workers=1, timeout=5.0, actors="per_node")
+    try:
+        cpu_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0}
+        assert len(cpu_nodes) == 2
+        assert {node for node, _ in ray.get([a.ready.remote() for a in scorer.actors])} == cpu_nodes
+        scores = scorer.score(["Answer: 1", "Answer: 2", "no idea"], ["1", "3", "4"])
+        assert [s.status for s in scores] == ["correct", "incorrect", "no_answer"]
+    finally:
+        scorer.close()
