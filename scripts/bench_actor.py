@@ -306,7 +306,7 @@ def main() -> None:
     total_cpus = os.cpu_count() or 1
     ranks = [int(w) for w in args.ranks.split(",")]
     cpus_per_rank = args.cpus_per_rank or max(total_cpus // max(ranks), 1)
-    ray.init(num_cpus=total_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=total_cpus, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         n_params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads)
         results = [bench(tmp, w, args, cpus_per_rank) for w in ranks]

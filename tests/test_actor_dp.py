@@ -17,7 +17,7 @@ COMPARED_METRICS = ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "grad_n
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

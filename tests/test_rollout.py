@@ -262,7 +262,7 @@ def test_ray_workers_split_and_sync(tiny_model_dir, prompts):
     ray = pytest.importorskip("ray")
     from bandpo.rollout.worker import generate_on_workers, spawn_rollout_workers, sync_workers_from_shm
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     path = "/dev/shm/bandpo-test-ray-sync.bin"
     try:
         workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32")

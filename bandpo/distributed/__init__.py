@@ -59,7 +59,9 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> None:
     else:
         # Logical CPUs: the workers of a tiny CPU run (rollout, actor, eval) exceed 2 cores
         # by count but take turns, so oversubscribing the scheduler is what we want.
-        ray.init(num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
+        # address="local": a new instance even when another Ray on this machine (a `ray start`, a
+        # test cluster) would otherwise be joined, with num_cpus refused.
+        ray.init(address="local", num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
 
 
 @contextmanager
