@@ -129,11 +129,12 @@ def evaluate(
     if len(texts) != len(prompts) * n:
         raise RuntimeError(f"evaluate: engine returned {len(texts)} rows for {len(prompts)} prompts x n={n}")
 
+    lengths = batch.response_lengths.tolist()
     t0 = time.perf_counter()
-    scores = scorer.score(texts, [examples[i].answer for i in prompt_index])
+    # Lengths too: a training scorer with overlong shaping refuses a batch without them.
+    scores = scorer.score(texts, [examples[i].answer for i in prompt_index], lengths)
     t_score = time.perf_counter() - t0
 
-    lengths = batch.response_lengths.tolist()
     finish = list(batch.finish_reasons) or ["unknown"] * len(texts)
     rows_of: list[list[int]] = [[] for _ in prompts]
     for row, i in enumerate(prompt_index):

@@ -146,7 +146,9 @@ class FakeScore:
 class AnswerLineScorer:
     """Reads the last "Answer: X" line and compares strings (the real verifier lives in bandpo.reward)."""
 
-    def score(self, responses, answers):
+    def score(self, responses, answers, response_lengths):
+        # run_eval passes lengths: the training scorer with overlong shaping refuses a batch without them
+        assert len(response_lengths) == len(responses)
         out = []
         for text, gold in zip(responses, answers):
             m = re.findall(r"Answer:\s*(\S+)", text)
