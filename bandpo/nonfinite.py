@@ -75,6 +75,9 @@ def inject_nonfinite(batch, what: str) -> None:
     if what == "rewards":
         batch.rewards[0] = float("nan")  # [N]
     elif what == "logprobs":
+        if batch.old_logprobs is None:  # actor.reuse_old_logprobs: they come from the update's forward
+            raise ValueError("trainer.inject_nonfinite=logprobs needs the separate old-logprob pass "
+                             "(set actor.reuse_old_logprobs=false)")
         row, col = batch.response_mask.nonzero()[0].tolist()
         batch.old_logprobs[row, col] = float("nan")  # [N, R]
     else:

