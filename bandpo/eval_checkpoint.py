@@ -194,7 +194,10 @@ def _run_targets(run_dir: Path, step: int | None, steps: object) -> list[Target]
         if not chosen:
             raise EvalUsageError(f"step={step}: no checkpoint in {run_dir}; kept steps: {_step_list(run_dir)}")
     else:
-        chosen = [CheckpointManager(run_dir / "checkpoints").latest() or kept[-1]]
+        try:
+            chosen = [CheckpointManager(run_dir / "checkpoints").latest() or kept[-1]]
+        except RuntimeError as e:  # a stale `latest` pointer: name it and the steps that can be chosen
+            raise EvalUsageError(f"{e}; or pick one with step=N (kept: {_step_list(run_dir)})") from None
     return [Target(label=f"{run_dir}@step{step_number(p)}", step_dir=p, step=step_number(p), run_dir=run_dir)
             for p in chosen]
 
