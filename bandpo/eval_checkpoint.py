@@ -140,11 +140,13 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     state = {k: v.to(target) for k, v in state.items()}
     with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained
         model = AutoModelForCausalLM.from_config(config)
-    expected = {n for n, _ in model.named_parameters()}
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - expected)[:5]
+    expected = {n for n, _ in model.named_parameters()}  # tied weights (lm_head) once, as export_hf writes
+    known = expected | set(model.state_dict())  # DeepSpeed also restores tied aliases ("shared_params")
+    if not expected <= set(state) <= known:
+        missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - known)[:5]
         raise EvalUsageError(f"{step_dir}: checkpoint weights do not match {model_source} (missing {missing}, "
                              f"unexpected {extra}); give base_model= the model the run trained")
+    state = {k: v for k, v in state.items() if k in expected}
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
