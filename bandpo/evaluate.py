@@ -10,25 +10,25 @@ lengths from the training config, so the standalone CLI does not read it). Each 
 ``n`` samples (temperature 1.0, top_p 1.0), the verifier scores them, and per dataset we
 report the metrics defined in ``bandpo.metrics_eval``. Outputs: a markdown table on stdout, and
 ``eval_<template>_n<n>.{json,md,png}`` (JSON, table, pass@k plot) in ``eval.out``, by default
-``<checkpoint>/eval/`` for a local checkpoint. The trainer calls ``run_eval`` for the same
+``<checkpoint>/eval/`` for a local checkpoint (``runs/<name>/eval/step_N/`` for a training
+checkpoint; ``steps=all`` also writes a per-step table and plot, see ``bandpo.eval_cli``). The trainer calls ``run_eval`` for the same
 numbers as flat ``eval/<dataset>/<metric>`` scalars.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bandpo.data.datasets import Example, load_eval_sets
-from bandpo.data.prompts import TEMPLATES, answer_format_for, encode_examples
+from bandpo.data.datasets import Example
+from bandpo.data.prompts import TEMPLATES, encode_examples
 from bandpo.metrics_eval import default_ks, summarize
 from bandpo.types import SamplingParams
 
@@ -73,7 +73,13 @@ class EvalConfig:
 class EvalCLIConfig:
     """Top level of ``python -m bandpo.evaluate``."""
 
-    checkpoint: str = "???"  # a Hugging Face model folder (or a checkpoint folder holding one) or hub id
+    # A HF model folder or hub id, a training checkpoint runs/<name>/checkpoints/step_N, or a run folder
+    # runs/<name> (its latest checkpoint; see bandpo.eval_checkpoint).
+    checkpoint: str = "???"
+    step: int | None = None  # with a run folder: this step
+    steps: Any = None  # with a run folder: "all" kept checkpoints, or a list of steps
+    base_model: str | None = None  # config + tokenizer for a training checkpoint; None: the run's model.path
+    cache: str = "beside"  # consolidated weights: "beside" (step_N/hf, reused) | "temp" (removed after)
     tokenizer: str | None = None  # defaults to the checkpoint's own
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -313,58 +319,13 @@ def load_cli_config(argv: Sequence[str]) -> EvalCLIConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """CLI entry: evaluate, print the table, write JSON / markdown / PNG. Returns the JSON payload."""
+    """CLI entry (see ``bandpo.eval_cli``): evaluate, print the table, write JSON / markdown / PNG."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # vLLM logs to stdout by default; keep stdout for the table (read before vLLM is imported).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    cfg = load_cli_config(sys.argv[1:] if argv is None else argv)
-    ev = cfg.eval
-    model_path = resolve_checkpoint(cfg.checkpoint)
-    datasets = load_eval_sets(ev.datasets, ev.paths, limit=ev.limit)
+    from bandpo.eval_cli import main as cli_main
 
-    from transformers import AutoTokenizer
-
-    from bandpo.reward import RewardScorer
-    from bandpo.rollout import make_engine
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
-    answer_format = ev.answer_format or answer_format_for(ev.template)
-    scorer = RewardScorer(answer_format=answer_format, num_workers=ev.verifier_workers,
-                          timeout=ev.verifier_timeout)
-    engine = None
-    try:
-        engine = make_engine(ev.backend, model_path, **ev.engine)
-        results = evaluate(
-            engine, scorer, tokenizer, datasets, ev.n, sampling_params(ev), ev.template,
-            system_prompt=ev.system_prompt, max_prompt_len=ev.max_prompt_len, pass_ks=ev.pass_ks,
-            keep_samples=ev.save_samples,
-        )
-    finally:
-        if engine is not None:
-            engine.shutdown()
-        scorer.close()
-
-    samples = {name: s.pop("samples") for name, s in results.items() if "samples" in s}
-    table = markdown_table(results)
-    print(table, flush=True)
-
-    out_dir = Path(ev.out) if ev.out else default_out_dir(cfg.checkpoint)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"eval_{ev.template if ev.template in TEMPLATES else 'custom'}_n{ev.n}"
-    payload = {"checkpoint": cfg.checkpoint, "model_path": model_path, "answer_format": answer_format,
-               "config": asdict(ev), "results": results}
-    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out_dir / f"{stem}.md").write_text(table + "\n")
-    written = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    if ev.plot:
-        written.append(plot_pass_at_k(results, out_dir / f"{stem}.png", title=f"pass@k: {cfg.checkpoint}"))
-    if samples:
-        with open(out_dir / f"{stem}_samples.jsonl", "w") as f:
-            for name, records in samples.items():
-                f.writelines(json.dumps({"dataset": name, **rec}) + "\n" for rec in records)
-        written.append(out_dir / f"{stem}_samples.jsonl")
-    log.info("wrote %s", ", ".join(str(p) for p in written))
-    return payload
+    return cli_main(sys.argv[1:] if argv is None else argv)
 
 
 def _validate(cfg: EvalConfig) -> None:

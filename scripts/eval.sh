@@ -2,6 +2,7 @@
 # Evaluate a checkpoint: mean@n (+ std over problems), pass@k, maj@n per dataset.
 # Arguments are Hydra-style overrides, forwarded to `python -m bandpo.evaluate`:
 #   scripts/eval.sh checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32
+#   scripts/eval.sh checkpoint=runs/NAME [step=N | steps=all] ...   (or runs/NAME/checkpoints/step_N)
 #   scripts/eval.sh checkpoint=PATH eval.paths=data/eval eval.n=4 eval.max_tokens=512 --out /tmp/eval
 # Creates .venv first (scripts/setup.sh) when it is missing. Relative paths stay relative
 # to the directory you call it from.

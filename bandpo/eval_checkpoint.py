@@ -1,0 +1,227 @@
+"""What ``checkpoint=X`` of the eval command names, and turning training checkpoints into HF folders.
+
+``X`` may be:
+  - a Hugging Face model folder (or a folder holding ``hf/`` / ``huggingface/``) or a hub id;
+  - a training checkpoint ``runs/<name>/checkpoints/step_N`` (``step_12`` and ``step_000012`` alike),
+    ZeRO-2 or ZeRO-3 with any number of ranks: its weights are consolidated with DeepSpeed's own
+    ``zero_to_fp32`` utilities, config and tokenizer come from the run's model (``model.path`` in
+    ``runs/<name>/config.yaml``, or ``base_model=``);
+  - a run folder ``runs/<name>``: its latest checkpoint, or ``step=N``, or every kept one (``steps=all``).
+
+The consolidated folder is cached as ``step_N/hf`` (removed with the checkpoint when it is
+pruned) or, with ``cache=temp``, in a temporary folder removed after the evaluation.
+User mistakes raise ``EvalUsageError`` (the CLI prints its one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bandpo.checkpoint import STEP_RE, CheckpointManager
+
+ACTOR_DIR, DS_TAG = "actor", "state"  # step_N/actor/state/*.pt, written by DeepSpeed (bandpo.actor.worker)
+HF_NAMES = ("", "hf", "huggingface")
+CACHE_CHOICES = ("beside", "temp")
+
+
+class EvalUsageError(ValueError):
+    """A mistake in the eval command's arguments; the message names it and what would be valid."""
+
+
+@dataclass
+class Target:
+    """One model to evaluate: a HF folder/hub id now, or a training checkpoint to consolidate first."""
+
+    label: str  # what the user named (shown in outputs)
+    hf_path: str | None = None  # ready-made HF folder or hub id
+    step_dir: Path | None = None  # a training checkpoint folder (consolidated on demand)
+    step: int | None = None
+    run_dir: Path | None = None
+
+
+def find_hf_folder(path: Path) -> Path | None:
+    """``path`` itself, ``path/hf`` or ``path/huggingface`` when it holds ``config.json``."""
+    for name in HF_NAMES:
+        candidate = path / name if name else path
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def is_step_dir(path: Path) -> bool:
+    return (path / ACTOR_DIR / DS_TAG).is_dir()
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "checkpoints").is_dir()
+
+
+def kept_steps(run_dir: Path) -> list[Path]:
+    """Complete checkpoint folders of a run, oldest first."""
+    return CheckpointManager(run_dir / "checkpoints")._steps()
+
+
+def step_number(step_dir: Path) -> int:
+    return int(step_dir.name.split("_")[1])
+
+
+def resolve_targets(checkpoint: str, step: int | None = None, steps: object = None) -> list[Target]:
+    """The models ``checkpoint`` (+ ``step=`` / ``steps=``) names, in step order; checks paths only, loads nothing."""
+    path = Path(checkpoint)
+    if not path.exists():
+        m = re.fullmatch(r"step_(\d+)", path.name)
+        if m and path.parent.is_dir():  # step_12 typed for step_000012
+            padded = path.parent / f"step_{int(m.group(1)):06d}"
+            if padded.exists():
+                path = padded
+        if not path.exists():
+            if _looks_like_hub_id(checkpoint) and step is None and steps is None:
+                return [Target(label=checkpoint, hf_path=checkpoint)]
+            hint = ""
+            if m and path.parent.is_dir():
+                hint = f"; kept steps there: {_step_list(path.parent.parent) or 'none'}"
+            raise EvalUsageError(f"checkpoint not found: {checkpoint} (give a HF model folder, hub id owner/name, "
+                                 f"run folder runs/<name> or runs/<name>/checkpoints/step_N{hint})")
+    if step is not None or steps is not None:
+        if not is_run_dir(path):
+            raise EvalUsageError(f"step=/steps= need a run folder (one holding checkpoints/), got {path}")
+    if is_run_dir(path):
+        return _run_targets(path, step, steps)
+    if is_step_dir(path):
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+        return [Target(label=str(path), step_dir=path, step=_maybe_step(path), run_dir=run_dir)]
+    hf = find_hf_folder(path)
+    if hf is not None:
+        return [Target(label=checkpoint, hf_path=str(hf))]
+    raise EvalUsageError(
+        f"{path} holds neither Hugging Face weights (config.json in it, hf/ or huggingface/) nor a training "
+        f"checkpoint ({ACTOR_DIR}/{DS_TAG}/) nor a run (checkpoints/)"
+    )
+
+
+def run_model_path(run_dir: Path | None, base_model: str | None) -> str:
+    """Where a run's config and tokenizer come from: ``base_model`` or ``model.path`` of ``run_dir/config.yaml``."""
+    if base_model:
+        return base_model
+    file = run_dir / "config.yaml" if run_dir else None
+    if file is None or not file.is_file():
+        raise EvalUsageError(f"no run config ({file or 'checkpoint is not inside runs/<name>/checkpoints'}) "
+                             f"to take the model's config and tokenizer from; give base_model=PATH_OR_HUB_ID")
+    from omegaconf import OmegaConf
+
+    try:
+        path = OmegaConf.select(OmegaConf.load(file), "model.path", throw_on_resolution_failure=True)
+    except Exception as e:
+        raise EvalUsageError(f"{file}: cannot read model.path ({e}); give base_model=PATH_OR_HUB_ID") from None
+    if not path:
+        raise EvalUsageError(f"{file} has no model.path; give base_model=PATH_OR_HUB_ID")
+    return str(path)
+
+
+def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto") -> Path:
+    """Write ``step_dir``'s weights as a HF folder ``out`` (config + safetensors + tokenizer), atomically.
+
+    DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` merges the ZeRO-2/3 shards of every
+    rank into full fp32 tensors; ``dtype`` "auto" keeps them in the base model's config dtype
+    when that is a float16/bfloat16 model (as the trainer's ``hf/`` export does on GPU), else fp32.
+    """
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
+    config = AutoConfig.from_pretrained(model_source)
+    target = _target_dtype(config, dtype)
+    state = {k: v.to(target) for k, v in state.items()}
+    with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {n for n, _ in model.named_parameters()}  # tied weights (lm_head) once, as export_hf writes
+    known = expected | set(model.state_dict())  # DeepSpeed also restores tied aliases ("shared_params")
+    if not expected <= set(state) <= known:
+        missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - known)[:5]
+        raise EvalUsageError(f"{step_dir}: checkpoint weights do not match {model_source} (missing {missing}, "
+                             f"unexpected {extra}); give base_model= the model the run trained")
+    state = {k: v for k, v in state.items() if k in expected}
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        AutoTokenizer.from_pretrained(model_source).save_pretrained(str(tmp))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def materialize(target: Target, *, base_model: str | None, cache: str, temp_root: Path | None) -> str:
+    """The HF folder (or hub id) of ``target``, consolidating (and caching) a training checkpoint first."""
+    if target.hf_path is not None:
+        return target.hf_path
+    assert target.step_dir is not None
+    cached = target.step_dir / "hf"
+    if (cached / "config.json").is_file():
+        return str(cached)
+    source = run_model_path(target.run_dir, base_model)
+    if cache == "temp":
+        root = temp_root or Path(tempfile.mkdtemp(prefix="bandpo-eval-"))
+        out = root / target.step_dir.name
+    else:
+        out = cached
+    return str(consolidate(target.step_dir, source, out))
+
+
+def _run_targets(run_dir: Path, step: int | None, steps: object) -> list[Target]:
+    kept = kept_steps(run_dir)
+    if not kept:
+        raise EvalUsageError(f"run {run_dir} has no complete checkpoint in {run_dir / 'checkpoints'}")
+    if steps is not None:
+        if steps == "all":
+            chosen = kept
+        elif isinstance(steps, (list, tuple)) and all(isinstance(s, int) for s in steps):
+            by_step = {step_number(p): p for p in kept}
+            unknown = [s for s in steps if s not in by_step]
+            if unknown:
+                raise EvalUsageError(f"steps={list(steps)}: no checkpoint for {unknown}; kept steps: {_step_list(run_dir)}")
+            chosen = [by_step[s] for s in sorted(set(steps))]
+        else:
+            raise EvalUsageError(f"steps={steps!r}: expected 'all' or a list of steps, e.g. steps=[4,8]")
+    elif step is not None:
+        chosen = [p for p in kept if step_number(p) == step]
+        if not chosen:
+            raise EvalUsageError(f"step={step}: no checkpoint in {run_dir}; kept steps: {_step_list(run_dir)}")
+    else:
+        try:
+            chosen = [CheckpointManager(run_dir / "checkpoints").latest() or kept[-1]]
+        except RuntimeError as e:  # a stale `latest` pointer: name it and the steps that can be chosen
+            raise EvalUsageError(f"{e}; or pick one with step=N (kept: {_step_list(run_dir)})") from None
+    return [Target(label=f"{run_dir}@step{step_number(p)}", step_dir=p, step=step_number(p), run_dir=run_dir)
+            for p in chosen]
+
+
+def _step_list(run_dir: Path) -> str:
+    return ", ".join(str(step_number(p)) for p in kept_steps(run_dir)) if run_dir.is_dir() else ""
+
+
+def _maybe_step(path: Path) -> int | None:
+    return step_number(path) if STEP_RE.match(path.name) else None
+
+
+def _looks_like_hub_id(s: str) -> bool:
+    return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not s.startswith("runs/")
+
+
+def _target_dtype(config, dtype: str):
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    cfg_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+    if isinstance(cfg_dtype, str):
+        cfg_dtype = getattr(torch, cfg_dtype, None)
+    return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32

@@ -1,0 +1,209 @@
+"""The ``python -m bandpo.evaluate`` / ``scripts/eval.sh`` command: one model, or every kept step of a run.
+
+With several steps (``steps=all``) one engine is started for the first step and later steps
+only reload weights into it (engine start-up dominates on CPU). Per step the usual
+``eval_<template>_n<n>.{json,md,png}`` go to ``runs/<name>/eval/step_N/``; the run gets
+``runs/<name>/eval_steps_<template>_n<n>.{json,md,png}``: a table and mean@n, pass@k, maj@n
+against training step per dataset, next to ``metrics.jsonl``. User mistakes exit 2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bandpo.eval_checkpoint import CACHE_CHOICES, EvalUsageError, Target, materialize, resolve_targets
+
+log = logging.getLogger("bandpo.evaluate")
+
+
+def prepare(argv: Sequence[str]):
+    """Config, targets and datasets: everything that can be a user mistake, before any engine starts."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from bandpo.data.datasets import load_eval_sets
+    from bandpo.evaluate import EvalCLIConfig, load_cli_config
+
+    try:
+        cfg = load_cli_config(argv)
+    except OmegaConfBaseException as e:
+        valid = ", ".join(f.name for f in EvalCLIConfig.__dataclass_fields__.values())
+        raise EvalUsageError(f"bad override: {str(e).splitlines()[0]} (top-level keys: {valid}; "
+                             f"eval.* keys: see bandpo/evaluate.py EvalConfig)") from None
+    if cfg.cache not in CACHE_CHOICES:
+        raise EvalUsageError(f"cache={cfg.cache!r}: expected one of {list(CACHE_CHOICES)}")
+    targets = resolve_targets(cfg.checkpoint, cfg.step, cfg.steps)
+    datasets = load_eval_sets(cfg.eval.datasets, cfg.eval.paths, limit=cfg.eval.limit)
+    return cfg, targets, datasets
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """CLI entry: evaluate, print the table(s), write outputs. Returns the JSON payload (per step: a list)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg, targets, datasets = prepare(argv)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
+        _usage_exit(e)
+    with tempfile.TemporaryDirectory(prefix="bandpo-eval-") as tmp:
+        try:
+            return _run(cfg, targets, datasets, Path(tmp))
+        except EvalUsageError as e:
+            _usage_exit(e)
+
+
+def _usage_exit(e: BaseException):
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"eval: error: {msg}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from bandpo.data.prompts import answer_format_for
+    from bandpo.evaluate import evaluate, sampling_params
+    from bandpo.reward import RewardScorer
+    from bandpo.rollout import make_engine
+
+    ev = cfg.eval
+    answer_format = ev.answer_format or answer_format_for(ev.template)
+    scorer = RewardScorer(answer_format=answer_format, num_workers=ev.verifier_workers, timeout=ev.verifier_timeout)
+    engine, payloads = None, []
+    try:
+        for i, target in enumerate(targets):
+            model_path = materialize(target, base_model=cfg.base_model, cache=cfg.cache, temp_root=tmp)
+            if engine is None:
+                tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
+                engine = make_engine(ev.backend, model_path, **ev.engine)
+            else:  # same architecture, new weights: reload instead of restarting the engine
+                engine.update_weights(_read_weights(model_path))
+            log.info("evaluating %s (%d/%d)", target.label, i + 1, len(targets))
+            results = evaluate(
+                engine, scorer, tokenizer, datasets, ev.n, sampling_params(ev), ev.template,
+                system_prompt=ev.system_prompt, max_prompt_len=ev.max_prompt_len, pass_ks=ev.pass_ks,
+                keep_samples=ev.save_samples,
+            )
+            payloads.append(_write_one(cfg, target, model_path, answer_format, results, len(targets) > 1))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        scorer.close()
+    if len(targets) == 1:
+        return payloads[0]
+    return _write_steps(cfg, targets, payloads)
+
+
+def _read_weights(model_path: str):
+    from safetensors.torch import load_file
+
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        yield from load_file(str(file)).items()
+
+
+def _stem(ev) -> str:
+    from bandpo.data.prompts import TEMPLATES
+
+    return f"eval_{ev.template if ev.template in TEMPLATES else 'custom'}_n{ev.n}"
+
+
+def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
+    from bandpo.evaluate import default_out_dir
+
+    if cfg.eval.out:
+        base = Path(cfg.eval.out)
+        return base / f"step_{target.step:06d}" if per_step_sub and target.step is not None else base
+    if target.run_dir is not None and target.step is not None:
+        return target.run_dir / "eval" / f"step_{target.step:06d}"
+    return default_out_dir(cfg.checkpoint)
+
+
+def _write_one(cfg, target: Target, model_path: str, answer_format: str, results: dict, many: bool) -> dict:
+    from bandpo.evaluate import markdown_table, plot_pass_at_k
+
+    ev = cfg.eval
+    samples = {name: s.pop("samples") for name, s in results.items() if "samples" in s}
+    table = markdown_table(results)
+    print((f"\n## step {target.step}\n" if many else "") + table, flush=True)
+    out_dir = _out_dir(cfg, target, many)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = _stem(ev)
+    payload = {"checkpoint": cfg.checkpoint, "step": target.step, "model_path": model_path,
+               "answer_format": answer_format, "config": asdict(ev), "results": results}
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text(table + "\n")
+    if ev.plot:
+        plot_pass_at_k(results, out_dir / f"{stem}.png", title=f"pass@k: {target.label}")
+    if samples:
+        with open(out_dir / f"{stem}_samples.jsonl", "w") as f:
+            for name, records in samples.items():
+                f.writelines(json.dumps({"dataset": name, **rec}) + "\n" for rec in records)
+    log.info("wrote %s/%s.*", out_dir, stem)
+    return payload
+
+
+def steps_table(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]]) -> str:
+    """Markdown: one row per (step, dataset) with mean@n, std, pass@k and maj@n in percent."""
+    first = rows[0][1][next(iter(rows[0][1]))]
+    n = first["n"]
+    ks = [k for k in first if k.startswith("pass@")]
+    metrics = [f"mean@{n}", "std", *ks, f"maj@{n}"]
+    lines = ["| step | dataset | " + " | ".join(f"{m} (%)" for m in metrics) + " |",
+             "|" + "|".join(["---"] * (len(metrics) + 2)) + "|"]
+    for step, results in rows:
+        for name, s in results.items():
+            cells = ["-" if s.get(m) is None else f"{100 * s[m]:.2f}" for m in metrics]
+            lines.append(f"| {step} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path: Path, title: str) -> Path:
+    """One panel per dataset: mean@n, maj@n and every pass@k (percent) against training step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows[0][1])
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), squeeze=False)
+    steps = [s for s, _ in rows]
+    for ax, name in zip(axes[0], names):
+        summary = rows[0][1][name]
+        n = summary["n"]
+        keys = [f"mean@{n}", f"maj@{n}", *[k for k in summary if k.startswith("pass@")]]
+        for key in keys:
+            ys = [100 * r[name][key] if r[name].get(key) is not None else float("nan") for _, r in rows]
+            ax.plot(steps, ys, marker="o", label=key, linewidth=2.2 if key.startswith("mean") else 1.2)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _write_steps(cfg, targets: list[Target], payloads: list[dict]) -> dict:
+    rows = [(t.step, p["results"]) for t, p in zip(targets, payloads)]
+    out_dir = Path(cfg.eval.out) if cfg.eval.out else targets[0].run_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "eval_steps" + _stem(cfg.eval)[len("eval"):]
+    table = steps_table(rows)
+    print("\n" + table, flush=True)
+    payload = {"checkpoint": cfg.checkpoint, "config": asdict(cfg.eval),
+               "steps": [{"step": s, "results": r} for s, r in rows]}
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text(table + "\n")
+    if cfg.eval.plot:
+        plot_steps(rows, out_dir / f"{stem}.png", title=f"{Path(cfg.checkpoint).name}: accuracy vs step")
+    log.info("wrote %s/%s.{json,md,png}", out_dir, stem)
+    return payload
