@@ -125,9 +125,28 @@ def validate(cfg) -> None:
     _choice(cfg, "trainer.on_nonfinite", ["skip", "stop"])
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
     _choice(cfg, "data.template", ["dapo", "boxed"])
+    _validate_placement(cfg)
     _number(cfg, "eval.n", low=1, integer=True)
 
     path = str(_get(cfg, "model.path"))
     looks_local = path.startswith(("/", ".", "~")) or os.sep in path and Path(path).expanduser().parent.exists()
     if looks_local and not Path(path).expanduser().exists() and not _get(cfg, "model.build"):
         raise ConfigError(f"config error: model.path {path!r} does not exist (a local folder or a hub id is needed)")
+
+
+def _validate_placement(cfg) -> None:
+    """The placement keys; with a cluster shape in the config, the whole plan (bandpo.distributed.plan)."""
+    _choice(cfg, "rollout.enforce_eager", ["auto", True, False])
+    _number(cfg, "trainer.verifier_actors", low=1, integer=True)
+    _choice(cfg, "trainer.dry_run", [True, False])
+    for key in ("actor.gpus", "rollout.gpus", "trainer.nnodes", "trainer.gpus_per_node"):
+        if _get(cfg, key) is not None:
+            _number(cfg, key, low=1, integer=True)
+    from bandpo.distributed.plan import gpu_counts, layout_of, make_plan, plan_device, shape_from_config
+
+    layout = layout_of(cfg, "cuda")  # actor.gpus / rollout.gpus come together
+    if _get(cfg, "trainer.device") == "cuda":
+        gpu_counts(cfg, layout)
+    shape = shape_from_config(cfg)
+    if shape is not None:
+        make_plan(cfg, shape, plan_device(cfg))
