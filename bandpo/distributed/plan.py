@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from bandpo.config import ConfigError
 
