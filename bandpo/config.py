@@ -224,6 +224,7 @@ def validate(cfg) -> None:
     if _get(cfg, "trainer.verifier_workers") is not None:
         _number(cfg, "trainer.verifier_workers", low=1, integer=True)
     _choice(cfg, "data.template", ["dapo", "boxed"])
+    _validate_placement(cfg)
     _number(cfg, "eval.n", low=1, integer=True)
 
     path = str(_get(cfg, "model.path"))
@@ -261,3 +262,20 @@ def reuse_old_logprobs(cfg) -> bool:
             f"{_get(cfg, 'trainer.prompts_per_step')}, epochs={_get(cfg, 'actor.epochs')}"
         )
     return one_step and value is not False
+
+
+def _validate_placement(cfg) -> None:
+    """The placement keys; with a cluster shape in the config, the whole plan (bandpo.distributed.plan)."""
+    _choice(cfg, "rollout.enforce_eager", ["auto", True, False])
+    _choice(cfg, "trainer.dry_run", [True, False])
+    for key in ("actor.gpus", "rollout.gpus", "trainer.nnodes", "trainer.gpus_per_node"):
+        if _get(cfg, key) is not None:
+            _number(cfg, key, low=1, integer=True)
+    from bandpo.distributed.plan import gpu_counts, layout_of, make_plan, plan_device, shape_from_config
+
+    layout = layout_of(cfg, "cuda")  # actor.gpus / rollout.gpus come together
+    if _get(cfg, "trainer.device") == "cuda":
+        gpu_counts(cfg, layout)
+    shape = shape_from_config(cfg)
+    if shape is not None:
+        make_plan(cfg, shape, plan_device(cfg))

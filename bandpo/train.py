@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    if cfg.trainer.dry_run:
+        return dry_run(cfg)
     from bandpo.distributed import WorkerFailure
     from bandpo.reward import VerifierUnavailable
     from bandpo.trainer import train
@@ -42,6 +44,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  curves: {plot_run_metrics(out / 'metrics.jsonl', out / 'curves.png', title=out.name)}")
     except Exception as e:  # a plot must never turn a finished run into a failure
         print(f"  curves not written: {e}")
+    return 0
+
+
+def dry_run(cfg) -> int:
+    """Print the placement plan for the cluster this run would use; 0 if it fits, 2 (with what is missing) if not."""
+    from bandpo.config import ConfigError
+    from bandpo.distributed.plan import (
+        detect_shape,
+        make_plan,
+        memory_estimate,
+        memory_table,
+        shape_from_config,
+        table,
+    )
+
+    shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
+    device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if shape.gpus_per_node else "cpu")
+    try:
+        plan = make_plan(cfg, shape, device)
+    except ConfigError as e:
+        print(f"[bandpo] dry run: the plan does not fit: {e}", file=sys.stderr)
+        return 2
+    print(table(plan) + "\n" + memory_table(memory_estimate(cfg, plan)))
     return 0
 
 

@@ -120,7 +120,7 @@ class Trainer:
         colocate = gpu
         with stage("start", "rollout"):
             engine_kw = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                             enforce_eager=ro.enforce_eager)
+                             enforce_eager=(not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager))
             if gpu:
                 engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
                                  gpu_memory_utilization=ro.gpu_memory_utilization,

@@ -1,0 +1,40 @@
+"""The placement plan (pure python): layouts for the shipped models, and bad layouts naming keys."""
+
+import pytest
+
+from bandpo.config import ConfigError, compose
+from bandpo.distributed.plan import ClusterShape, make_plan
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-3b", "qwen2.5-7b", "llama3-8b"])
+def test_colocated_pairs_share_gpus_and_engines_stay_on_a_node(model):
+    cfg = compose([f"model={model}"])
+    plan = make_plan(cfg, ClusterShape(1, 8), "cuda")
+    actors = {w.rank: (w.node, w.gpu) for w in plan.of("actor")}
+    shards = [(w.node, w.gpu) for w in plan.of("rollout")]
+    assert sorted(actors.values()) == sorted(shards) == [(0, g) for g in range(8)]
+    for e in {w.rank for w in plan.of("rollout")}:
+        assert len({w.node for w in plan.engine_shards(e)}) == 1
+        assert len(plan.engine_shards(e)) == plan.tp
+
+
+def test_two_nodes_and_split():
+    cfg = compose(["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"])
+    plan = make_plan(cfg, ClusterShape(2, 8), "cuda")
+    assert [len(b) for b in plan.bundles] == [8, 8]
+    cfg = compose(["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4",
+                   "rollout.num_workers=2"])
+    plan = make_plan(cfg, ClusterShape(1, 8), "cuda")
+    assert {w.gpu for w in plan.of("actor")}.isdisjoint({w.gpu for w in plan.of("rollout")})
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["model=qwen2.5-7b", "rollout.num_workers=3"], "rollout.num_workers x rollout.tensor_parallel_size"),
+    (["model=qwen2.5-7b", "trainer.gpus_per_node=4"], "8 GPUs asked, 4 found"),
+    (["model=qwen2.5-7b", "actor.gpus=4"], "actor.gpus and rollout.gpus"),
+    (["model=qwen2.5-7b", "rollout.tensor_parallel_size=8", "rollout.num_workers=1", "trainer.gpus_per_node=4",
+      "trainer.nnodes=2"], "rollout.tensor_parallel_size"),
+])
+def test_bad_layouts_name_keys(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace("(", r"\(").replace("+", r"\+")):
+        compose(overrides)
