@@ -145,15 +145,10 @@ class RayScorer:
         import ray
         from ray.exceptions import RayActorError
 
+        from bandpo.reward.pool import check_score_inputs
         from bandpo.rollout.worker import split_evenly
 
-        n = len(responses)
-        if len(answers) != n:
-            raise ValueError(f"{n} responses but {len(answers)} answers")
-        if response_lengths is not None and len(response_lengths) != n:
-            raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
-        if self.scheme.shapes_length and response_lengths is None:
-            raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+        n = check_score_inputs(self.scheme, responses, answers, response_lengths)
         if self.actors is None:
             raise RuntimeError("RayScorer is closed")
         chunks = [(j, s, e) for j, (s, e) in enumerate(split_evenly(n, len(self.actors))) if s < e]

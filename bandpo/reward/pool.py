@@ -174,6 +174,20 @@ def _mp_context(start_method: str | None):
     return ctx
 
 
+def check_score_inputs(scheme: RewardScheme, responses: Sequence, answers: Sequence,
+                       response_lengths: Sequence[int] | None) -> int:
+    """The batch size; ValueError when the sequences' lengths differ or the scheme's overlong
+    shaping has no ``response_lengths`` (every scorer's contract, in-process or Ray)."""
+    n = len(responses)
+    if len(answers) != n:
+        raise ValueError(f"{n} responses but {len(answers)} answers")
+    if response_lengths is not None and len(response_lengths) != n:
+        raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
+    if scheme.shapes_length and response_lengths is None:
+        raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+    return n
+
+
 class RewardScorer:
     """Grades batches of responses in a persistent pool of worker processes.
 
@@ -243,13 +257,7 @@ class RewardScorer:
         does overlong shaping. Raises ValueError when the sequences' lengths differ,
         RuntimeError after ``close()`` and ``VerifierUnavailable`` when workers cannot start.
         """
-        n = len(responses)
-        if len(answers) != n:
-            raise ValueError(f"{n} responses but {len(answers)} answers")
-        if response_lengths is not None and len(response_lengths) != n:
-            raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
-        if self.scheme.shapes_length and response_lengths is None:
-            raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+        check_score_inputs(self.scheme, responses, answers, response_lengths)
         if self._closed:
             raise RuntimeError("RewardScorer is closed")
         grades = _BatchRun(self, responses, answers).run()
