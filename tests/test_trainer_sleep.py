@@ -60,3 +60,27 @@ def test_without_sleep_mode_only_the_sync_runs(sync):
     t.wake_rollout(sync=sync)
     assert t.log == ([("actor", "sync")] if sync else [])
     assert t.timings == {}
+
+
+def _gpu_trainer(overrides):
+    from bandpo.config import compose
+
+    t = Trainer.__new__(Trainer)
+    t.cfg, t.device = compose(overrides), "cuda"
+    return t
+
+
+def test_trainer_plans_from_the_configured_shape_and_spreads_verifiers():
+    t = _gpu_trainer(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "trainer.verifier_actors=2"])
+    t.plan = t._placement_plan()
+    assert (t.plan.layout, t.plan.tp, [len(b) for b in t.plan.bundles]) == ("colocated", 2, [8])
+    assert t._verifier_strategies() == ["SPREAD", "SPREAD"]
+    t.device = "cpu"
+    assert t._placement_plan() is None  # the CPU path keeps today's placement
+
+
+def test_spawn_rollout_workers_refuses_options_of_the_wrong_length():
+    from bandpo.rollout.worker import spawn_rollout_workers
+
+    with pytest.raises(ValueError, match="options_per_worker has 1 entries for 2 workers"):
+        spawn_rollout_workers(2, "hf", "unused", options_per_worker=[{}])
