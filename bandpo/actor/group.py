@@ -52,6 +52,10 @@ class ActorGroup:
 
     Ranks are gang-scheduled in a placement group (one bundle per rank); rank 0's node
     publishes the rendezvous address before the ranks start. Needs ``ray.init()`` first.
+
+    ``options_per_rank[r]`` (Ray ``.options`` with a placement-group ``scheduling_strategy``, e.g.
+    from ``bandpo.distributed.placement.actor_options``) seats rank r in a group the caller owns;
+    then no group of its own is made and ``num_*_per_rank`` are unused.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class ActorGroup:
         *,
         num_cpus_per_rank: float = 1,
         num_gpus_per_rank: float = 0,
+        options_per_rank: list[dict[str, Any]] | None = None,
         **actor_kwargs: Any,
     ):
         import ray
@@ -72,21 +77,27 @@ class ActorGroup:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
-        bundle = {"CPU": num_cpus_per_rank, **({"GPU": num_gpus_per_rank} if num_gpus_per_rank else {})}
-        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        ray.get(self.pg.ready())
+        if options_per_rank is not None:
+            if len(options_per_rank) != world_size:
+                raise ValueError(f"ActorGroup: options_per_rank has {len(options_per_rank)} entries for "
+                                 f"world_size={world_size}")
+            self.pg = None  # the caller's placement groups
+            opts = [dict(o) for o in options_per_rank]
+        else:
+            bundle = {"CPU": num_cpus_per_rank, **({"GPU": num_gpus_per_rank} if num_gpus_per_rank else {})}
+            self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+            ray.get(self.pg.ready())
+            opts = [{"num_cpus": num_cpus_per_rank, "num_gpus": num_gpus_per_rank,
+                     "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)}
+                    for r in range(world_size)]
 
-        def on(rank: int):
-            return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank)
-
-        addr, port = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on(0)).remote())
+        addr, port = ray.get(ray.remote(_rendezvous).options(
+            num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"]).remote())
         env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         remote_cls = ray.remote(Actor)
         self.workers = [
             remote_cls.options(
-                num_cpus=num_cpus_per_rank,
-                num_gpus=num_gpus_per_rank,
-                scheduling_strategy=on(rank),
+                **opts[rank],
                 runtime_env={"env_vars": env},
             ).remote(
                 model_path,
@@ -142,11 +153,12 @@ class ActorGroup:
         return logprobs, entropy
 
     def shutdown(self) -> None:
-        """Kill the rank actors and free their placement group."""
+        """Kill the rank actors and free their placement group (if this group made it)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for w in self.workers:
             ray.kill(w)
-        remove_placement_group(self.pg)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
         self.workers = []

@@ -31,7 +31,9 @@ def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int):
     import ray
 
     if nodes <= 1:
-        ray.init(num_cpus=cpus_per_node, num_gpus=gpus_per_node, include_dashboard=False, log_to_driver=False)
+        # address="local": a new instance, never another Ray already running on this machine.
+        ray.init(address="local", num_cpus=cpus_per_node, num_gpus=gpus_per_node, include_dashboard=False,
+                 log_to_driver=False)
         try:
             yield
         finally:

@@ -320,9 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bandpo.distributed.check import check_plan
 
+    stdout = sys.stdout
+    if args.json:
+        # Ray's own messages (raylet warnings, started processes) go to stderr: stdout is the JSON alone.
+        sys.stdout.flush()
+        stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     report = check_plan(plan, cpus_per_node=args.cpus_per_node)
     if args.json:
-        print(json.dumps({**report, "layout": plan.layout, "memory": mem}))
+        print(json.dumps({**report, "layout": plan.layout, "memory": mem}), file=stdout, flush=True)
     else:
         print(table(plan) + "\n" + memory_table(mem))
         for w in report["workers"]:

@@ -96,13 +96,26 @@ def spawn_rollout_workers(
     num_gpus: float = 0,
     env: dict[str, str] | None = None,
     wait: bool = True,
+    options_per_worker: list[dict[str, Any]] | None = None,
+    env_per_worker: list[dict[str, str]] | None = None,
     **engine_kwargs,
 ) -> list[ActorHandle]:
-    """Start ``k`` rollout actors (Ray must be initialised); with ``wait`` block until all engines are up."""
+    """Start ``k`` rollout actors (Ray must be initialised); with ``wait`` block until all engines are up.
+
+    ``options_per_worker[i]`` (Ray ``.options``, e.g. from ``bandpo.distributed.placement.engine_launch``)
+    replaces ``num_cpus`` / ``num_gpus`` for worker i; ``env_per_worker[i]`` is added to ``env`` for it.
+    """
     import ray
 
-    actor = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus)
-    workers = [actor.remote(backend, model_path, env=env, **engine_kwargs) for _ in range(k)]
+    for name, per in (("options_per_worker", options_per_worker), ("env_per_worker", env_per_worker)):
+        if per is not None and len(per) != k:
+            raise ValueError(f"spawn_rollout_workers: {name} has {len(per)} entries for {k} workers")
+    remote = ray.remote(RolloutWorker)
+    workers = []
+    for i in range(k):
+        opts = options_per_worker[i] if options_per_worker is not None else {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        worker_env = {**(env or {}), **(env_per_worker[i] if env_per_worker is not None else {})}
+        workers.append(remote.options(**opts).remote(backend, model_path, env=worker_env or None, **engine_kwargs))
     if wait:
         ray.get([w.ready.remote() for w in workers])
     return workers

@@ -1,0 +1,46 @@
+"""Every shipped model's plan placed on simulated Ray clusters (fake GPUs) with the real workers' options.
+
+One simulated cluster per shape (``check_plan(reuse=True)`` places several plans on it): 1x8 for
+the three shipped models (qwen2.5-7b and llama3-8b with TP=2 engines) and a split layout; 2x8
+through ``ray.cluster_utils.Cluster``; 1x4. Every invariant of ``bandpo.distributed.check`` must
+hold: each actor rank alone on its GPU, an engine's shards on distinct GPUs of one node, colocated
+pairs on the same GPU, split groups on disjoint GPUs, nothing unplaced.
+"""
+
+import pytest
+
+from bandpo.config import compose
+from bandpo.distributed.check import check_plan, cpus_needed, simulated_cluster
+from bandpo.distributed.plan import ClusterShape, make_plan
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SPLIT_7B = ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]
+SHAPES = {
+    (1, 8): [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"], SPLIT_7B],
+    (2, 8): [["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"]],
+    (1, 4): [["model=qwen2.5-3b", "actor.num_workers=4", "rollout.num_workers=4"]],
+}
+
+
+def _check_on(nodes, gpus, overrides_list):
+    plans = [make_plan(compose(o), ClusterShape(nodes, gpus), "cuda") for o in overrides_list]
+    with simulated_cluster(nodes, gpus, max(cpus_needed(p) for p in plans)):
+        return [check_plan(p, reuse=True) for p in plans], plans
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_plans_hold_on_simulated_cluster(shape):
+    nodes, gpus = shape
+    reports, plans = _check_on(nodes, gpus, SHAPES[shape])
+    for overrides, plan, report in zip(SHAPES[shape], plans, reports):
+        assert report["ok"], (overrides, report["errors"])
+        placed = [w for w in report["workers"] if w["group"] in ("actor", "rollout")]
+        assert len(placed) == len([w for w in plan.workers if w.group in ("actor", "rollout")]), overrides
+        used = {(w["node"], w["gpus"][0]) for w in placed}
+        assert len({w["node"] for w in placed}) == nodes, overrides  # every node holds workers
+        # colocated: every GPU of the cluster is used; split: actor.gpus + rollout.gpus of them
+        assert len(used) == (nodes * gpus if plan.layout == "colocated" else 8), overrides
+        if plan.tp > 1:
+            shards = [w for w in placed if w["group"] == "rollout"]
+            assert {w["shard"] for w in shards} == set(range(plan.tp)), overrides
