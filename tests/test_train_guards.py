@@ -44,8 +44,8 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
         line for line in console.splitlines() if " pid=" in line or "libtcmalloc" in line or "Triton" in line
     ]
     assert noise == [], noise[:5]
-    ray_log = (out / "logs" / "ray-workers.log").read_text()
-    assert "vLLM" in ray_log or "vllm" in ray_log, ray_log[-2000:]
+    rollout_log = (out / "logs" / "rollout.log").read_text()
+    assert "vLLM" in rollout_log or "vllm" in rollout_log, rollout_log[-2000:]
     # (verifier.log appears once the reward pool starts; this random model's responses have no
     # answer to grade: test_verifier_faults.py::test_pool_workers_write_to_their_log_file.)
 

@@ -126,6 +126,9 @@ class Actor:
         temperature: float = 1.0,
         seed: int = 0,
     ):
+        from bandpo.run_logs import redirect_group_output
+
+        redirect_group_output("actor")
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 

@@ -32,8 +32,9 @@ def resolve_device(device: str) -> str:
 def init_ray(address: str | None, device: str, logs_dir=None) -> None:
     """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine.
 
-    With ``logs_dir``, every worker's output goes to ``<logs_dir>/ray-workers.log`` instead of
-    the driver's console (``bandpo.run_logs``).
+    With ``logs_dir``, every worker's output goes to ``<logs_dir>/`` instead of the driver's
+    console: ``ray-workers.log`` until a worker group's actor names its own file
+    (``rollout.log``, ``actor.log``, ``verifier.log``; ``bandpo.run_logs``).
     """
     import logging
 

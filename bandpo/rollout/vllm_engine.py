@@ -78,6 +78,9 @@ class VllmEngine:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **llm_kwargs,
     ) -> None:
+        from bandpo.run_logs import redirect_group_output
+
+        redirect_group_output("rollout")  # before vLLM starts its engine-core process
         from vllm import LLM
         from vllm.platforms import current_platform
 

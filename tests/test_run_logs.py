@@ -1,0 +1,41 @@
+"""Worker output routing (bandpo.run_logs): one file per worker group, nothing in-process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bandpo import run_logs
+
+
+def test_group_output_goes_to_the_groups_file(tmp_path):
+    # A child process stands in for a Ray worker: it has $BANDPO_WORKER_LOG (set for Ray workers
+    # only), prints before and after naming its group, and starts a grandchild after (as vLLM
+    # starts its engine core), whose output must follow into the group's file.
+    code = (
+        "import subprocess, sys\n"
+        "from bandpo import run_logs\n"
+        "run_logs.redirect_worker_output()\n"
+        "print('before-group', flush=True)\n"
+        "run_logs.redirect_group_output('rollout')\n"
+        "print('after-group', flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"grandchild\")'], check=True)\n"
+    )
+    env = {**os.environ, run_logs.LOG_ENV: str(tmp_path / "ray-workers.log")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout == proc.stderr == ""
+    assert (tmp_path / "ray-workers.log").read_text() == "before-group\n"
+    assert (tmp_path / "rollout.log").read_text() == "after-group\ngrandchild\n"
+
+
+def test_group_output_is_a_no_op_outside_a_ray_worker(monkeypatch, capfd):
+    monkeypatch.delenv(run_logs.LOG_ENV, raising=False)
+    run_logs.redirect_group_output("actor")
+    print("still on the console")
+    assert capfd.readouterr().out == "still on the console\n"
+
+
+def test_unknown_group_is_refused():
+    with pytest.raises(ValueError, match="rollout"):
+        run_logs.redirect_group_output("learner")
