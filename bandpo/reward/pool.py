@@ -65,8 +65,9 @@ of returning a batch of ``error`` items. A response that crashes its worker is s
 item's ``error``: the pool replaces the worker and goes on.
 
 Each worker caps its own address space (``memory_cap_gib``, RLIMIT_AS): model output built
-to make sympy allocate without bound (a power tower, a huge factorial) gets MemoryError in
-that worker, which grades the item ``error``, instead of taking the node's memory.
+to make sympy allocate without bound (``2^{2^{29}}`` takes ~410 MiB to grade) gets MemoryError in
+that worker instead of taking the node's memory: math-verify treats it as a failed comparison
+(the item is ``incorrect``), or the worker dies and the item ends ``error``.
 """
 
 from __future__ import annotations
