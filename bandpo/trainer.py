@@ -67,6 +67,7 @@ class Trainer:
         self.device = resolve_device(cfg.trainer.device)
         self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
         self.timings: dict[str, float] = {}
+        self.startup: dict[str, float] = {}  # start-up phase -> seconds
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.weight_sync = None  # NodeWeightSync, made at the first sync
@@ -87,8 +88,10 @@ class Trainer:
         from bandpo.reward import RewardScheme
 
         cfg = self.cfg
+        t_setup = time.perf_counter()
         self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
-        self.model_path = ensure_model(cfg.model)
+        with self.startup_phase("model"):
+            self.model_path = ensure_model(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         examples = [ex for src in cfg.data.train for ex in load_source(_plain(src))]
         encoded = encode_examples(self.tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)
@@ -105,16 +108,37 @@ class Trainer:
                               max_response_len=cfg.rollout.max_tokens)
         remove_stale_weight_files()
         shm_before = _clean_shm(self.out)
-        init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
-        self.plan = self._placement_plan()
-        with stage("start", "verifier"):  # verifier actors, each with its own grading pool
-            self.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
-                                    num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
-                                    actors=cfg.trainer.verifier_actors, strategies=self._verifier_strategies(),
-                                    memory_cap_gib=cfg.trainer.verifier_memory_gib)
-        self._start_workers()
+        with self.startup_phase("ray"):
+            init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
+            self.plan = self._placement_plan()
+
+        def start_verifier():  # verifier actors, each with its own grading pool
+            with stage("start", "verifier"):
+                self.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
+                                        num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
+                                        actors=cfg.trainer.verifier_actors, strategies=self._verifier_strategies(),
+                                        memory_cap_gib=cfg.trainer.verifier_memory_gib)
+
+        self._start_workers(start_verifier)
         shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
+        self._report_startup(time.perf_counter() - t_setup)
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
+
+    def _report_startup(self, total: float) -> None:
+        """One console line and <run>/startup.json: seconds per start-up phase (issue 13, part 5).
+
+        ``verifier`` overlaps the engines' and the actor's loading; ``rollout`` / ``actor`` are the
+        waits left after it. ``process`` is the time from interpreter start to ``setup`` (imports).
+        """
+        import json
+
+        self.startup["setup"] = total
+        import psutil  # a Ray dependency
+
+        self.startup["process"] = time.time() - psutil.Process().create_time() - total
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.startup.items() if k not in ("setup", "process"))
+        print(f"[bandpo] start-up {total:.1f} s ({parts}; before setup {self.startup['process']:.1f} s)", flush=True)
+        (self.out / "startup.json").write_text(json.dumps({k: round(v, 3) for k, v in self.startup.items()}))
 
     def _placement_plan(self):
         """The GPU placement plan for the live cluster (``bandpo.distributed.plan``); None on CPU.
@@ -136,7 +160,17 @@ class Trainer:
 
         return [verifier_options(self.plan, i)["scheduling_strategy"] for i in range(len(self.plan.of("verifier")))]
 
-    def _start_workers(self) -> None:
+    def _start_workers(self, start_verifier) -> None:
+        """Start the rollout engines, the actor ranks and (``start_verifier``) the verifier, overlapped.
+
+        Ray builds actors in the background: the engines and the actor ranks are launched
+        first, the verifier starts while they load, then each group is waited for under its
+        own stage, so a failure names its group (and ``close`` tears the others down). One
+        exception: in the colocated GPU layout vLLM sizes its KV cache from the GPU memory free
+        when it starts, so the actor ranks are launched only once the engines are up.
+        """
+        import ray
+
         from bandpo.actor import ActorGroup
         from bandpo.rollout.worker import spawn_rollout_workers
 
@@ -167,7 +201,11 @@ class Trainer:
                 engine_kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False,
                                  max_num_batched_tokens=max(8192, cfg.model.max_model_len))
             self.rollout = spawn_rollout_workers(ro.num_workers, ro.backend, self.model_path, num_cpus=1, num_gpus=0,
-                                                 env=env, **placed, **engine_kw)
+                                                 env=env, wait=False, **placed, **engine_kw)
+            engines_ready = [w.ready.remote() for w in self.rollout]
+        if self.plan is not None and self.plan.sleeps:
+            with self.startup_phase("rollout"), stage("start", "rollout"):
+                ray.get(engines_ready)
         with stage("start", "actor"):
             bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
             self.actor = ActorGroup(
@@ -180,7 +218,13 @@ class Trainer:
                 logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
                 logits_chunk_tokens=ac.logits_chunk_tokens, ref_model=cfg.algorithm.kl_coef > 0,
-                temperature=ro.temperature, seed=cfg.trainer.seed)
+                temperature=ro.temperature, seed=cfg.trainer.seed, wait=False)
+        with self.startup_phase("verifier"):
+            start_verifier()
+        with self.startup_phase("rollout"), stage("start", "rollout"):
+            ray.get(engines_ready)
+        with self.startup_phase("actor"), stage("start", "actor"):
+            self.actor.wait_ready()
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
@@ -388,13 +432,13 @@ class Trainer:
         write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
 
     # ------------------------------------------------------------------ pieces
-    @contextmanager
+    def startup_phase(self, name: str):
+        """Time a start-up phase into ``self.startup`` (printed and written to <run>/startup.json)."""
+        return _timed_into(self.startup, name)
+
     def timed(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        """Time a step stage into ``self.timings`` (logged as ``time/<name>``)."""
+        return _timed_into(self.timings, name)
 
     def _generate(self, prompts, sampling):
         from bandpo.rollout.worker import generate_on_workers
@@ -642,6 +686,15 @@ def _reward_metrics(scores) -> dict[str, float]:
     out = {"reward/mean": sum(s.reward for s in scores) / n, "reward/accuracy": sum(s.correct for s in scores) / n}
     out.update({f"reward/frac_{status}": c / n for status, c in counts.items()})
     return out
+
+
+@contextmanager
+def _timed_into(table: dict[str, float], name: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        table[name] = table.get(name, 0.0) + time.perf_counter() - t0
 
 
 def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:

@@ -10,7 +10,10 @@ is dropped as warm-up when there is more than one step. Printed (and written as 
   ("other" is the step time no stage accounts for: metrics, batching, logging);
 - generated tokens/s (over whole steps) and rollout tokens/s (over the rollout stage);
 - wall time of the whole command, including start-up (model build when not cached, Ray,
-  vLLM, DeepSpeed) and shutdown, and the tokens/s that wall time gives.
+  vLLM, DeepSpeed) and shutdown, and the tokens/s that wall time gives;
+- the trainer's start-up phases (``<run>/startup.json``: model, ray, verifier — which
+  overlaps the engines' and actor's loading —, the waits left for rollout and actor, setup
+  in all, and the process's time before setup: imports, config).
 
     .venv/bin/python scripts/bench_step.py [--steps 4] [--model-path DIR] [--output-dir DIR] \\
         [--out bench_step.json] [-- HYDRA_OVERRIDES...]
@@ -151,6 +154,10 @@ def print_report(report: dict) -> None:
     print(f"| wall time incl. start-up, s | {t['wall_s']:.1f} |")
     print(f"| of which outside steps (start-up, shutdown), s | {t['outside_steps_s']:.1f} |")
     print(f"| tokens/s over wall time (all steps) | {t['wall_tokens_per_s']:.1f} |")
+    if report.get("startup"):
+        print("\n| start-up phase | s |\n|---|---|")
+        for name, seconds in report["startup"].items():
+            print(f"| {name} | {seconds:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -185,6 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
         "config": run_config(out_dir),
         "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
         "summary": summarize(read_metrics(out_dir / "metrics.jsonl"), wall),
+        # Seconds per start-up phase as the trainer timed them (bandpo.trainer._report_startup).
+        "startup": json.loads((out_dir / "startup.json").read_text()) if (out_dir / "startup.json").exists() else {},
     }
     print_report(report)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -55,7 +55,9 @@ class ActorGroup:
 
     ``options_per_rank[r]`` (Ray ``.options`` with a placement-group ``scheduling_strategy``, e.g.
     from ``bandpo.distributed.placement.actor_options``) seats rank r in a group the caller owns;
-    then no group of its own is made and ``num_*_per_rank`` are unused.
+    then no group of its own is made and ``num_*_per_rank`` are unused. With ``wait=False``
+    the ranks build in the background until ``wait_ready()`` (the trainer starts the rollout
+    engines and the verifier meanwhile).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class ActorGroup:
         num_cpus_per_rank: float = 1,
         num_gpus_per_rank: float = 0,
         options_per_rank: list[dict[str, Any]] | None = None,
+        wait: bool = True,
         **actor_kwargs: Any,
     ):
         import ray
@@ -109,7 +112,17 @@ class ActorGroup:
             )
             for rank in range(world_size)
         ]
-        ray.get([w.info.remote() for w in self.workers])  # surfaces constructor errors here
+        self._ready = [w.info.remote() for w in self.workers]
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until every rank is built; raises the first constructor error (Ray's ``RayActorError``)."""
+        import ray
+
+        if self._ready:
+            ray.get(self._ready)
+            self._ready = []
 
     def call(self, method: str, *args, **kwargs) -> list:
         """Run ``method`` on every rank with the same arguments; results in rank order."""
