@@ -48,9 +48,19 @@ def live_shape():
 
 
 def ensure_model(model_cfg) -> str:
-    """The model path, building the tiny recipe's model there first when ``model.build`` asks for it."""
+    """The model path, building the tiny recipe's model there first when ``model.build`` asks for it.
+
+    ``model.build_args`` (optional) are fields of the recipe's ``BuildArgs`` (``sft_steps``,
+    ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's.
+    """
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
     path = os.path.expanduser(str(model_cfg.path))
     build = model_cfg.get("build")
+    build_args = model_cfg.get("build_args") or {}
+    build_args = OmegaConf.to_container(build_args, resolve=True) if OmegaConf.is_config(build_args) else dict(build_args)
     if build:  # the recipe's build is cached: it returns at once when the folder is current
         if build != "tiny_arith":
             raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
@@ -61,7 +71,11 @@ def ensure_model(model_cfg) -> str:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # dataclasses in the script look their module up here
         spec.loader.exec_module(module)
-        module.build(path)
+        valid = [f.name for f in dataclasses.fields(module.BuildArgs)]
+        unknown = sorted(set(build_args) - set(valid))
+        if unknown:
+            raise ValueError(f"model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
+        module.build(path, **build_args)
     return path
 
 
