@@ -236,8 +236,8 @@ def test_actor_config_keys_are_validated(overrides, key):
 def test_reuse_old_logprobs_applies_only_with_one_optimizer_step_per_rollout():
     from bandpo.config import compose, reuse_old_logprobs
 
-    assert not reuse_old_logprobs(compose([]))  # tiny default: mini_batch_prompts 8 of 16 prompts
-    one_step = ["actor.mini_batch_prompts=16"]
+    assert not reuse_old_logprobs(compose(["trainer.prompts_per_step=16", "actor.mini_batch_prompts=8"]))
+    one_step = ["trainer.prompts_per_step=16", "actor.mini_batch_prompts=16"]
     assert reuse_old_logprobs(compose(one_step))
     assert reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=true"]))
     assert not reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=false"]))
