@@ -1,0 +1,153 @@
+"""Benchmark: bandpo vs TRL's GRPOTrainer, back to back on one machine, at two scales.
+
+    .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate   # once, beside the venv
+    .venv/bin/python scripts/bench_vs_trl.py [--trl-site /tmp/trl-site] [--steps 3] \\
+        [--scales tiny,25m] [--out bench_vs_trl.json]
+
+For each scale, TRL first (``scripts/bench_trl.py``), then bandpo with ``algorithm=grpo``
+(``scripts/bench_step.py``), each as its own process with the same model, prompts, samples,
+new-token limit and optimizer steps per RL step; the load average is printed before and after
+each side. Step 1 of each side is warm-up and dropped. Printed (and written as JSON): median
+seconds per RL step, generated tokens/s, their ratios (TRL / bandpo: above 1 means bandpo is
+faster), and bandpo's start-up (wall time outside its steps), which TRL's number does not have
+an equivalent for (its model loads in the benchmark process before timing starts).
+
+Scales:
+- ``tiny``: the tiny recipe's model (configs/model/tiny.yaml's cached build), 16 prompts x 32
+  samples, at most 48 new tokens, 2 optimizer steps of 8 prompts: overhead-dominated.
+- ``25m``: a randomly initialised Qwen2 of ~24M parameters (hidden 512, 8 layers, 8 heads of 64,
+  2 KV heads, MLP 1536, the tiny recipe's tokenizer), 8 prompts x 8 samples, at most 128 new
+  tokens, 2 optimizer steps of 4 prompts: compute-dominated. A random model rarely samples its
+  end-of-sequence token, so most responses on both sides run the full 128 tokens; the tokens/s
+  ratio is the comparison that does not depend on lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("BANDPO_CACHE", Path.home() / ".cache" / "bandpo")) / "tiny_arith"
+SCALES = {
+    "tiny": dict(prompts=16, n=32, max_tokens=48, mini_batch_prompts=8, micro_batch_size=64),
+    "25m": dict(prompts=8, n=8, max_tokens=128, mini_batch_prompts=4, micro_batch_size=16),
+}
+SIZE_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                intermediate_size=1536)
+
+
+def tiny_model() -> Path:
+    """The tiny recipe's warm-started model (built and cached by ``scripts/train.sh`` on first use)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(REPO / "configs"), version_base=None):
+        cfg = compose("train")
+    path = Path(os.path.expanduser(str(cfg.model.path)))
+    if not path.exists():
+        sys.exit(f"bench_vs_trl: {path} is missing: run scripts/train.sh once to build the tiny model")
+    return path
+
+
+def random_25m_model(tiny: Path) -> Path:
+    """A random ~24M-parameter Qwen2 with the tiny recipe's tokenizer and chat template (cached)."""
+    import torch
+    from transformers import AutoConfig, Qwen2ForCausalLM
+
+    out = CACHE / "random-25m"
+    if (out / "model.safetensors").exists():
+        return out
+    cfg = AutoConfig.from_pretrained(tiny)
+    for key, value in SIZE_25M.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    tmp = Path(tempfile.mkdtemp(prefix=".random-25m.", dir=CACHE))
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in tiny.iterdir():  # tokenizer, chat template, generation config: prompts tokenize identically
+        if f.is_file() and f.name not in ("model.safetensors", "config.json") and not f.name.startswith("bandpo_"):
+            shutil.copy(f, tmp / f.name)
+    tmp.rename(out)
+    print(f"built {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
+    return out
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run(cmd: list[str], env: dict, label: str) -> None:
+    print(f"\n[{label}] load {load()}: {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench_vs_trl: {label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    print(f"[{label}] done, load {load()}", flush=True)
+
+
+def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -> dict:
+    s = SCALES[scale]
+    py = sys.executable
+    trl_json, bandpo_json = workdir / f"trl-{scale}.json", workdir / f"bandpo-{scale}.json"
+    trl_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [trl_site, os.environ.get("PYTHONPATH")]))}
+    run([py, "scripts/bench_trl.py", "--steps", str(steps), "--model-path", str(model), "--prompts", str(s["prompts"]),
+         "--n", str(s["n"]), "--max-tokens", str(s["max_tokens"]), "--mini-batch-prompts", str(s["mini_batch_prompts"]),
+         "--micro-batch-size", str(s["micro_batch_size"]), "--out", str(trl_json)], trl_env, f"{scale}: TRL")
+    run([py, "scripts/bench_step.py", "--steps", str(steps), "--output-dir", str(workdir / f"run-{scale}"),
+         "--out", str(bandpo_json), "--", "algorithm=grpo", f"model.path={model}", "model.build=null",
+         f"trainer.prompts_per_step={s['prompts']}", f"rollout.n={s['n']}", f"rollout.max_tokens={s['max_tokens']}",
+         f"eval.max_tokens={s['max_tokens']}", f"actor.mini_batch_prompts={s['mini_batch_prompts']}",
+         f"actor.micro_batch_size={s['micro_batch_size']}", "actor.lr=2e-5"], dict(os.environ), f"{scale}: bandpo")
+    trl, ours = json.loads(trl_json.read_text())["summary"], json.loads(bandpo_json.read_text())
+    b = ours["summary"]
+    return {
+        "scale": scale, "model": str(model), **s,
+        "trl_step_s": trl["median_step_s"], "bandpo_step_s": b["step"]["median_s"],
+        "trl_tokens_per_s": trl["tokens_per_s"], "bandpo_tokens_per_s": b["throughput"]["tokens_per_s"],
+        "trl_tokens_per_step": trl["generated_tokens_per_step"],
+        "bandpo_tokens_per_step": b["throughput"]["generated_tokens_per_step"],
+        "step_ratio_trl_over_bandpo": trl["median_step_s"] / b["step"]["median_s"],
+        "tokens_per_s_ratio_bandpo_over_trl": b["throughput"]["tokens_per_s"] / trl["tokens_per_s"],
+        "bandpo_startup_s": b["throughput"]["outside_steps_s"],
+        "trl_stages_median_s": trl["stages_median_s"],
+        "bandpo_stages_median_s": {k: v["median_s"] for k, v in b["stages"].items()},
+    }
+
+
+def main() -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trl-site", default="/tmp/trl-site", help="folder TRL was installed into (pip --target)")
+    ap.add_argument("--steps", type=int, default=3, help="RL steps per side; step 1 is dropped as warm-up")
+    ap.add_argument("--scales", default="tiny,25m", help=f"comma-separated, of {list(SCALES)}")
+    ap.add_argument("--out", default="bench_vs_trl.json")
+    args = ap.parse_args()
+    scales = args.scales.split(",")
+    unknown = [s for s in scales if s not in SCALES]
+    if unknown:
+        ap.error(f"unknown scale {unknown[0]!r}; valid: {list(SCALES)}")
+    if not (Path(args.trl_site) / "trl").is_dir():
+        sys.exit(f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
+                 f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate")
+    tiny = tiny_model()
+    models = {"tiny": tiny, "25m": random_25m_model(tiny) if "25m" in scales else None}
+    with tempfile.TemporaryDirectory(prefix="bench_vs_trl.") as tmp:
+        rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp)) for s in scales]
+    print(f"\nmachine: {os.cpu_count()} CPUs, load {load()} at the end\n")
+    print("| scale | TRL s/step | bandpo s/step | TRL / bandpo | tokens/s TRL | tokens/s bandpo | bandpo / TRL "
+          "| bandpo start-up s |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['scale']} | {r['trl_step_s']:.2f} | {r['bandpo_step_s']:.2f} | {r['step_ratio_trl_over_bandpo']:.2f}x "
+              f"| {r['trl_tokens_per_s']:.0f} | {r['bandpo_tokens_per_s']:.0f} "
+              f"| {r['tokens_per_s_ratio_bandpo_over_trl']:.2f}x | {r['bandpo_startup_s']:.1f} |")
+    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "rows": rows}, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
