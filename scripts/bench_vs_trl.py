@@ -66,6 +66,9 @@ def random_25m_model(tiny: Path) -> Path:
     cfg = AutoConfig.from_pretrained(tiny)
     for key, value in SIZE_25M.items():
         setattr(cfg, key, value)
+    cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
+    cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers  # one entry per layer
+    cfg.max_window_layers = cfg.num_hidden_layers
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
     tmp = Path(tempfile.mkdtemp(prefix=".random-25m.", dir=CACHE))
