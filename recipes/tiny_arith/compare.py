@@ -33,7 +33,7 @@ BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "
 # bandpo.viz keys; of the clip bins only the tail one, where the algorithms differ most (the table has all).
 PLOT_KEYS = ("accuracy", "mean@", "entropy", "clip_frac_up", "clip_frac_down", "actor/clip_frac_bin/lt0.01")
 # compare.sh runs these labels in this order; other labels found under --runs follow, sorted.
-LABEL_ORDER = ("grpo", "clip_higher", "bandpo")
+LABEL_ORDER = ("grpo", "clip_higher", "bandpo", "bandpo_d0.02", "bandpo_d0.1", "bandpo_filter", "bandpo_adaptive")
 
 
 def find_runs(root: Path) -> dict[str, dict[int, Path]]:

@@ -7,6 +7,7 @@
 #   recipes/tiny_arith/compare.sh [extra Hydra overrides for every run...]
 #   SEEDS="0 1 2" STEPS=12 RUNS=runs/compare RESULTS=recipes/tiny_arith/results.md recipes/tiny_arith/compare.sh
 #   ALGOS="bandpo" SEEDS="3 4" recipes/tiny_arith/compare.sh    # a subset (default: grpo clip_higher bandpo)
+#   ALGOS="bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive" SEEDS=0 recipes/tiny_arith/compare.sh  # one-seed arms
 #
 # Each run trains through scripts/train.sh into $RUNS/<algo>-s<seed>/ (its output also in train.log
 # there), seed by seed so that partial results already compare the three algorithms. The tiny config
@@ -29,7 +30,12 @@ algo_overrides() {
     grpo) echo "algorithm=grpo" ;;
     clip_higher) echo "algorithm=clip_higher" ;;
     bandpo) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05" ;;
-    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo)" >&2; return 1 ;;
+    # One-seed arms beside the three algorithms: Band's radius, DAPO dynamic sampling, adaptive Band.
+    bandpo_d0.02) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.02" ;;
+    bandpo_d0.1) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.1" ;;
+    bandpo_filter) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05 algorithm.filter_groups.enable=true" ;;
+    bandpo_adaptive) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05 algorithm.band.adaptive=entropy" ;;
+    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive)" >&2; return 1 ;;
   esac
 }
 
