@@ -196,6 +196,8 @@ def validate(cfg) -> None:
 
     _number(cfg, "actor.logprob_token_budget", low=1, integer=True)
     _number(cfg, "actor.logits_chunk_tokens", low=1, integer=True)
+    if _get(cfg, "actor.cpu_threads") is not None:
+        _number(cfg, "actor.cpu_threads", low=1, integer=True)
     budget = _number(cfg, "actor.max_tokens_per_micro_batch", low=0, integer=True)
     padding_free = _get(cfg, "actor.padding_free")
     _check(isinstance(padding_free, bool), "actor.padding_free", "must be true or false", padding_free)
@@ -234,34 +236,24 @@ def validate(cfg) -> None:
 
 
 def reuse_old_logprobs(cfg) -> bool:
-    """Whether the update takes the old log-probs from its own forward (``actor.reuse_old_logprobs``).
+    """Whether the update's first optimizer step takes its old log-probs from its own forward
+    (``actor.reuse_old_logprobs``).
 
-    It applies when the update is one optimizer step per rollout (``actor.mini_batch_prompts ==
-    trainer.prompts_per_step``, ``actor.epochs == 1``): then the policy before the step is the
-    policy of the step's forward. ``auto`` uses it where it applies; ``true`` where it does not
-    is a config error.
+    Before the first optimizer step of a rollout the policy is the one of that step's forward, so
+    the separate old-logprob pass only needs the rows of the later mini-batches (none with one
+    optimizer step per rollout). ``auto`` uses it wherever it applies: everywhere except the
+    adaptive band's ``batch`` scale, which needs the step's mean pi_old entropy over all rows
+    before the update's first forward (there ``true`` is a config error).
     """
     value = _get(cfg, "actor.reuse_old_logprobs")
     _check(value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value)
-    one_step = (_get(cfg, "actor.mini_batch_prompts") == _get(cfg, "trainer.prompts_per_step")
-                and _get(cfg, "actor.epochs") == 1)
-    # The adaptive band's ``batch`` scale is the step's mean pi_old entropy, needed before the
-    # update's first forward: it takes the separate pass.
     band = _get(cfg, "algorithm.band") if _get(cfg, "algorithm.name") == "bandpo" else None
     needs_pass = band is not None and band.get("adaptive", "none") == "entropy" and band.get("adaptive_norm") == "batch"
     if value is True and needs_pass:
         raise ConfigError("config error: actor.reuse_old_logprobs=true cannot be used with algorithm.band.adaptive="
                           "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
-                          "old-logprob pass); use auto or false, or adaptive_norm=logv")
-    one_step = one_step and not needs_pass
-    if value is True and not one_step:
-        raise ConfigError(
-            "config error: actor.reuse_old_logprobs=true needs one optimizer step per rollout "
-            f"(actor.mini_batch_prompts == trainer.prompts_per_step and actor.epochs == 1), got "
-            f"mini_batch_prompts={_get(cfg, 'actor.mini_batch_prompts')}, prompts_per_step="
-            f"{_get(cfg, 'trainer.prompts_per_step')}, epochs={_get(cfg, 'actor.epochs')}"
-        )
-    return one_step and value is not False
+                          "old-logprob pass over every row); use auto or false, or adaptive_norm=logv")
+    return not needs_pass and value is not False
 
 
 def _validate_placement(cfg) -> None:

@@ -69,8 +69,10 @@ class NonfiniteGuard:
 def inject_nonfinite(batch, what: str) -> None:
     """Test hook (``trainer.inject_nonfinite_step``): put a NaN into the batch's ``what``.
 
-    ``rewards`` poisons the first row's reward, ``logprobs`` the first response token's old
-    log-prob; the guard must then skip (or stop) the step as for a real NaN.
+    ``rewards`` poisons the first row's reward, ``logprobs`` the old log-prob of the last row's
+    last response token (a row of the old-logprob pass: with ``actor.reuse_old_logprobs`` the
+    first optimizer step's rows get theirs from the update); the guard must then skip (or stop)
+    the step as for a real NaN.
     """
     if what == "rewards":
         batch.rewards[0] = float("nan")  # [N]
@@ -78,7 +80,7 @@ def inject_nonfinite(batch, what: str) -> None:
         if batch.old_logprobs is None:  # actor.reuse_old_logprobs: they come from the update's forward
             raise ValueError("trainer.inject_nonfinite=logprobs needs the separate old-logprob pass "
                              "(set actor.reuse_old_logprobs=false)")
-        row, col = batch.response_mask.nonzero()[0].tolist()
+        row, col = batch.response_mask.nonzero()[-1].tolist()
         batch.old_logprobs[row, col] = float("nan")  # [N, R]
     else:
         raise ValueError(f"inject_nonfinite: what must be rewards or logprobs, got {what!r}")

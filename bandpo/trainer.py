@@ -16,11 +16,12 @@ Per step (SPEC.md):
 Departures from the paper's scripts, stated:
 - Old logprobs are recomputed by the actor (as verl does) rather than taken from vLLM; the
   gap between the two is logged as ``health/rollout_actor_*`` instead.
-- With one optimizer step per rollout (``actor.mini_batch_prompts == trainer.prompts_per_step``,
-  ``actor.epochs=1``) stage 5 skips the old-logprob pass: the update's own forward is the
-  policy before its only step, so old = its detached log-probs (ratio 1 there) and the
-  logged entropy is that forward's (``actor.reuse_old_logprobs``: auto | true | false, on
-  where it applies). The ref pass (kl_coef > 0) still runs.
+- Stage 5's old-logprob pass covers only the rows of the later mini-batches (none with one
+  optimizer step per rollout): the first optimizer step's own forward is the policy before
+  it, so old = its detached log-probs for the batch's first ``mini_batch_prompts x n`` rows
+  (ratio 1 there), and their logged entropy is that forward's (``actor.reuse_old_logprobs``:
+  auto | true | false; auto is on except for the adaptive band's ``batch`` scale, which needs
+  every row's pi_old entropy first). The ref pass (kl_coef > 0) still covers every row.
 - Sampling is seeded per step and round (``bandpo.data.sampler.rollout_seed``) so a resumed run
   replays the exact rollouts of an uninterrupted one, dynamic sampling's extra rounds included.
 - Optional, off by default: truncated importance sampling (``algorithm.tis_cap``) reweights the
@@ -227,7 +228,7 @@ class Trainer:
                 logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
                 logits_chunk_tokens=ac.logits_chunk_tokens, ref_model=cfg.algorithm.kl_coef > 0,
-                temperature=ro.temperature, seed=cfg.trainer.seed, wait=False)
+                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
         with self.startup_phase("verifier"):
             start_verifier()
         with self.startup_phase("rollout"), stage("start", "rollout"):
@@ -280,12 +281,16 @@ class Trainer:
         if cfg.trainer.trace_every and self.step % cfg.trainer.trace_every == 0:
             with self.timed("trace"):
                 self._write_trace(rnd)
+        first = cfg.actor.mini_batch_prompts * ro.n  # rows of the first optimizer step
         with self.timed("logprobs"), stage("logprobs", "actor"):
-            entropy = None
+            entropy = later_entropy = None  # [N, R]: every row's (for the metrics); the later rows' only
             if not self.reuse_old:
                 batch.old_logprobs, entropy = self.actor.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
-                if self._adaptive_band():  # the per-token band radius is a function of pi_old's entropy
-                    batch.old_entropy = entropy  # [N, R]
+            elif first < batch.size:  # the first `first` rows' come from the update's first forward
+                batch.old_logprobs, later_entropy = _later_rows_logprobs(self.actor, batch, first)  # [N, R] x2
+            if self._adaptive_band():  # the per-token band radius is a function of pi_old's entropy
+                # [N, R]; with reuse_old_logprobs the first step's rows take their forward's entropy
+                batch.old_entropy = entropy if entropy is not None else later_entropy
             if algo.kl_coef > 0:
                 batch.ref_logprobs, _ = self.actor.compute_logprobs(batch, ref=True)  # [N, R]
 
@@ -300,9 +305,11 @@ class Trainer:
         if updated:
             with self.timed("update"), stage("update", "actor"):
                 bad_steps = total_steps = 0
-                for _ in range(cfg.actor.epochs):
-                    if self.reuse_old:  # one step: old logprobs and entropy [N, R] come from its forward
-                        update, batch.old_logprobs, entropy = self.actor.update_on_policy(batch, self.loss_kwargs(batch))
+                for epoch in range(cfg.actor.epochs):
+                    if self.reuse_old and epoch == 0:  # the first step's rows' old logprobs come from its forward
+                        update, first_old, first_entropy = self.actor.update_on_policy(batch, self.loss_kwargs(batch))
+                        batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, first)  # [N, R]
+                        entropy = _merge_first_rows(first_entropy, later_entropy, first)
                         metrics.update(_rollout_metrics(batch, entropy))
                     else:
                         update = self.actor.update(batch, self.loss_kwargs(batch))
@@ -618,6 +625,23 @@ def _timed_into(table: dict[str, float], name: str):
         yield
     finally:
         table[name] = table.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _later_rows_logprobs(actor, batch: TrainBatch, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Old log-probs and entropy [N, R] of rows ``first..N`` from the actor; 0.0 in rows ``0..first``
+    (the update's first forward fills those: ``actor.reuse_old_logprobs``)."""
+    lp, ent = actor.compute_logprobs(batch.select(slice(first, None)), with_entropy=True)  # [N - first, R] x2
+    pad = torch.zeros(first, lp.shape[1], dtype=lp.dtype)
+    return torch.cat([pad, lp]), torch.cat([pad, ent])
+
+
+def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, first: int) -> torch.Tensor:
+    """[N, R]: rows ``0..first`` from ``first_rows`` (the update's forward), the rest from ``later``."""
+    if later is None:
+        return first_rows
+    out = later.clone()
+    out[:first] = first_rows[:first]
+    return out
 
 
 def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:

@@ -12,6 +12,7 @@ import torch
 
 from bandpo.actor import Actor, shard_batch, unshard_rows
 from bandpo.actor.ds_config import grad_accum_steps
+from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
 from bandpo.types import RolloutBatch, TrainBatch
 
@@ -180,6 +181,11 @@ def test_shard_unshard_and_batch_arithmetic():
     assert grad_accum_steps(64, 4, 2) == 8
     with pytest.raises(ValueError, match="micro_batch_size=3"):
         grad_accum_steps(64, 3, 2)
+
+
+def test_cpu_threads_share_the_cores_between_ranks(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    assert [cpu_threads_per_rank(w) for w in (1, 2, 3, 16)] == [8, 4, 2, 1]
 
 
 # ---------------------------------------------------------------- the actor

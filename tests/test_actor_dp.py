@@ -7,6 +7,7 @@ import torch
 from test_actor import BANDPO, assert_same_adam_weights, full_weights, make_rollout, max_diff, new_actor
 
 from bandpo.actor import ActorGroup
+from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.types import TrainBatch
 
 pytestmark = pytest.mark.integration
@@ -58,6 +59,8 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
 
     group = ActorGroup(tiny_model_dir, 2, lr=1e-4, weight_decay=0.0, **kw)
     try:
+        # Ray sets OMP_NUM_THREADS=1 (the ranks' num_cpus); each rank takes its share of the cores instead.
+        assert [i["threads"] for i in group.call("info")] == [cpu_threads_per_rank(2)] * 2
         lp_group, ent_group = group.compute_logprobs(rb, with_entropy=True)
         lp_single, ent_single = single.compute_logprobs(rb, with_entropy=True)
         torch.testing.assert_close(lp_group, lp_single, atol=1e-5, rtol=0)
@@ -87,5 +90,18 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
 
         exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
         assert max_diff({k: v.detach() for k, v in exported.named_parameters()}, rank0) == 0.0
+
+        # reuse_old_logprobs over ranks: each rank's first mini-batch (rows r, r + 2, ...) is the
+        # batch's first 8 rows, whose old log-probs come from the update; rows 8.. from the batch.
+        # The group is back at the checkpoint, which is where `single` is.
+        old_now, _ = single.compute_logprobs(rb)
+        later = old_now.clone()
+        later[:8] = 5.0  # placeholders: read, they would change the step
+        single.update(TrainBatch.from_rollout(rb, advantages=batch.advantages, old_logprobs=old_now), BANDPO)
+        _, first_old, _ = group.update_on_policy(
+            TrainBatch.from_rollout(rb, advantages=batch.advantages, old_logprobs=later), BANDPO)
+        torch.testing.assert_close(first_old[:8], old_now[:8], atol=1e-5, rtol=0)
+        assert not first_old[8:].any()
+        assert max_diff(_rank_weights(group)[0], full_weights(single)) < 1e-5
     finally:
         group.shutdown()

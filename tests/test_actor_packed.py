@@ -136,28 +136,38 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
             assert m2[key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), (name, key)
 
 
-def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir):
-    """One optimizer step per rollout: old log-probs from the update's own forward give the same
-    step as a separate no-grad pass, and the same old log-probs and entropy back."""
+@pytest.mark.parametrize("mini_batch_size", [8, 4])
+def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir, mini_batch_size):
+    """The first optimizer step's old log-probs taken from its own forward give the same update as a
+    separate no-grad pass over every row, and the same old log-probs and entropy back for that
+    step's rows: with one optimizer step (8 rows) and with two (4 + 4, the later rows' old
+    log-probs from the batch; the first rows' there are placeholders the update must not read)."""
     g = torch.Generator().manual_seed(3)
     rb = make_rollout(8, 71)
     adv = torch.randn(8, generator=g)
-    full = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50)
+    first = mini_batch_size
+    full = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50, mini_batch_size=mini_batch_size)
     old, ent = full.compute_logprobs(rb, with_entropy=True)
     m_full = full.update(TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old), dict(BANDPO))
 
-    skip = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50)
-    m_skip, old_skip, ent_skip = skip.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
-    torch.testing.assert_close(old_skip, old, atol=1e-5, rtol=0)
-    torch.testing.assert_close(ent_skip, ent, atol=1e-5, rtol=0)
+    skip = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50, mini_batch_size=mini_batch_size)
+    later = None
+    if first < 8:
+        later = old.clone()
+        later[:first] = 5.0  # a placeholder far from any log-prob: read, it would change the step
+    m_skip, old_skip, ent_skip = skip.update_on_policy(
+        TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=later), dict(BANDPO))
+    torch.testing.assert_close(old_skip[:first], old[:first], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_skip[:first], ent[:first], atol=1e-5, rtol=0)
+    assert not old_skip[first:].any() and not ent_skip[first:].any()
     assert max_diff(full_weights(full), full_weights(skip)) < 1e-5
-    for key in ("loss", "grad_norm", "entropy", "approx_kl"):
+    for key in ("loss", "grad_norm", "entropy", "approx_kl", "clip_frac_up", "clip_frac_down"):
         assert m_skip[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-6), key
-    assert m_skip["clip_frac_up"] == m_skip["clip_frac_down"] == 0.0  # ratio == 1 exactly
-
-    two_steps = new_actor(tiny_model_dir, mini_batch_size=4)
-    with pytest.raises(ValueError, match="one optimizer step"):
-        two_steps.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
+    if first == 8:
+        assert m_skip["clip_frac_up"] == m_skip["clip_frac_down"] == 0.0  # ratio == 1 exactly
+    else:  # two steps need the later rows' old log-probs
+        with pytest.raises(ValueError, match="old_logprobs"):
+            skip.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
 
 
 # ---------------------------------------------------------------- memory at the real vocabulary
@@ -218,8 +228,8 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     "overrides,key",
     [
         (["actor.reuse_old_logprobs=maybe"], "actor.reuse_old_logprobs"),
-        (["actor.reuse_old_logprobs=true"], "actor.reuse_old_logprobs"),  # tiny: 2 optimizer steps per rollout
-        (["actor.reuse_old_logprobs=true", "actor.mini_batch_prompts=16", "actor.epochs=2"], "actor.reuse_old_logprobs"),
+        (["actor.reuse_old_logprobs=true", "algorithm=bandpo", "algorithm.band.adaptive=entropy"],
+         "actor.reuse_old_logprobs"),  # the batch entropy scale needs every row's pi_old entropy first
         (["actor.padding_free=false"], "actor.max_tokens_per_micro_batch"),
         (["actor.padding_free=maybe"], "actor.padding_free"),
         (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
@@ -233,15 +243,16 @@ def test_actor_config_keys_are_validated(overrides, key):
         compose(overrides)
 
 
-def test_reuse_old_logprobs_applies_only_with_one_optimizer_step_per_rollout():
+def test_reuse_old_logprobs_applies_except_for_the_batch_entropy_scale():
     from bandpo.config import compose, reuse_old_logprobs
 
-    assert not reuse_old_logprobs(compose(["trainer.prompts_per_step=16", "actor.mini_batch_prompts=8"]))
-    one_step = ["trainer.prompts_per_step=16", "actor.mini_batch_prompts=16"]
-    assert reuse_old_logprobs(compose(one_step))
-    assert reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=true"]))
-    assert not reuse_old_logprobs(compose(one_step + ["actor.reuse_old_logprobs=false"]))
-    assert not reuse_old_logprobs(compose(one_step + ["actor.epochs=2"]))
+    several_steps = ["trainer.prompts_per_step=16", "actor.mini_batch_prompts=8"]
+    assert reuse_old_logprobs(compose(several_steps))
+    assert reuse_old_logprobs(compose(several_steps + ["actor.epochs=2", "actor.reuse_old_logprobs=true"]))
+    assert not reuse_old_logprobs(compose(several_steps + ["actor.reuse_old_logprobs=false"]))
+    adaptive = ["algorithm=bandpo", "algorithm.band.adaptive=entropy"]
+    assert not reuse_old_logprobs(compose(adaptive))  # batch scale: the separate pass over every row
+    assert reuse_old_logprobs(compose(adaptive + ["algorithm.band.adaptive_norm=logv"]))
     assert compose(["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"]).actor.padding_free is False
 
 

@@ -142,7 +142,8 @@ class ActorGroup:
 
     def update_on_policy(self, batch: TrainBatch, loss_kwargs: dict):
         """``Actor.update_on_policy`` over the ranks: (rank 0's metrics, old_logprobs [N, R], entropy [N, R])
-        in the batch's row order."""
+        in the batch's row order. Rank r's first mini-batch is its shard's first rows, batch rows
+        r, r + W, ...: together the batch's first ``mini_batch_size`` rows, the ones filled."""
         import ray
 
         parts = ray.get([

@@ -31,6 +31,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def cpu_threads_per_rank(world_size: int) -> int:
+    """This process's usable cores (its CPU affinity) shared evenly by ``world_size`` ranks, at least 1."""
+    return max(1, len(os.sched_getaffinity(0)) // max(world_size, 1))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))

@@ -56,7 +56,7 @@ from bandpo.actor.logprobs import (
 )
 from bandpo.actor.metrics import MetricAccumulator
 from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups
-from bandpo.actor.setup import LinearWarmup, init_distributed, load_model, seed_everything
+from bandpo.actor.setup import LinearWarmup, cpu_threads_per_rank, init_distributed, load_model, seed_everything
 from bandpo.algo.losses import policy_loss
 from bandpo.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
@@ -98,6 +98,10 @@ class Actor:
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
+        cpu_threads: torch threads of this rank on CPU; None = this process's cores / world_size.
+            Ray sets OMP_NUM_THREADS to an actor's ``num_cpus`` (1), which would run every
+            forward and backward on one core; the CPU layout's stages run one after another
+            (rollout, then the actor), so a rank may use its share of all cores. Ignored on GPU.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Actor:
         ref_model: bool = False,
         temperature: float = 1.0,
         seed: int = 0,
+        cpu_threads: int | None = None,
     ):
         from bandpo.run_logs import redirect_group_output
 
@@ -167,6 +172,8 @@ class Actor:
         if not self.on_cpu:
             accel.set_device(local_rank)
         self.device = torch.device(accel.device_name(local_rank))
+        if self.on_cpu:
+            torch.set_num_threads(cpu_threads or cpu_threads_per_rank(world_size))
 
         ds_config = build_ds_config(
             zero_stage=zero_stage,
@@ -299,13 +306,14 @@ class Actor:
     def update_on_policy(
         self, batch: TrainBatch, loss_kwargs: dict
     ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
-        """One optimizer step over the whole shard with old log-probs taken from its own forward.
+        """``update`` whose first optimizer step takes its old log-probs from its own forward.
 
-        With one optimizer step per rollout the policy before the update is the policy of the
-        update's forward, so ``old = logprobs.detach()`` (ratio exactly 1) replaces a separate
-        ``compute_logprobs`` pass. ``batch.old_logprobs`` is ignored. Returns ``(metrics as
-        update(), old_logprobs [N, R], entropy [N, R])`` (float32, CPU, 0.0 at padding), the
-        entropy of the same forward.
+        Before the first step the policy is the one of that step's forward, so for the rows of
+        this rank's first mini-batch ``old = logprobs.detach()`` (ratio exactly 1) replaces a
+        separate ``compute_logprobs`` pass; ``batch.old_logprobs`` is read for the later
+        mini-batches' rows only (it may be None when there is one). Returns ``(metrics as
+        update(), old_logprobs [N, R], entropy [N, R])`` of the first mini-batch's rows (float32,
+        CPU, 0.0 at padding and in every other row), the entropy of the same forward.
         """
         return self._update(batch, loss_kwargs, reuse_old=True)
 
@@ -323,6 +331,7 @@ class Actor:
         self.engine.train()
         acc = MetricAccumulator()
         for step in range(n_steps):
+            reuse = reuse_old and step == 0  # the policy before the first step is this forward's
             lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
             finite = torch.ones((), dtype=torch.bool, device=self.device)  # read once per step: no sync per micro
             micros = self._micro_batches(batch, step * per_rank, per_rank)
@@ -332,7 +341,7 @@ class Actor:
                 mb = batch.select(rows)
                 logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)  # [n, r]
                 r = r_mask.shape[1]
-                if reuse_old:  # the policy before this step is the one of this forward: ratio == 1
+                if reuse:  # the policy before this step is the one of this forward: ratio == 1
                     # old_entropy [n, r] is pi_old's entropy too, computed before the loss (detached)
                     old, old_entropy = logprobs.detach(), entropy.detach()
                     old_out[rows, :r], ent_out[rows, :r] = old.cpu(), old_entropy.float().cpu()
@@ -343,7 +352,7 @@ class Actor:
                     f: getattr(mb, f)[:, :r].contiguous().to(self.device)
                     for f in _LOSS_TOKEN_FIELDS if getattr(mb, f) is not None
                 }
-                if reuse_old:  # pi_old's entropy is this forward's too (adaptive band reads it)
+                if reuse:  # pi_old's entropy is this forward's too (adaptive band reads it)
                     token_fields["old_entropy"] = old_entropy
                 loss, metrics = policy_loss(
                     logprobs,
@@ -402,7 +411,10 @@ class Actor:
         return bad
 
     def _check_update(self, batch: TrainBatch, loss_kwargs: dict, reuse_old: bool = False) -> dict:
-        missing = [f for f in ("advantages",) + (() if reuse_old else ("old_logprobs",)) if getattr(batch, f) is None]
+        per_rank = self.mini_batch_size // self.world_size
+        later_steps = batch.size > per_rank  # rows whose old log-probs must come from the batch
+        missing = [f for f in ("advantages",) + (("old_logprobs",) if later_steps or not reuse_old else ())
+                   if getattr(batch, f) is None]
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
         # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
@@ -417,16 +429,10 @@ class Actor:
             raise ValueError(f"update: unknown loss_kwargs {unknown}; valid: {sorted(_LOSS_KWARGS)}")
         if float(loss_kwargs.get("kl_coef", 0.0)) > 0 and batch.ref_logprobs is None:
             raise ValueError("update: kl_coef > 0 needs batch.ref_logprobs (compute_logprobs(ref=True))")
-        per_rank = self.mini_batch_size // self.world_size
         if batch.size == 0 or batch.size % per_rank:
             raise ValueError(
                 f"update: this rank's {batch.size} rows are not a positive multiple of "
                 f"mini_batch_size/world_size = {self.mini_batch_size}/{self.world_size} = {per_rank}"
-            )
-        if reuse_old and batch.size != per_rank:
-            raise ValueError(
-                f"update_on_policy: needs one optimizer step over the shard ({batch.size} rows), but "
-                f"mini_batch_size/world_size = {per_rank} makes {batch.size // per_rank} steps"
             )
         check_padding(batch.prompt_mask, batch.response_mask)
         return dict(loss_kwargs)
@@ -553,9 +559,11 @@ class Actor:
 
     # ------------------------------------------------------------------ misc
     def info(self) -> dict:
-        """Rank, world size, device and optimizer steps taken (also a cheap liveness probe for Ray)."""
+        """Rank, world size, device, torch threads and optimizer steps taken (also a cheap liveness
+        probe for Ray)."""
         return {
             "rank": self.rank,
+            "threads": torch.get_num_threads(),
             "world_size": self.world_size,
             "device": str(self.device),
             "zero_stage": self.zero_stage,
