@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from bandpo import shm
+from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.algo import compute_advantages
 from bandpo.checkpoint import CheckpointManager
 from bandpo.data.sampler import draw_groups, rollout_seed
@@ -186,7 +187,10 @@ class Trainer:
         # CPU: the engine core and its one worker run inside the rollout actor's process (no
         # engine-core or worker process to spawn, each re-importing torch and vLLM: ~20 s of a
         # 2-core start-up).
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if not gpu else None
+        # CPU: the engines generate while the actor waits, so they share all cores (Ray would give
+        # each one thread: its num_cpus=1).
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "OMP_NUM_THREADS": str(cpu_threads_per_rank(ro.num_workers))} if not gpu else None
         placed: dict = {}  # GPU: the plan's Ray options per engine / actor rank
         if gpu:
             from bandpo.distributed.placement import actor_options, create_placement_groups, engine_launch

