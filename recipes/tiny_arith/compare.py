@@ -1,7 +1,7 @@
 """Summarise the tiny-arith algorithm comparison (compare.sh) into a markdown report and a plot.
 
     .venv/bin/python recipes/tiny_arith/compare.py [--runs runs/compare] \\
-        [--out recipes/tiny_arith/results.md] [--command TEXT ...]
+        [--out recipes/tiny_arith/results.md] [--command TEXT ...] [--reading reading.md]
 
 Reads every ``<runs>/<label>-s<seed>/metrics.jsonl`` (unfinished runs too, marked as such)
 and writes ``--out`` with: the command and machine, the budget every run shares, held-out
@@ -71,6 +71,7 @@ def run_summary(folder: Path) -> dict:
         "before": _eval_means(before),
         "after": _eval_means(after),
         "entropy": _number(train[-1].get("actor/entropy")) if train else None,
+        "entropy_by_step": {r["step"]: _number(r.get("actor/entropy")) for r in train},
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
         "config": {k: _select(cfg, k) for k in BUDGET_KEYS},
@@ -128,10 +129,12 @@ def budget_check(summaries: list[dict]) -> tuple[dict, dict]:
     return same, differ
 
 
-def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str], runs_root: Path) -> Path:
+def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str], runs_root: Path,
+                 reading: str | None = None) -> Path:
     """Write the markdown report and its plot (``out`` with a .png suffix); returns ``out``.
 
-    ``runs`` is ``find_runs(runs_root)``; ``commands`` are the lines that made the runs.
+    ``runs`` is ``find_runs(runs_root)``; ``commands`` are the lines that made the runs;
+    ``reading`` (markdown) goes after the header as the section "Reading".
     """
     summaries = {label: [{"seed": seed, **run_summary(folder)} for seed, folder in seeds.items()]
                  for label, seeds in runs.items()}
@@ -142,7 +145,9 @@ def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str
     commands = [*(commands or ["(runs made outside compare.sh)"]),
                 f"python recipes/tiny_arith/compare.py --runs {runs_root} --out {out}"]
     lines = ["# tiny_arith: GRPO vs Clip-Higher vs BandPO", "",
-             *_header_section(commands, summaries), *_budget_section(summaries), *_accuracy_section(summaries),
+             *_header_section(commands, summaries),
+             *(["## Reading", "", reading.strip(), ""] if reading else []),
+             *_budget_section(summaries), *_accuracy_section(summaries), *_entropy_section(summaries),
              *_clip_section(summaries), *_runs_section(summaries),
              "## Curves", "", f"![curves]({png.name})", "", "```", "python -m bandpo.viz " + " ".join(viz_argv),
              "```", ""]
@@ -189,6 +194,20 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
             cells += [mean_std([b for b, _ in pairs], 100), mean_std([a for _, a in pairs], 100),
                       mean_std([a - b if a is not None and b is not None else None for b, a in pairs], 100)]
         lines.append(_row([*cells, mean_std([s["entropy"] for s in group], digits=3)]))
+    return lines + [""]
+
+
+def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
+    """Mean token entropy of the rollouts at the first, middle and last step (the paper's collapse claim)."""
+    last = max((s["steps"] for group in summaries.values() for s in group), default=0)
+    steps = sorted({1, (last + 1) // 2, last} - {0})
+    if not steps:
+        return []
+    lines = ["## Entropy over steps", "",
+             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds.", "",
+             *_table_head(["algorithm", *[f"step {t}" for t in steps]])]
+    for label, group in summaries.items():
+        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps]]))
     return lines + [""]
 
 
@@ -291,11 +310,13 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--runs", type=Path, default=Path("runs/compare"), help="folder holding <label>-s<seed>/ runs")
     ap.add_argument("--out", type=Path, default=Path("recipes/tiny_arith/results.md"), help="markdown report")
     ap.add_argument("--command", action="append", default=[], help="command line(s) that made the runs (repeatable)")
+    ap.add_argument("--reading", type=Path, help="markdown file: your reading of the results, put after the header")
     ns = ap.parse_args(argv)
     runs = find_runs(ns.runs)
     if not runs:
         ap.error(f"no runs under {ns.runs}: expected folders <label>-s<seed>/ holding metrics.jsonl")
-    out = write_report(runs, ns.out, ns.command, ns.runs)
+    reading = ns.reading.read_text() if ns.reading else None
+    out = write_report(runs, ns.out, ns.command, ns.runs, reading)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
 

@@ -1,0 +1,52 @@
+"""recipes/tiny_arith/compare.py: the replication report from hand-written runs (numbers by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _compare_module():
+    spec = importlib.util.spec_from_file_location("compare", REPO / "recipes" / "tiny_arith" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(folder: Path, before: float, after: float, entropy: list[float], clip_lt: list[float]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("trainer:\n  total_steps: 2\nactor:\n  lr: 0.0003\n")
+    key = "eval/tiny_arith_test/mean@32"
+    rows = [{"step": 0, key: before}]
+    for step, (ent, clip) in enumerate(zip(entropy, clip_lt), start=1):
+        rows.append({"step": step, "time/step": 1.5, "actor/entropy": ent, "actor/clip_frac_up": clip / 10,
+                     "actor/clip_frac_bin/lt0.01": clip, "actor/token_frac_bin/lt0.01": 0.02})
+    rows.append({"step": 2, "final": True, key: after})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_tables_are_the_hand_computed_means(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
+    _run(runs / "bandpo_d0.1-s0", 0.70, 0.72, [0.10, 0.09], [0.0, 0.0])
+    reading = tmp_path / "reading.md"
+    reading.write_text("GRPO gains more here; one seed of the arm.\n")
+    out = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md"),
+                                  "--reading", str(reading)])
+    text = out.read_text()
+    assert "## Reading\n\nGRPO gains more here; one seed of the arm." in text
+    # grpo: before 70.0 both seeds, after 75 and 77 -> 76.0 ± 1.4 (sample std of 75, 77 = sqrt(2)),
+    # delta 5 and 7 -> 6.0 ± 1.4; final entropy 0.05, 0.07 -> 0.060 ± 0.014.
+    assert "| grpo | 0, 1 | 2/2 | 70.0 ± 0.0 | 76.0 ± 1.4 | 6.0 ± 1.4 | 0.060 ± 0.014 |" in text
+    # a one-seed arm has no spread; listed after the three algorithms (LABEL_ORDER)
+    assert "| bandpo_d0.1 | 0 | 2/2 | 70.0 | 72.0 | 2.0 | 0.090 |" in text
+    # entropy at steps 1 and 2: grpo (0.10, 0.10) -> 0.100 ± 0.000, (0.05, 0.07) -> 0.060 ± 0.014
+    assert "| grpo | 0.100 ± 0.000 | 0.060 ± 0.014 |" in text
+    assert text.index("| grpo |") < text.index("| bandpo_d0.1 |")
+    # clip fraction of the p < 0.01 bin: mean over steps, then over seeds: (0.3, 0.2) -> 25.0 %
+    assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text
+    assert (tmp_path / "results.png").stat().st_size > 0
