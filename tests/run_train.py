@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # ~20% held-out accuracy, ~1 min to build): test_learning's thresholds were measured on it,
 # and its build is the cheaper one for CI. The recipe's default (configs/model/tiny.yaml)
 # warm-starts longer, in its own folder, so the two caches never replace each other.
-TEST_MODEL = ["model.build_args.sft_steps=500"]  # model.path follows: .../tiny_arith/model-sft500
+# The recipe's dynamic sampling off: each test sizes its batch itself (test_dynamic_sampling turns it on).
+TEST_MODEL = ["model.build_args.sft_steps=500",  # model.path follows: .../tiny_arith/model-sft500
+              "algorithm.filter_groups.enable=false"]
 
 # Logged by every step that updated the actor.
 REQUIRED = ["reward/mean", "reward/accuracy", "actor/entropy", "actor/clip_frac_up", "actor/clip_frac_down",

@@ -76,7 +76,9 @@ def test_bad_values_name_the_key(override, key):
 
 def test_new_options_default_off_and_validate_together():
     cfg = compose([])
-    assert cfg.algorithm.tis_cap is None and cfg.algorithm.filter_groups.enable is False
+    # Dynamic sampling: off in the algorithm group, on in the tiny recipe (configs/model/tiny.yaml).
+    assert cfg.algorithm.tis_cap is None and cfg.algorithm.filter_groups.enable is True
+    assert compose(["model=qwen2.5-7b"]).algorithm.filter_groups.enable is False
     assert cfg.algorithm.band.adaptive == "none" and cfg.trainer.trace_every == 0
     compose(["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=logv", "algorithm.tis_cap=2",
              "algorithm.filter_groups.enable=true", "trainer.trace_every=5"])

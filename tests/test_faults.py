@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 SMALL = ["model.build=null", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16",
          "actor.mini_batch_prompts=2", "actor.micro_batch_size=8", "trainer.eval_before_train=false",
-         "trainer.save_every=1", "trainer.wandb.mode=disabled", "algorithm.entropy_coef=0.05", "actor.lr=1e-3"]
+         "trainer.save_every=1", "trainer.wandb.mode=disabled", "algorithm.entropy_coef=0.05", "actor.lr=1e-3",
+         "algorithm.filter_groups.enable=false"]
 
 
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
