@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bandpo] run stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     out = Path(cfg.trainer.output_dir)
-    print(summary(out / "metrics.jsonl", cfg.trainer.total_steps))
+    print(summary(out / "metrics.jsonl", cfg.trainer.total_steps, cfg.trainer.get("reference_result")))
     try:
         from bandpo.viz import plot_run_metrics
 
@@ -70,8 +70,9 @@ def dry_run(cfg) -> int:
     return 0
 
 
-def summary(metrics_path: Path, total_steps: int) -> str:
-    """Lines for the end of a run: training reward/accuracy and held-out metrics, first vs last."""
+def summary(metrics_path: Path, total_steps: int, reference: str | None = None) -> str:
+    """Lines for the end of a run: training reward/accuracy and held-out metrics, first vs last (with
+    the change in points), and ``reference`` (what the same config gave on other seeds) when set."""
     from bandpo.viz import read_metrics
 
     rows = read_metrics(metrics_path)
@@ -88,8 +89,12 @@ def summary(metrics_path: Path, total_steps: int) -> str:
         before, after = eval_rows[0], eval_rows[-1]
         keys = sorted(k for k in after if k.startswith("eval/") and ("/mean@" in k or "/maj@" in k))
         for key in keys:
-            was = f"{before[key]:.4f}" if key in before and before is not after else "  -   "
-            lines.append(f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}")
+            has_before = key in before and before is not after
+            was = f"{before[key]:.4f}" if has_before else "  -   "
+            change = f" ({100 * (after[key] - before[key]):+.1f} points)" if has_before else ""
+            lines.append(f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}{change}")
+    if reference:
+        lines.append(f"  reference: {reference}")
     return "\n".join(lines)
 
 
