@@ -56,7 +56,8 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp
 
 @pytest.mark.parametrize("worker,method,backend,message", [
     # The HF engine starts a minute faster than vLLM on CPU; the actor test does not need vLLM.
-    ("Actor", "update", "hf", "actor worker died during stage 'update'"),
+    # The first epoch's update is update_on_policy (actor.reuse_old_logprobs, on by default).
+    ("Actor", "update_on_policy", "hf", "actor worker died during stage 'update'"),
     ("RolloutWorker", "generate", "vllm", "rollout worker died during stage 'rollout'"),
 ])
 def test_worker_killed_mid_step_stops_the_run_naming_it(tiny_model_dir, tmp_path, worker, method, backend, message):
