@@ -640,12 +640,12 @@ def _later_rows_logprobs(actor, batch: TrainBatch, first: int) -> tuple[torch.Te
 
 
 def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, first: int) -> torch.Tensor:
-    """[N, R]: rows ``0..first`` from ``first_rows`` (the update's forward), the rest from ``later``."""
+    """[N, R]: ``later`` (``_later_rows_logprobs``'s, written in place) with rows ``0..first`` from
+    ``first_rows`` (the update's forward); ``first_rows`` itself when there are no later rows."""
     if later is None:
         return first_rows
-    out = later.clone()
-    out[:first] = first_rows[:first]
-    return out
+    later[:first] = first_rows[:first]
+    return later
 
 
 def _rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:

@@ -33,8 +33,8 @@ algo_overrides() {
     # One-seed arms beside the three algorithms: Band's radius, DAPO dynamic sampling, adaptive Band.
     bandpo_d0.02) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.02" ;;
     bandpo_d0.1) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.1" ;;
-    bandpo_filter) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05 algorithm.filter_groups.enable=true" ;;
-    bandpo_adaptive) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.05 algorithm.band.adaptive=entropy" ;;
+    bandpo_filter) echo "$(algo_overrides bandpo) algorithm.filter_groups.enable=true" ;;
+    bandpo_adaptive) echo "$(algo_overrides bandpo) algorithm.band.adaptive=entropy" ;;
     *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive)" >&2; return 1 ;;
   esac
 }
