@@ -203,6 +203,10 @@ def validate(cfg) -> None:
     _check(isinstance(padding_free, bool), "actor.padding_free", "must be true or false", padding_free)
     _check(padding_free or budget == 0, "actor.max_tokens_per_micro_batch",
            "must be 0 with actor.padding_free=false (padded micro-batches go by micro_batch_size rows)", budget)
+    share = _get(cfg, "actor.share_prompts")
+    _check(isinstance(share, bool), "actor.share_prompts", "must be true or false", share)
+    _check(padding_free or not share, "actor.share_prompts",
+           "must be false with actor.padding_free=false (padded rows hold their own prompt)", share)
     reuse_old_logprobs(cfg)
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)

@@ -231,7 +231,8 @@ class Trainer:
                 mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
                 logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
-                logits_chunk_tokens=ac.logits_chunk_tokens, ref_model=cfg.algorithm.kl_coef > 0,
+                logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
+                ref_model=cfg.algorithm.kl_coef > 0,
                 temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
         with self.startup_phase("verifier"):
             start_verifier()

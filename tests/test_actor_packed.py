@@ -18,8 +18,15 @@ import torch
 
 from bandpo.actor.chunked import chunked_logprobs_entropy
 from bandpo.actor.logprobs import model_inputs, token_entropy, token_logprobs, trim_padding
-from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups, unpack
-from bandpo.types import TrainBatch
+from bandpo.actor.packing import (
+    pack_rows,
+    packed_budget_groups,
+    prompt_keys,
+    split_to_count,
+    token_budget_groups,
+    unpack,
+)
+from bandpo.types import RolloutBatch, TrainBatch
 from tests.test_actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
 
 
@@ -63,6 +70,70 @@ def test_pack_rows_layout_and_unpack():
     flat = torch.arange(1.0, len(packed.targets) + 1)
     dense = unpack(flat, packed.response_mask)
     assert dense[packed.response_mask].tolist() == flat.tolist() and float(dense[~packed.response_mask].abs().sum()) == 0
+
+
+def group_rollout(groups: int, n: int, seed: int, *, max_prompt: int = 9, max_response: int = 12) -> RolloutBatch:
+    """GRPO-shaped rows: ``groups`` random prompts, each answered by ``n`` random responses, the
+    groups' rows interleaved (row i answers prompt i % groups) so that sharing must find them."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(lo, hi):
+        return torch.randint(3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+
+    prompts = [ids(2, max_prompt) for _ in range(groups)]
+    rows = groups * n
+    responses = [ids(1, max_response) for _ in range(rows)]
+    return RolloutBatch.from_lists([prompts[i % groups] for i in range(rows)], responses,
+                                   [[0.0] * len(r) for r in responses], [i % groups for i in range(rows)],
+                                   ["stop"] * rows, pad_id=0)
+
+
+def test_shared_prompts_pack_each_prompt_once_and_targets_follow_their_own_row():
+    rb = group_rollout(2, 3, seed=4)
+    prompts, responses, _ = rb.to_lists()
+    packed = pack_rows(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask, share_prompts=True)
+    # row 0: A r0 | row 1: B r1 | row 2: r2 (reads A) | row 3: r3 (reads B) | ...
+    expected = prompts[0] + responses[0] + prompts[1] + responses[1] + [x for r in responses[2:] for x in r]
+    assert packed.input_ids[0].tolist() == expected
+    assert packed.position_ids[0, len(prompts[0]) + len(responses[0]) + len(prompts[1]) + len(responses[1]):].tolist() \
+        == [len(prompts[i % 2]) + j for i in range(2, 6) for j in range(len(responses[i]))]
+    # the hidden state at target_index sits on the token before the target in the target's own row
+    before = [([*prompts[i % 2], *responses[i]])[len(prompts[i % 2]) - 1 + j] for i in range(6) for j in range(len(responses[i]))]
+    assert packed.input_ids[0, packed.target_index].tolist() == before
+    assert packed.targets.tolist() == [x for r in responses for x in r]
+    # unshared packing of the same rows: every prompt 3 times
+    plain = pack_rows(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    assert plain.input_ids.shape[1] - packed.input_ids.shape[1] == 2 * (len(prompts[0]) + len(prompts[1]))
+    assert prompt_keys(rb.prompt_ids, rb.prompt_mask) == [tuple(prompts[i % 2]) for i in range(6)]
+
+
+def test_packed_budget_groups_keep_a_prompts_rows_together_within_budget():
+    p_lens, r_lens = [10, 10, 10, 10, 20, 20], [5, 6, 7, 8, 3, 4]
+    keys = ["a", "a", "a", "a", "b", "b"]
+    # shared: a costs 10 + 26 = 36, b 20 + 7 = 27; a budget of 40 holds one unit each
+    assert packed_budget_groups(p_lens, r_lens, 40, keys) == [[0, 1, 2, 3], [4, 5]]
+    # a budget of 30 cuts a in row order: 10 + 5 + 6 + 7 = 28, then 10 + 8
+    assert packed_budget_groups(p_lens, r_lens, 30, keys) == [[0, 1, 2], [4, 5], [3]]
+    # unshared: rows cost p + r each, as token_budget_groups
+    assert packed_budget_groups(p_lens, r_lens, 40) == token_budget_groups([15, 16, 17, 18, 23, 24], 40)
+
+
+def test_shared_prompt_forward_equals_padded_forward(tiny_model_dir):
+    """Log-probs through the layout of shared prompts equal the padded forward's logits at every target."""
+    from transformers import AutoModelForCausalLM
+
+    from bandpo.actor.attention import LAYOUT_KW, use_packed_attention
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert use_packed_attention(model)
+    rb = group_rollout(3, 4, seed=9)
+    p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    packed = pack_rows(p_ids, p_mask, r_ids, r_mask, share_prompts=True)
+    with torch.no_grad():
+        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]  # [n, r, V]
+        flat = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                     **{LAYOUT_KW: packed.layout}).logits[0, packed.target_index]
+    torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
 
 
 def test_token_budget_groups_cover_rows_once_within_budget_and_split_to_count():
@@ -131,6 +202,38 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
         lp2, ent2, m2, w2 = runs[name]
         torch.testing.assert_close(lp2, lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(ent2, ent, atol=1e-5, rtol=0)
+        assert max_diff(w, w2) < 1e-5, name
+        for key in ("loss", "pg_loss", "entropy", "kl_ref", "grad_norm", "clip_frac_up", "num_tokens"):
+            assert m2[key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), (name, key)
+
+
+def test_shared_prompt_update_equals_padded_update(tiny_model_dir):
+    """GRPO-shaped batch (4 prompts x 4 responses, interleaved), two optimizer steps, KL + entropy
+    bonus: shared-prompt packing (a budget that cuts some groups, and one that holds whole mini-
+    batches) gives the padded path's log-probs, entropies, ref log-probs, metrics and weights."""
+    loss_kwargs = dict(BANDPO, kl_coef=0.01, entropy_coef=0.01)
+    g = torch.Generator().manual_seed(5)
+    rb = group_rollout(4, 4, seed=23)
+    adv = torch.randn(16, generator=g)
+    runs = {}
+    for name, kw in {
+        "padded": dict(padding_free=False),
+        "shared_cut": dict(max_tokens_per_micro_batch=30, logprob_token_budget=30, logits_chunk_tokens=7),
+        "shared": dict(max_tokens_per_micro_batch=1000),
+    }.items():
+        actor = new_actor(tiny_model_dir, mini_batch_size=8, ref_model=True, **kw)
+        assert actor.share_prompts == (name != "padded")
+        lp, ent = actor.compute_logprobs(rb, with_entropy=True)
+        ref = actor.compute_logprobs(rb, ref=True)[0]
+        old = (lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))).clamp(max=-1e-3)
+        batch = TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old * rb.response_mask, ref_logprobs=ref)
+        runs[name] = (lp, ent, ref, actor.update(batch, loss_kwargs), full_weights(actor))
+    lp, ent, ref, m, w = runs["padded"]
+    assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
+    for name in ("shared_cut", "shared"):
+        lp2, ent2, ref2, m2, w2 = runs[name]
+        for got, want in ((lp2, lp), (ent2, ent), (ref2, ref)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         assert max_diff(w, w2) < 1e-5, name
         for key in ("loss", "pg_loss", "entropy", "kl_ref", "grad_norm", "clip_frac_up", "num_tokens"):
             assert m2[key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), (name, key)
@@ -234,6 +337,8 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
         (["actor.padding_free=maybe"], "actor.padding_free"),
         (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
         (["actor.max_tokens_per_micro_batch=-1"], "actor.max_tokens_per_micro_batch"),
+        (["actor.share_prompts=yes"], "actor.share_prompts"),
+        (["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"], "actor.share_prompts"),
     ],
 )
 def test_actor_config_keys_are_validated(overrides, key):
@@ -253,7 +358,8 @@ def test_reuse_old_logprobs_applies_except_for_the_batch_entropy_scale():
     adaptive = ["algorithm=bandpo", "algorithm.band.adaptive=entropy"]
     assert not reuse_old_logprobs(compose(adaptive))  # batch scale: the separate pass over every row
     assert reuse_old_logprobs(compose(adaptive + ["algorithm.band.adaptive_norm=logv"]))
-    assert compose(["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"]).actor.padding_free is False
+    padded = ["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0", "actor.share_prompts=false"]
+    assert compose(padded).actor.padding_free is False
 
 
 def test_packed_attention_matches_per_row_reference_without_slice_backward():

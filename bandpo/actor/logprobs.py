@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
+from bandpo.actor.attention import LAYOUT_KW
 from bandpo.actor.chunked import chunked_logprobs_entropy
 from bandpo.actor.packing import Packed, unpack
 
@@ -153,6 +154,7 @@ def packed_logprobs(
             position_ids=packed.position_ids,
             use_cache=False,
             logits_to_keep=packed.target_index,
+            **{LAYOUT_KW: packed.layout},  # the packed attention reads the rows (and shared prompts) from it
         )
     per_token = out.logits[0]  # [n_resp, 2]: (logprob, entropy)
     return unpack(per_token[:, 0], packed.response_mask), unpack(per_token[:, 1], packed.response_mask)

@@ -5,15 +5,26 @@ A packed micro-batch of n rows, row i with p_i prompt and r_i response tokens::
     input_ids    [1, T]   prompt_0 response_0 prompt_1 response_1 ...     T = sum_i (p_i + r_i)
     position_ids [1, T]   0 .. p_0+r_0-1      0 .. p_1+r_1-1 ...          (restart at 0 per row)
 
-No attention mask is passed: transformers (masking_utils.find_packed_sequence_indices) reads
-the row boundaries from the position ids restarting and builds a block-diagonal causal
-mask (only without a KV cache: the forward must get ``use_cache=False``; flash-attention
-kernels take the same boundaries as varlen offsets), so a token attends only to earlier tokens of its own row (checked against the padded
-forward in tests/test_actor_packed.py).
+With ``share_prompts`` (GRPO's groups: the n samples of a prompt share it token for token), a
+prompt already packed for an earlier row of the micro-batch is not packed again: the row
+contributes only its response, at positions p .. p+r-1, and attends the earlier row's prompt
+(``bandpo.actor.attention``: an attention row reads its prompt's span and its own). Causal
+attention makes a prompt's hidden states the same in every row of its group, so log-probs
+and gradients are those of the unshared packing (the prompt's gradient is the sum over the
+rows, accumulated once instead of per row); a group of G rows costs p + sum r tokens instead
+of G p + sum r.
 
-The hidden state predicting response token j of row i sits at offset_i + p_i - 1 + j;
-``targets`` are the response tokens in row order, so the per-token results [n_resp] map back
-to the padded layout [n, r] of the response mask (right-padded) with ``unpack``.
+``layout`` (an ``AttentionLayout``) says which packed positions each attention row reads and
+writes; the model gets it as the ``bandpo_layout`` keyword. Without it, transformers
+(masking_utils.find_packed_sequence_indices) and the packed attention read the row
+boundaries from the position ids restarting (unshared rows only); the forward must get
+``use_cache=False`` (checked against the padded forward in tests/test_actor_packed.py).
+
+The hidden state predicting response token j of row i sits at offset_i + p_i - 1 + j (for a
+shared prompt: token 0 is predicted by the prompt's last position, token j > 0 by the row's
+own token j - 1); ``targets`` are the response tokens in row order, so the per-token results
+[n_resp] map back to the padded layout [n, r] of the response mask (right-padded) with
+``unpack``.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from bandpo.actor.attention import AttentionLayout, build_layout
 
 
 @dataclass
@@ -30,25 +43,50 @@ class Packed:
     target_index: torch.Tensor  # [n_resp] long, position in T of the hidden state predicting each target
     targets: torch.Tensor  # [n_resp] long, response tokens of all rows in row order
     response_mask: torch.Tensor  # [n, r] bool, where the targets go back (right-padded)
+    layout: AttentionLayout  # which positions each attention row reads and writes
 
     def to(self, device) -> Packed:
         return Packed(*(t.to(device) for t in vars(self).values()))
 
 
+def prompt_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[tuple[int, ...]]:
+    """Each row's prompt tokens (left padding dropped) [n]: rows with equal keys share their prompt."""
+    lens = prompt_mask.sum(-1).tolist()
+    return [tuple(row[len(row) - p:]) for row, p in zip(prompt_ids.tolist(), lens)]
+
+
 def pack_rows(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    share_prompts: bool = False,
 ) -> Packed:
-    """Pack rows (prompts [n, P] left-padded, responses [n, R] right-padded) into one sequence."""
+    """Pack rows (prompts [n, P] left-padded, responses [n, R] right-padded) into one sequence;
+    with ``share_prompts`` each distinct prompt is packed once (see the module docstring)."""
     p_lens = prompt_mask.sum(-1).tolist()
     r_lens = response_mask.sum(-1).tolist()
     r = max(max(r_lens, default=0), 1)
-    ids, pos, index = [], [], []
+    keys = prompt_keys(prompt_ids, prompt_mask) if share_prompts else [None] * len(p_lens)
+    ids, pos, index, rows = [], [], [], []  # rows: attention rows (start1, len1, start2, len2, write_from)
+    packed_prompts: dict[tuple, int] = {}  # prompt key -> where that prompt starts in the sequence
     offset = 0
-    for i, (p, n_r) in enumerate(zip(p_lens, r_lens)):
-        ids += [prompt_ids[i, prompt_ids.shape[1] - p :], response_ids[i, :n_r]]
-        pos.append(torch.arange(p + n_r))
-        index.append(torch.arange(offset + p - 1, offset + p - 1 + n_r))
-        offset += p + n_r
+    for i, (p, n_r, key) in enumerate(zip(p_lens, r_lens, keys)):
+        start = packed_prompts.get(key) if key is not None else None
+        if start is None:  # the prompt, then the response, back to back
+            ids += [prompt_ids[i, prompt_ids.shape[1] - p :], response_ids[i, :n_r]]
+            pos.append(torch.arange(p + n_r))
+            index.append(torch.arange(offset + p - 1, offset + p - 1 + n_r))
+            rows.append((offset, p + n_r, offset + p + n_r, 0, 0))
+            if key is not None:
+                packed_prompts[key] = offset
+            offset += p + n_r
+        else:  # the response alone; it reads the prompt packed at `start`
+            ids.append(response_ids[i, :n_r])
+            pos.append(torch.arange(p, p + n_r))
+            index.append(torch.cat([torch.tensor([start + p - 1]), torch.arange(offset, offset + n_r - 1)])[:n_r])
+            rows.append((start, p, offset, n_r, p))
+            offset += n_r
     mask = response_mask[:, :r].bool()
     return Packed(
         input_ids=torch.cat(ids)[None],
@@ -56,6 +94,7 @@ def pack_rows(
         target_index=torch.cat(index),
         targets=response_ids[:, :r][mask],
         response_mask=mask,
+        layout=build_layout(torch.tensor(rows, dtype=torch.long).reshape(-1, 5), offset),
     )
 
 
@@ -86,6 +125,36 @@ def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
             groups.append([i])
             room.append(budget - lengths[i])
     return [sorted(g) for g in groups]
+
+
+def packed_budget_groups(
+    p_lens: list[int], r_lens: list[int], budget: int, keys: list | None = None
+) -> list[list[int]]:
+    """Row indices grouped into forward passes of at most ``budget`` packed tokens (first-fit decreasing).
+
+    Without ``keys`` a row costs p + r. With ``keys`` (``prompt_keys``) the rows of one prompt
+    form a unit costing p + sum r, its prompt packed once; a unit over the budget is cut, in
+    row order, into pieces that fit (each packs the prompt again). A single row over the budget
+    still gets a pass of its own.
+    """
+    if keys is None:
+        units = [[i] for i in range(len(p_lens))]
+    else:
+        by_prompt: dict = {}
+        for i, key in enumerate(keys):
+            by_prompt.setdefault(key, []).append(i)
+        units = []
+        for rows in by_prompt.values():
+            piece, cost = [], p_lens[rows[0]]
+            for i in rows:
+                if piece and cost + r_lens[i] > budget:
+                    units.append(piece)
+                    piece, cost = [], p_lens[rows[0]]
+                piece.append(i)
+                cost += r_lens[i]
+            units.append(piece)
+    costs = [p_lens[u[0]] + sum(r_lens[i] for i in u) for u in units]
+    return [sorted(i for u in group for i in units[u]) for group in token_budget_groups(costs, budget)]
 
 
 def split_to_count(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:

@@ -15,7 +15,10 @@ Padding-free (default, ``padding_free=True``): each forward packs its rows into 
 (``bandpo.actor.chunked``), so memory is bounded by tokens, never by rows x longest row x V;
 attention runs row by row (``bandpo.actor.attention``), never over a [T, T] mask.
 Update micro-batches are grouped by ``max_tokens_per_micro_batch`` packed tokens per rank
-(first-fit decreasing; 0 = ``micro_batch_size`` rows each); the optimizer-step boundary is
+(first-fit decreasing; 0 = ``micro_batch_size`` rows each); with ``share_prompts`` (default) a
+prompt shared by several rows of a pass (GRPO's groups) is packed and run once, its rows'
+responses attending it (same log-probs and gradients; ``bandpo.actor.packing``), and a
+group's rows are kept in one pass where the budget allows. The optimizer-step boundary is
 set explicitly, and ranks split micro-batches until all run the same number (ZeRO reduces
 gradients every micro-batch). ``padding_free=False`` is the previous padded path with full
 float32 logits, kept as the reference.
@@ -55,7 +58,7 @@ from bandpo.actor.logprobs import (
     trim_padding,
 )
 from bandpo.actor.metrics import MetricAccumulator
-from bandpo.actor.packing import pack_rows, split_to_count, token_budget_groups
+from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys, split_to_count
 from bandpo.actor.setup import (
     LinearWarmup,
     cpu_threads_per_rank,
@@ -101,6 +104,9 @@ class Actor:
         max_tokens_per_micro_batch: packed tokens per update micro-batch on one rank (0: group
             by ``micro_batch_size`` rows instead); needs ``padding_free``.
         logits_chunk_tokens: tokens per lm_head chunk of the padding-free path.
+        share_prompts: padding-free passes pack a prompt shared by several rows once (needs the
+            packed attention, which replaces transformers' ``sdpa``; a model on another attention
+            implementation packs every row's prompt).
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
@@ -132,6 +138,7 @@ class Actor:
         padding_free: bool = True,
         max_tokens_per_micro_batch: int = 0,
         logits_chunk_tokens: int = DEFAULT_CHUNK,
+        share_prompts: bool = True,
         ref_model: bool = False,
         temperature: float = 1.0,
         seed: int = 0,
@@ -191,8 +198,9 @@ class Actor:
         )
         dtype = torch.bfloat16 if bf16 else torch.float32
         model = load_model(model_path, dtype)
-        if padding_free:
-            use_packed_attention(model)
+        packed_attention = padding_free and use_packed_attention(model)
+        # Shared prompts need the packed attention (an attention row reads its group's prompt).
+        self.share_prompts = share_prompts and packed_attention
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(
@@ -209,8 +217,8 @@ class Actor:
         if ref_model:
             inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
             ref = load_model(model_path, dtype).requires_grad_(False)
-            if padding_free:
-                use_packed_attention(ref)
+            if padding_free and use_packed_attention(ref) != packed_attention:
+                raise RuntimeError("the reference model loaded with another attention implementation than the actor")
             if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
                 ref = deepspeed.initialize(model=ref, config=inf_config, dist_init_required=False)[0]
             else:
@@ -239,7 +247,7 @@ class Actor:
         entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
         p_lens, r_lens = batch.prompt_mask.sum(-1).tolist(), batch.response_mask.sum(-1).tolist()
         if self.padding_free:
-            chunks = token_budget_groups([p + r for p, r in zip(p_lens, r_lens)], self.logprob_token_budget)
+            chunks = packed_budget_groups(p_lens, r_lens, self.logprob_token_budget, self._prompt_keys(batch))
         else:
             chunks = budget_chunks(p_lens, r_lens, self.logprob_token_budget)
         for idx in chunks:
@@ -256,7 +264,8 @@ class Actor:
         """``(logprobs [n, r], entropy [n, r] or None, response_mask [n, r])`` on the device for
         the rows of ``mb``, r its longest response; 0.0 at padding. Grad flows when enabled."""
         if self.padding_free:
-            packed = pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask).to(self.device)
+            packed = pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                               share_prompts=self.share_prompts).to(self.device)
             lp, ent = packed_logprobs(
                 model, packed, temperature=self.temperature, chunk=self.logits_chunk_tokens, entropy_grad=entropy_grad
             )
@@ -274,6 +283,10 @@ class Actor:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach()).masked_fill(pad, 0.0)
         return logprobs, entropy, r_mask
+
+    def _prompt_keys(self, batch: TrainBatch) -> list | None:
+        """Per-row prompt keys for grouping rows that share a prompt, or None when prompts are not shared."""
+        return prompt_keys(batch.prompt_ids, batch.prompt_mask) if self.share_prompts else None
 
     def _model(self, ref: bool):
         if not ref:
@@ -394,9 +407,10 @@ class Actor:
         if not self.max_tokens_per_micro_batch:
             return [list(range(s, min(s + self.micro_batch_size, first + rows))) for s in
                     range(first, first + rows, self.micro_batch_size)]
-        lengths = (batch.prompt_mask[first:first + rows].sum(-1) + batch.response_mask[first:first + rows].sum(-1))
-        lengths = lengths.tolist()
-        groups = token_budget_groups(lengths, self.max_tokens_per_micro_batch)
+        mini = batch.select(slice(first, first + rows))
+        p_lens, r_lens = mini.prompt_mask.sum(-1).tolist(), mini.response_mask.sum(-1).tolist()
+        groups = packed_budget_groups(p_lens, r_lens, self.max_tokens_per_micro_batch, self._prompt_keys(mini))
+        lengths = [p + r for p, r in zip(p_lens, r_lens)]
         count = int(self._all_reduce(torch.tensor([len(groups)]), max_=True))
         groups = split_to_count(groups, lengths, count)
         return [[first + i for i in g] for g in groups]
