@@ -13,7 +13,8 @@ DeepSpeed averages gradients over ranks, hence each rank back-propagates
 Padding-free (default, ``padding_free=True``): each forward packs its rows into one sequence
 (``bandpo.actor.packing``) and computes log-probs/entropy through the chunked lm_head
 (``bandpo.actor.chunked``), so memory is bounded by tokens, never by rows x longest row x V;
-attention runs row by row (``bandpo.actor.attention``), never over a [T, T] mask.
+attention stays within each row (``bandpo.actor.attention``: one causal SDPA call per bucket of
+similar-length rows), never over a [T, T] mask.
 Update micro-batches are grouped by ``max_tokens_per_micro_batch`` packed tokens per rank
 (first-fit decreasing; 0 = ``micro_batch_size`` rows each); with ``share_prompts`` (default) a
 prompt shared by several rows of a pass (GRPO's groups) is packed and run once, its rows'
