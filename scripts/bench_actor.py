@@ -16,9 +16,12 @@ Two modes:
   optimizer state is created by a warm-up step on a tiny batch first), tokens/s of the
   log-prob pass and of one update, and the fraction of processed tokens that are padding.
   The old path runs only at the smaller R (at R = 2,048 it needs more than 24 GB).
+  ``--group-size G`` makes the rows GRPO groups (rows/G prompts, each answered G times); the
+  new path then packs each prompt once per pass (``actor.share_prompts``), and one more
+  measurement at the largest R runs it with sharing off.
 
       DS_ACCELERATOR=cpu python scripts/bench_actor.py --compare --vocab 151936 --hidden 64 \
-          --layers 2 --intermediate 256 --max-response 4096 --compare-r 1024,4096
+          --layers 2 --intermediate 256 --max-response 4096 --compare-r 1024,4096 [--group-size 8]
 """
 
 from __future__ import annotations
@@ -124,9 +127,10 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
     }
 
 
-def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int, seed: int):
+def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int, seed: int, group: int = 1):
     """Prompts of prompt_len/2 .. prompt_len tokens, responses lognormal (median max/8, sigma 1)
-    capped at max_response, the first row at the cap (the longest row sets the padded width)."""
+    capped at max_response, the first row at the cap (the longest row sets the padded width);
+    ``group`` consecutive rows answer the same prompt."""
     import numpy as np
     import torch
 
@@ -135,9 +139,11 @@ def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int,
     rng = np.random.default_rng(seed)
     r_lens = np.clip(np.round(rng.lognormal(np.log(max_response / 8), 1.0, rows)), 1, max_response).astype(int)
     r_lens[0] = max_response
-    p_lens = rng.integers(prompt_len // 2, prompt_len + 1, rows)
+    if rows % group:
+        raise SystemExit(f"--rows {rows} is not a multiple of --group-size {group}")
+    p_lens = rng.integers(prompt_len // 2, prompt_len + 1, rows // group)
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in p_lens]
+    prompts = [p for n in p_lens for p in [torch.randint(3, vocab, (int(n),), generator=g).tolist()] * group]
     responses = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in r_lens]
     rb = RolloutBatch.from_lists(
         prompts, responses, [[0.0] * len(r) for r in responses], list(range(rows)), ["stop"] * rows, pad_id=0
@@ -146,13 +152,20 @@ def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int,
 
 
 def processed_tokens(batch, actor, update: bool) -> int:
-    """Tokens the forward passes see, padding included, as the actor groups this batch."""
+    """Tokens the forward passes see, padding included and shared prompts counted once per pass, as
+    the actor groups this batch."""
     from bandpo.actor.logprobs import budget_chunks
+    from bandpo.actor.packing import packed_budget_groups, prompt_keys
 
     p = batch.prompt_mask.sum(-1).tolist()
     r = batch.response_mask.sum(-1).tolist()
-    if actor.padding_free:
+    if actor.padding_free and not actor.share_prompts:
         return sum(p) + sum(r)
+    if actor.padding_free:
+        keys = prompt_keys(batch.prompt_ids, batch.prompt_mask)
+        budget = actor.max_tokens_per_micro_batch if update else actor.logprob_token_budget
+        passes = packed_budget_groups(p, r, budget, keys)
+        return sum(sum({keys[i]: p[i] for i in g}.values()) + sum(r[i] for i in g) for g in passes)
     if update:
         step = actor.micro_batch_size
         groups = [list(range(i, min(i + step, len(p)))) for i in range(0, len(p), step)]
@@ -199,8 +212,10 @@ def single(args) -> dict:
                     args.prompt_len + args.max_response + 1)
         actor = Actor(tmp, mini_batch_size=args.rows, micro_batch_size=args.micro, lr=1e-6,
                       padding_free=not args.old_path, max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
-                      logprob_token_budget=args.logprob_budget, logits_chunk_tokens=args.chunk)
-    batch = long_tailed_batch(args.rows, args.prompt_len, args.max_response, args.vocab, seed=0)
+                      logprob_token_budget=args.logprob_budget, logits_chunk_tokens=args.chunk,
+                      share_prompts=not args.no_share)
+    batch = long_tailed_batch(args.rows, args.prompt_len, args.max_response, args.vocab, seed=0,
+                              group=args.group_size)
     warm = long_tailed_batch(args.rows, 4, 4, args.vocab, seed=1)  # creates the optimizer state
     warm.old_logprobs = actor.compute_logprobs(warm)[0]
     actor.update(warm, loss_kwargs)
@@ -211,7 +226,7 @@ def single(args) -> dict:
     up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_kwargs))
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     return {
-        "path": "old" if args.old_path else "new",
+        "path": "old" if args.old_path else "new" if actor.share_prompts or args.group_size == 1 else "unsh",
         "max_response": args.max_response,
         "real_tokens": real,
         "response_tokens": int(batch.response_mask.sum()),
@@ -219,8 +234,11 @@ def single(args) -> dict:
         "update_extra_peak_gb": (up_peak - base) / 2**30,
         "logprob_tok_s": real / lp_s,
         "update_tok_s": real / up_s,
-        "logprob_padding_frac": 1 - real / processed_tokens(batch, actor, update=False),
-        "update_padding_frac": 1 - real / processed_tokens(batch, actor, update=True),
+        # padding: the share of processed tokens that are padding; run/rows: processed over the
+        # rows' own tokens (below 1 when shared prompts run once per pass)
+        "logprob_padding_frac": max(0.0, 1 - real / processed_tokens(batch, actor, update=False)),
+        "update_padding_frac": max(0.0, 1 - real / processed_tokens(batch, actor, update=True)),
+        "update_run_over_rows": processed_tokens(batch, actor, update=True) / real,
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -231,11 +249,13 @@ def compare(args) -> None:
     import sys
 
     rs = [int(r) for r in args.compare_r.split(",")]
-    runs = [(False, r) for r in rs] + [(True, min(rs))]
+    runs = [([], r) for r in rs] + [(["--old-path"], min(rs))]
+    if args.group_size > 1:  # the same groups with every row's prompt packed
+        runs.insert(len(rs), (["--no-share"], max(rs)))
     base = [a for a in sys.argv[1:] if a not in ("--compare",)]
     results = []
-    for old, r in runs:
-        cmd = [sys.executable, __file__, *base, "--single", "--max-response", str(r)] + (["--old-path"] if old else [])
+    for flags, r in runs:
+        cmd = [sys.executable, __file__, *base, "--single", "--max-response", str(r), *flags]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
@@ -245,13 +265,13 @@ def compare(args) -> None:
     print(f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows, prompts "
           f"{args.prompt_len // 2}-{args.prompt_len}, responses lognormal capped at R; new: max_tokens_per_micro_batch "
           f"{args.max_tokens}, chunk {args.chunk}; old: micro_batch_size {args.micro}; logprob_token_budget "
-          f"{args.logprob_budget}; load average {os.getloadavg()}")
+          f"{args.logprob_budget}; group size {args.group_size}; load average {os.getloadavg()}")
     print(f"{'path':>4} {'R':>5} {'tokens':>6} {'lp extra GB':>11} {'upd extra GB':>12} {'lp tok/s':>9} "
-          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7}")
+          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7} {'run/rows':>8}")
     for x in results:
         print(f"{x['path']:>4} {x['max_response']:>5} {x['real_tokens']:>6} {x['logprob_extra_peak_gb']:>11.2f} "
               f"{x['update_extra_peak_gb']:>12.2f} {x['logprob_tok_s']:>9.0f} {x['update_tok_s']:>9.0f} "
-              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%}")
+              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%} {x['update_run_over_rows']:>8.2f}")
     new = {x["max_response"]: x for x in results if x["path"] == "new"}
     old = next(x for x in results if x["path"] == "old")
     same_r = new[old["max_response"]]
@@ -259,6 +279,12 @@ def compare(args) -> None:
     print(f"ratios at R={old['max_response']}: update tok/s new/old {same_r['update_tok_s'] / old['update_tok_s']:.2f}x, "
           f"log-prob tok/s new/old {same_r['logprob_tok_s'] / old['logprob_tok_s']:.2f}x; new extra peak "
           f"R={max(rs)} / R={min(rs)}: {peak[max(rs)] / peak[min(rs)]:.2f}")
+    unshared = next((x for x in results if x["path"] == "unsh"), None)
+    if unshared is not None:
+        shared = new[unshared["max_response"]]
+        print(f"shared prompts at R={unshared['max_response']} (tokens/s of the rows' own tokens): update "
+              f"{shared['update_tok_s'] / unshared['update_tok_s']:.2f}x, log-probs "
+              f"{shared['logprob_tok_s'] / unshared['logprob_tok_s']:.2f}x the unshared packing")
 
 
 def main() -> None:
@@ -291,6 +317,8 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="new vs old path, long-tailed lengths, one rank")
     p.add_argument("--compare-r", default="1024,4096", help="--compare: the caps R of the new path (old: the smallest)")
     p.add_argument("--max-response", type=int, default=4096, help="cap of the long-tailed response lengths")
+    p.add_argument("--group-size", type=int, default=1, help="--compare: rows per prompt (GRPO's n; 1 = distinct)")
+    p.add_argument("--no-share", action="store_true", help="actor.share_prompts=false (new path)")
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # one measurement of --compare
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
