@@ -118,6 +118,19 @@ def test_packed_budget_groups_keep_a_prompts_rows_together_within_budget():
     assert packed_budget_groups(p_lens, r_lens, 40) == token_budget_groups([15, 16, 17, 18, 23, 24], 40)
 
 
+def test_packed_budget_groups_bound_the_attention_of_long_prompts_with_short_answers():
+    """10 rows of one 100-token prompt with 1-token answers pack into 110 tokens, but their attention
+    reads 10 x 101 positions: a pass keeps those within ATTENTION_BUDGET_FACTOR x budget (2 x 150),
+    so pieces of 2 rows (202 positions; 3 would read 303), each its own pass (102 + 102 > 150)."""
+    from bandpo.actor.packing import ATTENTION_BUDGET_FACTOR
+
+    assert ATTENTION_BUDGET_FACTOR == 2
+    groups = packed_budget_groups([100] * 10, [1] * 10, 150, ["a"] * 10)
+    assert sorted(groups) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    # with room for the attention, the same rows share one pass
+    assert packed_budget_groups([100] * 10, [1] * 10, 600, ["a"] * 10) == [list(range(10))]
+
+
 def test_shared_prompt_forward_equals_padded_forward(tiny_model_dir):
     """Log-probs through the layout of shared prompts equal the padded forward's logits at every target."""
     from transformers import AutoModelForCausalLM

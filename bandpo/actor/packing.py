@@ -113,18 +113,13 @@ def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
     """
     if budget < 1:
         raise ValueError(f"token budget must be >= 1, got {budget}")
-    groups: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        for g, left in enumerate(room):
-            if lengths[i] <= left:
-                groups[g].append(i)
-                room[g] -= lengths[i]
-                break
-        else:
-            groups.append([i])
-            room.append(budget - lengths[i])
-    return [sorted(g) for g in groups]
+    return _first_fit([(n, n) for n in lengths], budget, budget)
+
+
+# With shared prompts a pass's attention reads more positions than it packs tokens (each row
+# re-reads its prompt; bandpo.actor.attention): at most this many times the token budget, so a
+# pass of long prompts with short answers cannot hold hundreds of rows.
+ATTENTION_BUDGET_FACTOR = 2
 
 
 def packed_budget_groups(
@@ -133,10 +128,13 @@ def packed_budget_groups(
     """Row indices grouped into forward passes of at most ``budget`` packed tokens (first-fit decreasing).
 
     Without ``keys`` a row costs p + r. With ``keys`` (``prompt_keys``) the rows of one prompt
-    form a unit costing p + sum r, its prompt packed once; a unit over the budget is cut, in
-    row order, into pieces that fit (each packs the prompt again). A single row over the budget
-    still gets a pass of its own.
+    form a unit costing p + sum r packed tokens, its prompt packed once, and sum (p + r)
+    attention positions, which a pass keeps within ``ATTENTION_BUDGET_FACTOR`` x ``budget``; a
+    unit over either is cut, in row order, into pieces that fit (each packs the prompt again).
+    A single row over the budget still gets a pass of its own.
     """
+    if budget < 1:
+        raise ValueError(f"token budget must be >= 1, got {budget}")
     if keys is None:
         units = [[i] for i in range(len(p_lens))]
     else:
@@ -145,16 +143,38 @@ def packed_budget_groups(
             by_prompt.setdefault(key, []).append(i)
         units = []
         for rows in by_prompt.values():
-            piece, cost = [], p_lens[rows[0]]
+            p = p_lens[rows[0]]
+            piece, tokens, attention = [], p, 0
             for i in rows:
-                if piece and cost + r_lens[i] > budget:
+                if piece and (tokens + r_lens[i] > budget or attention + p + r_lens[i] > ATTENTION_BUDGET_FACTOR * budget):
                     units.append(piece)
-                    piece, cost = [], p_lens[rows[0]]
+                    piece, tokens, attention = [], p, 0
                 piece.append(i)
-                cost += r_lens[i]
+                tokens, attention = tokens + r_lens[i], attention + p + r_lens[i]
             units.append(piece)
-    costs = [p_lens[u[0]] + sum(r_lens[i] for i in u) for u in units]
-    return [sorted(i for u in group for i in units[u]) for group in token_budget_groups(costs, budget)]
+    costs = [(p_lens[u[0]] + sum(r_lens[i] for i in u), sum(p_lens[i] + r_lens[i] for i in u)) for u in units]
+    groups = _first_fit(costs, budget, ATTENTION_BUDGET_FACTOR * budget)
+    return [sorted(i for u in group for i in units[u]) for group in groups]
+
+
+def _first_fit(costs: list[tuple[int, int]], budget: int, attention_budget: int) -> list[list[int]]:
+    """Indices of ``costs`` ((packed tokens, attention positions) each) grouped first-fit decreasing
+    by tokens, each group within both budgets; an item over either budget gets a group of its own.
+    Groups in order of creation, indices sorted."""
+    groups: list[list[int]] = []
+    room: list[list[int]] = []  # [tokens, attention positions] left per group
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i][0]):
+        tokens, attention = costs[i]
+        for g, left in enumerate(room):
+            if tokens <= left[0] and attention <= left[1]:
+                groups[g].append(i)
+                left[0] -= tokens
+                left[1] -= attention
+                break
+        else:
+            groups.append([i])
+            room.append([budget - tokens, attention_budget - attention])
+    return [sorted(g) for g in groups]
 
 
 def split_to_count(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
