@@ -154,18 +154,19 @@ def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int,
 def processed_tokens(batch, actor, update: bool) -> int:
     """Tokens the forward passes see, padding included and shared prompts counted once per pass, as
     the actor groups this batch."""
+    import torch
+
     from bandpo.actor.logprobs import budget_chunks
-    from bandpo.actor.packing import packed_budget_groups, prompt_keys
+    from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys
 
     p = batch.prompt_mask.sum(-1).tolist()
     r = batch.response_mask.sum(-1).tolist()
-    if actor.padding_free and not actor.share_prompts:
-        return sum(p) + sum(r)
-    if actor.padding_free:
-        keys = prompt_keys(batch.prompt_ids, batch.prompt_mask)
+    if actor.padding_free:  # the passes as the actor groups and packs them
+        keys = prompt_keys(batch.prompt_ids, batch.prompt_mask) if actor.share_prompts else None
         budget = actor.max_tokens_per_micro_batch if update else actor.logprob_token_budget
-        passes = packed_budget_groups(p, r, budget, keys)
-        return sum(sum({keys[i]: p[i] for i in g}.values()) + sum(r[i] for i in g) for g in passes)
+        passes = [batch.select(torch.tensor(g)) for g in packed_budget_groups(p, r, budget, keys)]
+        return sum(pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                             share_prompts=actor.share_prompts).input_ids.shape[1] for mb in passes)
     if update:
         step = actor.micro_batch_size
         groups = [list(range(i, min(i + step, len(p)))) for i in range(0, len(p), step)]
@@ -225,6 +226,7 @@ def single(args) -> dict:
     batch.old_logprobs = out["lp"][0]
     up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_kwargs))
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+    update_run = processed_tokens(batch, actor, update=True)
     return {
         "path": "old" if args.old_path else "new" if actor.share_prompts or args.group_size == 1 else "unsh",
         "max_response": args.max_response,
@@ -237,8 +239,8 @@ def single(args) -> dict:
         # padding: the share of processed tokens that are padding; run/rows: processed over the
         # rows' own tokens (below 1 when shared prompts run once per pass)
         "logprob_padding_frac": max(0.0, 1 - real / processed_tokens(batch, actor, update=False)),
-        "update_padding_frac": max(0.0, 1 - real / processed_tokens(batch, actor, update=True)),
-        "update_run_over_rows": processed_tokens(batch, actor, update=True) / real,
+        "update_padding_frac": max(0.0, 1 - real / update_run),
+        "update_run_over_rows": update_run / real,
         "torch_threads": torch.get_num_threads(),
     }
 

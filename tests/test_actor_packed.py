@@ -23,7 +23,6 @@ from bandpo.actor.packing import (
     packed_budget_groups,
     prompt_keys,
     split_to_count,
-    token_budget_groups,
     unpack,
 )
 from bandpo.types import RolloutBatch, TrainBatch
@@ -114,8 +113,8 @@ def test_packed_budget_groups_keep_a_prompts_rows_together_within_budget():
     assert packed_budget_groups(p_lens, r_lens, 40, keys) == [[0, 1, 2, 3], [4, 5]]
     # a budget of 30 cuts a in row order: 10 + 5 + 6 + 7 = 28, then 10 + 8
     assert packed_budget_groups(p_lens, r_lens, 30, keys) == [[0, 1, 2], [4, 5], [3]]
-    # unshared: rows cost p + r each, as token_budget_groups
-    assert packed_budget_groups(p_lens, r_lens, 40) == token_budget_groups([15, 16, 17, 18, 23, 24], 40)
+    # unshared: rows cost p + r each (15, 16, 17, 18, 23, 24), first-fit decreasing into 40
+    assert packed_budget_groups(p_lens, r_lens, 40) == [[1, 5], [2, 4], [0, 3]]
 
 
 def test_packed_budget_groups_bound_the_attention_of_long_prompts_with_short_answers():
@@ -149,14 +148,14 @@ def test_shared_prompt_forward_equals_padded_forward(tiny_model_dir):
     torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
 
 
-def test_token_budget_groups_cover_rows_once_within_budget_and_split_to_count():
+def test_budget_groups_cover_rows_once_within_budget_and_split_to_count():
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(1, 300, (40,), generator=g).tolist()
-    groups = token_budget_groups(lengths, 400)
+    groups = packed_budget_groups(lengths, [0] * 40, 400)
     assert sorted(i for grp in groups for i in grp) == list(range(40))
     assert all(sum(lengths[i] for i in grp) <= 400 for grp in groups)
     assert len(groups) <= -(-sum(lengths) // 400) + 5  # first-fit decreasing packs tightly
-    assert token_budget_groups([500, 10], 400) == [[0], [1]]  # an over-budget row goes alone
+    assert packed_budget_groups([500, 10], [0, 0], 400) == [[0], [1]]  # an over-budget row goes alone
     more = split_to_count(groups, lengths, len(groups) + 3)
     assert len(more) == len(groups) + 3 and sorted(i for grp in more for i in grp) == list(range(40))
     with pytest.raises(ValueError, match="cannot make"):

@@ -40,6 +40,15 @@ LAYOUT_KW = "bandpo_layout"  # the model-call keyword that carries an AttentionL
 BUCKET_RATIO = 0.8  # a bucket's shortest row / its longest: <= 1.56x the attention FLOPs of row by row
 
 
+def _mask(*, attention_mask=None, **kwargs):
+    """No mask for unpadded input (rows come from the layout); transformers' sdpa mask otherwise."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+
 @dataclass
 class AttentionLayout:
     """Attention rows of a packed sequence of T tokens, bucketed for batched SDPA.
@@ -116,7 +125,6 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if attention_mask is not None or query.shape[0] != 1 or (position_ids is None and layout is None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        kwargs.pop(LAYOUT_KW, None)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if kwargs.get("sliding_window") is not None:
@@ -151,12 +159,3 @@ def use_packed_attention(model) -> bool:
     model.set_attn_implementation(NAME)
     return True
 
-
-def _mask(*, attention_mask=None, **kwargs):
-    """No mask for unpadded input (rows come from the layout); transformers' sdpa mask otherwise."""
-    if attention_mask is None:
-        return None
-    from transformers.masking_utils import sdpa_mask
-
-    kwargs.pop(LAYOUT_KW, None)
-    return sdpa_mask(attention_mask=attention_mask, **kwargs)

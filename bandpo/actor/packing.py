@@ -105,17 +105,6 @@ def unpack(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
-    """Row indices grouped so each group's total tokens stay within ``budget`` (first-fit decreasing).
-
-    Rows are placed longest first into the first group with room; a row longer than the
-    budget gets a group of its own. Groups are returned in order of creation, rows sorted.
-    """
-    if budget < 1:
-        raise ValueError(f"token budget must be >= 1, got {budget}")
-    return _first_fit([(n, n) for n in lengths], budget, budget)
-
-
 # With shared prompts a pass's attention reads more positions than it packs tokens (each row
 # re-reads its prompt; bandpo.actor.attention): at most this many times the token budget, so a
 # pass of long prompts with short answers cannot hold hundreds of rows.
@@ -125,7 +114,8 @@ ATTENTION_BUDGET_FACTOR = 2
 def packed_budget_groups(
     p_lens: list[int], r_lens: list[int], budget: int, keys: list | None = None
 ) -> list[list[int]]:
-    """Row indices grouped into forward passes of at most ``budget`` packed tokens (first-fit decreasing).
+    """Row indices grouped into forward passes of at most ``budget`` packed tokens (first-fit decreasing:
+    longest first, into the first pass with room; passes in order of creation, rows sorted).
 
     Without ``keys`` a row costs p + r. With ``keys`` (``prompt_keys``) the rows of one prompt
     form a unit costing p + sum r packed tokens, its prompt packed once, and sum (p + r)
