@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         return dry_run(cfg)
     from bandpo.distributed import WorkerFailure
     from bandpo.reward import VerifierUnavailable
-    from bandpo.trainer import train
+    from bandpo.trainer.loop import train
 
     try:
         train(cfg)

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
         "config": run_config(out_dir),
         "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
         "summary": summarize(read_metrics(out_dir / "metrics.jsonl"), wall),
-        # Seconds per start-up phase as the trainer timed them (bandpo.trainer._report_startup).
+        # Seconds per start-up phase as the trainer timed them (bandpo.trainer.loop._report_startup).
         "startup": json.loads((out_dir / "startup.json").read_text()) if (out_dir / "startup.json").exists() else {},
     }
     print_report(report)

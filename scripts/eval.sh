@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Evaluate a checkpoint: mean@n (+ std over problems), pass@k, maj@n per dataset.
-# Arguments are Hydra-style overrides, forwarded to `python -m bandpo.evaluate`:
+# Arguments are Hydra-style overrides, forwarded to `python -m bandpo.eval`:
 #   scripts/eval.sh checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32
 #   scripts/eval.sh checkpoint=runs/NAME [step=N | steps=all] ...   (or runs/NAME/checkpoints/step_N)
 #   scripts/eval.sh checkpoint=PATH eval.paths=data/eval eval.n=4 eval.max_tokens=512 --out /tmp/eval
@@ -13,4 +13,4 @@ VENV=${BANDPO_VENV:-.venv}
 PY="$VENV/bin/python"
 [[ -x "$PY" ]] || bash "$ROOT/scripts/setup.sh"
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
-exec "$PY" -m bandpo.evaluate "$@"
+exec "$PY" -m bandpo.eval "$@"

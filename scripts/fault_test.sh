@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m bandpo.fault_test "$@"
+exec .venv/bin/python -m bandpo.tools.fault_test "$@"

@@ -43,7 +43,7 @@ def train(out: Path, *overrides: str, timeout: int = 900) -> tuple[subprocess.Co
                           timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert sorted(set(os.listdir("/dev/shm")) - shm_before) == []
-    # One log file per worker group (bandpo.run_logs), each holding that group's own output.
+    # One log file per worker group (bandpo.run.worker_logs), each holding that group's own output.
     logs = out / "logs"
     assert "vllm" in (logs / "rollout.log").read_text().lower()
     assert (logs / "actor.log").exists()

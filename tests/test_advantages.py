@@ -35,7 +35,7 @@ def test_bad_inputs():
 
 
 def test_trainer_rejects_rows_not_grouped_by_prompt():
-    from bandpo.trainer import _check_groups
+    from bandpo.trainer.loop import _check_groups
 
     _check_groups(torch.tensor([0, 0, 1, 1, 2, 2]), 3, 2)
     with pytest.raises(RuntimeError, match="contiguous groups of rollout.n=2"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bandpo.data.sampler import EpochSampler, draw_groups, rollout_seed
-from bandpo.trainer import _Round
+from bandpo.trainer.loop import _Round
 from bandpo.types import TrainBatch
 
 

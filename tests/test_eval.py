@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bandpo.data.datasets import Example
-from bandpo.evaluate import (
+from bandpo.eval.evaluate import (
     evaluate,
     flatten_metrics,
     load_cli_config,
@@ -20,7 +20,7 @@ from bandpo.evaluate import (
     resolve_checkpoint,
     run_eval,
 )
-from bandpo.metrics_eval import (
+from bandpo.eval.metrics import (
     default_ks,
     maj_at_n,
     maj_correct,
@@ -290,7 +290,7 @@ def test_trainer_eval_group_is_accepted():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from bandpo.evaluate import to_eval_config
+    from bandpo.eval.evaluate import to_eval_config
 
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         cfg = compose(config_name="train", overrides=["model=qwen2.5-3b", "data=dapo_math"])
@@ -323,7 +323,7 @@ FIXTURE = [
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_eval_end_to_end_tiny_model(tiny_model_dir, tmp_path, capsys, backend):
-    from bandpo.evaluate import main
+    from bandpo.eval.evaluate import main
 
     data = tmp_path / "tiny5.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))

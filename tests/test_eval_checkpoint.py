@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bandpo.checkpoint import CheckpointManager
-from bandpo.eval_checkpoint import EvalUsageError, materialize, resolve_targets
+from bandpo.eval.targets import EvalUsageError, materialize, resolve_targets
+from bandpo.run.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_consolidated_checkpoint_equals_hf_export(tiny_model_dir, tmp_path, zero
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "bandpo.evaluate", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "bandpo.eval", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -126,7 +126,7 @@ def test_eval_all_steps_of_a_run(tiny_model_dir, tmp_path, capsys):
     """Two training checkpoints of one run, evaluated with one vLLM engine (weights reloaded for step 2)."""
     from test_actor import BANDPO, make_train_batch, new_actor
 
-    from bandpo.evaluate import main
+    from bandpo.eval.evaluate import main
 
     actor = new_actor(tiny_model_dir, lr=1e-2)
     run = tmp_path / "runs" / "r"

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bandpo.checkpoint import CheckpointManager
-from bandpo.fault_test.process import Session
+from bandpo.run.checkpoint import CheckpointManager
+from bandpo.tools.fault_test.process import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration

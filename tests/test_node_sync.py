@@ -57,8 +57,8 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
     import ray
 
     from bandpo.actor import ActorGroup
-    from bandpo.distributed.node_sync import NodeWeightSync
-    from bandpo.rollout.weight_sync import read_file_bytes
+    from bandpo.weight_sync.flat import read_file_bytes
+    from bandpo.weight_sync.node import NodeWeightSync
 
     group = ActorGroup(tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4,
                        micro_batch_size=2)
@@ -109,7 +109,7 @@ def test_per_node_verifiers_grade_on_every_node_with_cpus(cluster):
     """``trainer.verifier_actors=per_node``: one verifier on each node that has CPUs (a and b, not c)."""
     import ray
 
-    from bandpo.distributed.verifier import RayScorer
+    from bandpo.reward.ray_scorer import RayScorer
 
     scorer = RayScorer(answer_format="auto", num_workers=1, timeout=5.0, actors="per_node")
     try:

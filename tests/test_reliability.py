@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from bandpo.checkpoint import CheckpointManager
-from bandpo.logging import MetricsLogger
-from bandpo.nonfinite import NonfiniteGuard, first_nonfinite
+from bandpo.run.checkpoint import CheckpointManager
+from bandpo.run.metrics_log import MetricsLogger
+from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite
 from bandpo.types import RolloutBatch, TrainBatch
 
 
@@ -184,7 +184,7 @@ def test_guard_skips_and_counts_then_stops(capsys):
 
 
 def test_stale_weight_buffers_of_dead_drivers_are_removed():
-    from bandpo.lifecycle import SHM_PREFIX, remove_stale_weight_files
+    from bandpo.trainer.startup import SHM_PREFIX, remove_stale_weight_files
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
@@ -218,7 +218,7 @@ def _run_dir(root, steps, loss=0.5, weights=1.0):
 
 
 def test_fault_checks_pass_on_equal_runs_and_name_each_violation(tmp_path):
-    from bandpo.fault_test import checks
+    from bandpo.tools.fault_test import checks
 
     ref = _run_dir(tmp_path / "ref", [1, 2, 3])
     ok = _run_dir(tmp_path / "ok", [1, 2, 3])
@@ -244,7 +244,7 @@ def test_fault_checks_pass_on_equal_runs_and_name_each_violation(tmp_path):
 
 def test_session_kill_reaches_processes_that_left_the_process_group(tmp_path):
     """Ray puts its workers in their own process groups (same session): killpg alone misses them."""
-    from bandpo.fault_test.process import Session
+    from bandpo.tools.fault_test.process import Session
 
     moved = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"
     script = ("import subprocess, sys, time\n"
@@ -262,7 +262,7 @@ def test_session_kill_reaches_processes_that_left_the_process_group(tmp_path):
 
 
 def test_fault_test_refuses_overrides_it_owns(tmp_path):
-    from bandpo.fault_test.__main__ import main
+    from bandpo.tools.fault_test.__main__ import main
 
     assert main(["--out", str(tmp_path), "trainer.output_dir=/x"]) == 2
     assert main(["--out", str(tmp_path), "--kills", "0"]) == 2

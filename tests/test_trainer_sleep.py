@@ -3,7 +3,7 @@ before the next rollout wake the weights, sync, then wake the KV cache (verl / O
 
 import pytest
 
-from bandpo.trainer import Trainer
+from bandpo.trainer.loop import Trainer
 
 
 class _Recorder:

@@ -57,7 +57,7 @@ def test_reference_batch_covers_every_status(reference):
 
 
 def test_split_over_actors_keeps_order(ray_local, reference):
-    from bandpo.distributed.verifier import RayScorer
+    from bandpo.reward.ray_scorer import RayScorer
 
     responses, answers, lengths = _batch()
     scorer = RayScorer(SCHEME, answer_format="auto", num_workers=1, timeout=TIMEOUT, actors=3)
@@ -73,7 +73,7 @@ def test_split_over_actors_keeps_order(ray_local, reference):
 
 
 def test_killed_actor_is_replaced_and_its_items_regraded(ray_local, reference):
-    from bandpo.distributed.verifier import RayScorer
+    from bandpo.reward.ray_scorer import RayScorer
 
     ray = ray_local
     responses, answers, lengths = _batch()

@@ -1,4 +1,4 @@
-"""Verifier infrastructure faults are loud; response faults stay item grades (issue 16).
+"""Verifier infrastructure faults are loud; response faults stay item grades.
 
 Runs ``score_batch`` the ways users call it (a script on standard input, ``python -c``),
 and pools whose workers cannot start.

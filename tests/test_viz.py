@@ -17,7 +17,7 @@ def test_band_curves_hold_the_reference_bounds():
     assert c["tv_lower"][0] == 0.0 and c["tv_upper"][0] == pytest.approx(6.0)
     for div in ("kl", "tv", "chi2"):
         assert np.all(c[f"{div}_lower"] <= 1.0) and np.all(c[f"{div}_upper"] >= 1.0)
-    # SPEC.md: at p = 0.08, KL (0.26170, 2.41055).
+    # Exact KL band at p = 0.08, delta = 0.05 (the reference table in tests/data/band_bounds.csv): (0.26170, 2.41055).
     c08 = band_curves(0.05, divergences=("kl",), p_min=0.08, points=2)
     assert c08["kl_lower"][0] == pytest.approx(0.26170, abs=1e-5)
     assert c08["kl_upper"][0] == pytest.approx(2.41055, abs=1e-5)

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from bandpo.rollout.weight_sync import (
+from bandpo.weight_sync.flat import (
     ALIGN,
     TensorMeta,
     copy_bytes_baseline,
@@ -66,7 +66,7 @@ def test_rewrite_in_place_and_resize(shm_path):
 
 
 def test_write_cache_forgets_deleted_files(shm_path):
-    from bandpo.rollout import weight_sync
+    from bandpo.weight_sync import flat as weight_sync
 
     write_weights_shm([("w", torch.ones(4))], shm_path)
     assert shm_path in weight_sync._WRITE_MAPS
@@ -100,7 +100,7 @@ def test_copy_baseline_counts_bytes():
 
 
 def _receive(payload: bytes, queue) -> None:
-    from bandpo.rollout.weight_sync import open_ipc_bucket
+    from bandpo.weight_sync.flat import open_ipc_bucket
 
     queue.put({name: t.double().sum().item() for name, t in open_ipc_bucket(payload)})
 
@@ -109,7 +109,7 @@ def _receive(payload: bytes, queue) -> None:
 def test_ipc_buckets_roundtrip_across_processes():
     import torch.multiprocessing as mp
 
-    from bandpo.rollout.weight_sync import iter_ipc_buckets
+    from bandpo.weight_sync.flat import iter_ipc_buckets
 
     src = [(f"w{i}", torch.randn(256, 256, device="cuda")) for i in range(5)]
     ctx = mp.get_context("spawn")
@@ -129,8 +129,8 @@ def test_ipc_buckets_roundtrip_across_processes():
 
 
 def test_node_plan_lowest_rank_per_node_publishes_and_engine_only_nodes_get_a_relay():
-    from bandpo.distributed.node_sync import NodeWeightSync
-    from bandpo.rollout.weight_sync import node_shm_path
+    from bandpo.weight_sync.flat import node_shm_path
+    from bandpo.weight_sync.node import NodeWeightSync
 
     sync = NodeWeightSync([], [], "/dev/shm/x-7")
     sync.actor_nodes = ["A", "A", "B", "B", "A"]  # node of each rank

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bandpo.checkpoint import fsync_dir
+from bandpo.run.checkpoint import fsync_dir
 
 log = logging.getLogger(__name__)
 

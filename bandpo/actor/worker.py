@@ -68,7 +68,7 @@ from bandpo.actor.setup import (
     seed_everything,
 )
 from bandpo.algo.losses import policy_loss
-from bandpo.nonfinite import first_nonfinite
+from bandpo.run.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
@@ -145,7 +145,7 @@ class Actor:
         seed: int = 0,
         cpu_threads: int | None = None,
     ):
-        from bandpo.run_logs import redirect_group_output
+        from bandpo.run.worker_logs import redirect_group_output
 
         redirect_group_output("actor")
         import deepspeed
@@ -560,7 +560,7 @@ class Actor:
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
-        from bandpo.rollout.weight_sync import write_weights_shm
+        from bandpo.weight_sync.flat import write_weights_shm
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:

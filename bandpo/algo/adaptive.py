@@ -1,7 +1,7 @@
 """Entropy-adaptive Band: a per-token radius delta_t from the old policy's token entropy.
 
 The paper's stated limitation (and future work): one global delta is too loose for confident
-tokens and too tight for uncertain ones. Here the radius of the trust region (SPEC.md, eq. 1)
+tokens and too tight for uncertain ones. Here the radius of the trust region (``bandpo.algo.band``, eq. 1)
 becomes a per-token delta_t, a function of the entropy H_t = H(pi_old(.|s_t)) of the old
 policy at that position (computed by the actor with the old logprobs; no gradient flows
 through it, exactly as none flows through the bounds).

@@ -3,7 +3,7 @@
 For a sampled token with old probability p and ratio r = pi_new / pi_old, the
 closest new distribution (any f-divergence) rescales the rest of the vocabulary
 by c = (1 - r p) / (1 - p), so the trust region D_f(pi_old, pi_new) <= delta is
-the scalar condition (SPEC.md, "The Band operator")
+the scalar condition (BandPO, "The Band operator")
 
     g_f(p, r) = p f(r) + (1 - p) f(c) <= delta.                          (1)
 

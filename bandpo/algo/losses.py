@@ -1,4 +1,4 @@
-"""The policy loss shared by GRPO, Clip-Higher and BandPO (SPEC.md, "The loss").
+"""The policy loss shared by GRPO, Clip-Higher and BandPO (BandPO, eq. 2-3: the clipped surrogate with a per-token interval).
 
 Only the ratio interval differs between the three algorithms:
 

@@ -34,7 +34,7 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> None:
 
     With ``logs_dir``, every worker's output goes to ``<logs_dir>/`` instead of the driver's
     console: ``ray-workers.log`` until a worker group's actor names its own file
-    (``rollout.log``, ``actor.log``, ``verifier.log``; ``bandpo.run_logs``).
+    (``rollout.log``, ``actor.log``, ``verifier.log``; ``bandpo.run.worker_logs``).
     """
     import logging
 
@@ -48,7 +48,7 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> None:
     runtime_env: dict = {"env_vars": env}
     quiet = logs_dir is not None
     if quiet:
-        from bandpo.run_logs import LOG_ENV, SETUP_HOOK
+        from bandpo.run.worker_logs import LOG_ENV, SETUP_HOOK
 
         env[LOG_ENV] = str(os.path.join(logs_dir, "ray-workers.log"))
         runtime_env["worker_process_setup_hook"] = SETUP_HOOK

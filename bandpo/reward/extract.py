@@ -1,6 +1,6 @@
 """Answer extraction and string normalization (pure Python, no sympy).
 
-Two prompt formats are supported (SPEC.md, "Prompt"):
+Two prompt formats are supported (the paper's DAPO prompt and the boxed convention):
 
 - ``dapo``:  the last ``Answer: ...`` line within the tail of the response, exactly
   the pattern of DAPO's reward (``(?i)Answer\\s*:\\s*([^\\n]+)`` on the last 300 chars).

@@ -37,7 +37,7 @@ def init_worker(memory_cap_bytes: int | None = None, log_path: str | None = None
     grader works).
     """
     if log_path:
-        from bandpo.run_logs import redirect_output
+        from bandpo.run.worker_logs import redirect_output
 
         redirect_output(log_path)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from bandpo.rollout.weight_sync import TensorMeta
     from bandpo.types import RolloutBatch, SamplingParams
+    from bandpo.weight_sync.flat import TensorMeta
 
 OverlongPolicy = Literal["error", "truncate"]
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
-from bandpo.rollout.weight_sync import (
+from bandpo.types import RolloutBatch, SamplingParams
+from bandpo.weight_sync.flat import (
     DEFAULT_BUCKET_BYTES,
     TensorMeta,
     iter_ipc_buckets,
@@ -24,7 +25,6 @@ from bandpo.rollout.weight_sync import (
     remove_shm,
     write_weights_shm,
 )
-from bandpo.types import RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -78,7 +78,7 @@ class VllmEngine:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **llm_kwargs,
     ) -> None:
-        from bandpo.run_logs import redirect_group_output
+        from bandpo.run.worker_logs import redirect_group_output
 
         redirect_group_output("rollout")  # before vLLM starts its engine-core process
         from vllm import LLM

@@ -35,7 +35,7 @@ class BandpoWorkerExtension:
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
         """Reload all weights from the flat ``/dev/shm`` file ``path``; returns the number of tensors loaded."""
-        from bandpo.rollout.weight_sync import read_weights_shm
+        from bandpo.weight_sync.flat import read_weights_shm
 
         metas = list(wire_metas)
         self._bandpo_quiet_expected_warnings()
@@ -57,7 +57,7 @@ class BandpoWorkerExtension:
         import torch
         from vllm.config import set_current_vllm_config
 
-        from bandpo.rollout.weight_sync import open_ipc_bucket
+        from bandpo.weight_sync.flat import open_ipc_bucket
 
         weights = list(open_ipc_bucket(payload))
         with set_current_vllm_config(self.vllm_config):

@@ -41,7 +41,7 @@ if str(_REPO) not in sys.path:  # run as a script from a clone without `pip inst
 from bandpo.data.tiny_arith import DEFAULT_DIFFICULTY, make_split  # noqa: E402
 from bandpo.models.tiny import build_tiny_model  # noqa: E402
 
-# The DAPO prompt of the paper (SPEC.md, "Prompt"); the rollout side must use the same text.
+# The DAPO prompt of the paper (DAPO's answer-line format); the rollout side must use the same text.
 DAPO_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be of the "
     "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"

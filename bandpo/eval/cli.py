@@ -1,4 +1,4 @@
-"""The ``python -m bandpo.evaluate`` / ``scripts/eval.sh`` command: one model, or every kept step of a run.
+"""The ``python -m bandpo.eval`` / ``scripts/eval.sh`` command: one model, or every kept step of a run.
 
 With several steps (``steps=all``) one engine is started for the first step and later steps
 only reload weights into it (engine start-up dominates on CPU). Per step the usual
@@ -18,9 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bandpo.eval_checkpoint import CACHE_CHOICES, EvalUsageError, Target, materialize, resolve_targets
+from bandpo.eval.targets import CACHE_CHOICES, EvalUsageError, Target, materialize, resolve_targets
 
-log = logging.getLogger("bandpo.evaluate")
+log = logging.getLogger("bandpo.eval.evaluate")
 
 
 def prepare(argv: Sequence[str]):
@@ -28,14 +28,14 @@ def prepare(argv: Sequence[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     from bandpo.data.datasets import load_eval_sets
-    from bandpo.evaluate import EvalCLIConfig, load_cli_config
+    from bandpo.eval.evaluate import EvalCLIConfig, load_cli_config
 
     try:
         cfg = load_cli_config(argv)
     except OmegaConfBaseException as e:
         valid = ", ".join(f.name for f in EvalCLIConfig.__dataclass_fields__.values())
         raise EvalUsageError(f"bad override: {str(e).splitlines()[0]} (top-level keys: {valid}; "
-                             f"eval.* keys: see bandpo/evaluate.py EvalConfig)") from None
+                             f"eval.* keys: see bandpo/eval/evaluate.py EvalConfig)") from None
     if cfg.cache not in CACHE_CHOICES:
         raise EvalUsageError(f"cache={cfg.cache!r}: expected one of {list(CACHE_CHOICES)}")
     targets = resolve_targets(cfg.checkpoint, cfg.step, cfg.steps)
@@ -67,7 +67,7 @@ def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
     from transformers import AutoTokenizer
 
     from bandpo.data.prompts import answer_format_for
-    from bandpo.evaluate import evaluate, sampling_params
+    from bandpo.eval.evaluate import evaluate, sampling_params
     from bandpo.reward import RewardScorer
     from bandpo.rollout import make_engine
 
@@ -113,7 +113,7 @@ def _stem(ev) -> str:
 
 
 def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
-    from bandpo.evaluate import default_out_dir
+    from bandpo.eval.evaluate import default_out_dir
 
     if cfg.eval.out:
         base = Path(cfg.eval.out)
@@ -124,7 +124,7 @@ def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
 
 
 def _write_one(cfg, target: Target, model_path: str, answer_format: str, results: dict, many: bool) -> dict:
-    from bandpo.evaluate import markdown_table, plot_pass_at_k
+    from bandpo.eval.evaluate import markdown_table, plot_pass_at_k
 
     ev = cfg.eval
     samples = {name: s.pop("samples") for name, s in results.items() if "samples" in s}

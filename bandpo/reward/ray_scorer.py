@@ -41,7 +41,7 @@ class VerifierActor:
     """One ``RewardScorer`` inside a Ray actor. ``scorer_kwargs`` go to ``RewardScorer``."""
 
     def __init__(self, scorer_kwargs: dict[str, Any]) -> None:
-        from bandpo.run_logs import redirect_group_output
+        from bandpo.run.worker_logs import redirect_group_output
 
         redirect_group_output("verifier")
         from bandpo.reward import RewardScorer

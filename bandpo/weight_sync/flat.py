@@ -2,7 +2,7 @@
 
 CPU: the actor writes every tensor into ONE flat file in ``/dev/shm`` (tmpfs, so RAM) and
 sends ``(path, metas)``; the engine maps the file and loads zero-copy views. /dev/shm is per
-machine, so each node gets a file of its own (``node_shm_path``; ``bandpo.distributed.node_sync``). vLLM's
+machine, so each node gets a file of its own (``node_shm_path``; ``bandpo.weight_sync.node``). vLLM's
 ``collective_rpc`` turns tensors in its arguments into plain lists, so tensors never ride the
 RPC itself; only the small metadata does (as plain tuples, see ``metas_to_wire``).
 

@@ -8,7 +8,7 @@ start-up chatter, DeepSpeed, tracebacks of a dying worker) is kept, one file per
   processes they start (vLLM's engine core);
 - ``actor.log``: the DeepSpeed actor ranks (``bandpo.actor.worker``);
 - ``verifier.log``: the reward pool's worker processes (``bandpo.reward.pool``) and the Ray
-  verifier actors that hold them (``bandpo.distributed.verifier``);
+  verifier actors that hold them (``bandpo.reward.ray_scorer``);
 - ``ray-workers.log``: everything else a Ray worker prints: its own start-up before it
   knows its group, and workers that are not one of ours (e.g. the extra ranks of a
   tensor-parallel vLLM engine, which vLLM starts itself).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 LOG_ENV = "BANDPO_WORKER_LOG"
 GROUPS = ("rollout", "actor", "verifier")
-SETUP_HOOK = "bandpo.run_logs.redirect_worker_output"
+SETUP_HOOK = "bandpo.run.worker_logs.redirect_worker_output"
 
 
 def setup_run_logs(run_dir: Path, verbose: bool) -> Path | None:

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bandpo.checkpoint import STEP_RE, CheckpointManager
+from bandpo.run.checkpoint import STEP_RE, CheckpointManager
 
 ACTOR_DIR, DS_TAG = "actor", "state"  # step_N/actor/state/*.pt, written by DeepSpeed (bandpo.actor.worker)
 HF_NAMES = ("", "hf", "huggingface")

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from bandpo import shm
+from bandpo.run import shm
 
 SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
 
@@ -99,7 +99,7 @@ def remove_stale_weight_files() -> list[str]:
 
 
 def clean_shm(run_dir: Path) -> set[str]:
-    """Remove vLLM /dev/shm files of this project's dead runs (``bandpo.shm``); the entries left now."""
+    """Remove vLLM /dev/shm files of this project's dead runs (``bandpo.run.shm``); the entries left now."""
     removed = shm.remove_dead_entries(run_dir)
     if removed:
         print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on math sets (AMC 2023, AIME 2024/2025): mean@n, its std, pass@k, maj@n.
 
-    python -m bandpo.evaluate checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32 \\
+    python -m bandpo.eval checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32 \\
         [eval.paths=DIR_OR_FILES] [eval.out=DIR | --out DIR] [eval.max_tokens=4096] [eval.backend=vllm]
         [eval.limit=N] [eval.engine.KEY=VALUE (make_engine kwargs)]
 
@@ -8,10 +8,10 @@ Arguments are Hydra-style overrides of ``EvalCLIConfig``, whose defaults are the
 protocol (``configs/eval/default.yaml`` is the trainer's eval group: it takes its template and
 lengths from the training config, so the standalone CLI does not read it). Each problem gets
 ``n`` samples (temperature 1.0, top_p 1.0), the verifier scores them, and per dataset we
-report the metrics defined in ``bandpo.metrics_eval``. Outputs: a markdown table on stdout, and
+report the metrics defined in ``bandpo.eval.metrics``. Outputs: a markdown table on stdout, and
 ``eval_<template>_n<n>.{json,md,png}`` (JSON, table, pass@k plot) in ``eval.out``, by default
 ``<checkpoint>/eval/`` for a local checkpoint (``runs/<name>/eval/step_N/`` for a training
-checkpoint; ``steps=all`` also writes a per-step table and plot, see ``bandpo.eval_cli``). The trainer calls ``run_eval`` for the same
+checkpoint; ``steps=all`` also writes a per-step table and plot, see ``bandpo.eval.cli``). The trainer calls ``run_eval`` for the same
 numbers as flat ``eval/<dataset>/<metric>`` scalars.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 
 from bandpo.data.datasets import Example
 from bandpo.data.prompts import TEMPLATES, encode_examples
-from bandpo.metrics_eval import default_ks, summarize
+from bandpo.eval.metrics import default_ks, summarize
 from bandpo.types import SamplingParams
 
-log = logging.getLogger("bandpo.evaluate")  # stable name under `python -m` too
+log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m` too
 
 
 @dataclass
@@ -71,10 +71,10 @@ class EvalConfig:
 
 @dataclass
 class EvalCLIConfig:
-    """Top level of ``python -m bandpo.evaluate``."""
+    """Top level of ``python -m bandpo.eval``."""
 
     # A HF model folder or hub id, a training checkpoint runs/<name>/checkpoints/step_N, or a run folder
-    # runs/<name> (its latest checkpoint; see bandpo.eval_checkpoint).
+    # runs/<name> (its latest checkpoint; see bandpo.eval.targets).
     checkpoint: str = "???"
     step: int | None = None  # with a run folder: this step
     steps: Any = None  # with a run folder: "all" kept checkpoints, or a list of steps
@@ -109,7 +109,7 @@ def evaluate(
     ``engine`` follows ``bandpo.rollout.RolloutEngine``; ``scorer`` has ``score(responses,
     answers) -> list[Score]`` (``correct``, ``status``, ``extracted``). All datasets go to the
     engine in one ``generate`` call. Returns ``{dataset: summary}`` with the keys of
-    ``bandpo.metrics_eval.summarize`` plus ``dropped_overlong`` and ``timing_s``; with
+    ``bandpo.eval.metrics.summarize`` plus ``dropped_overlong`` and ``timing_s``; with
     ``keep_samples`` each summary also holds ``samples``, one record per problem.
     """
     if n < 1:
@@ -319,11 +319,11 @@ def load_cli_config(argv: Sequence[str]) -> EvalCLIConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """CLI entry (see ``bandpo.eval_cli``): evaluate, print the table, write JSON / markdown / PNG."""
+    """CLI entry (see ``bandpo.eval.cli``): evaluate, print the table, write JSON / markdown / PNG."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # vLLM logs to stdout by default; keep stdout for the table (read before vLLM is imported).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    from bandpo.eval_cli import main as cli_main
+    from bandpo.eval.cli import main as cli_main
 
     return cli_main(sys.argv[1:] if argv is None else argv)
 
@@ -372,6 +372,3 @@ def _vote_key(extracted: Any) -> str | None:
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}"
 
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Fault test: SIGKILL a whole training run at random moments, resume it, and check that the
 result equals an uninterrupted run's.
 
-``python -m bandpo.fault_test [--kills K] [--seed S] [--out DIR] OVERRIDES...`` (or
+``python -m bandpo.tools.fault_test [--kills K] [--seed S] [--out DIR] OVERRIDES...`` (or
 ``scripts/fault_test.sh``) runs ``scripts/train.sh OVERRIDES`` twice over:
 
 1. ``DIR/reference``: once, uninterrupted (its timings also pace the kills);

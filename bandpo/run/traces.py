@@ -12,7 +12,7 @@ characters, keeping the head and the tail (the answer line is at the end).
 
 Quick look at a step's best and worst groups:
 
-    python -m bandpo.traces runs/X --step 10 [--top 3] [--eval]
+    python -m bandpo.run.traces runs/X --step 10 [--top 3] [--eval]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bandpo.checkpoint import write_text_atomic
+from bandpo.run.checkpoint import write_text_atomic
 
 
 def cut(text: str | None, max_chars: int) -> str | None:
@@ -71,7 +71,7 @@ def group_records(
 
 
 def eval_records(step: int, samples: dict[str, list[dict]], max_chars: int) -> list[dict]:
-    """Records of ``bandpo.evaluate.evaluate(..., keep_samples=True)``'s per-problem samples."""
+    """Records of ``bandpo.eval.evaluate.evaluate(..., keep_samples=True)``'s per-problem samples."""
     out = []
     for name, problems in samples.items():
         for p in problems:
@@ -125,7 +125,7 @@ def _one_line(text: str | None, limit: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bandpo.traces", description="Best and worst groups of a traced step.")
+    ap = argparse.ArgumentParser(prog="python -m bandpo.run.traces", description="Best and worst groups of a traced step.")
     ap.add_argument("run", help="run folder (trainer.output_dir)")
     ap.add_argument("--step", type=int, required=True)
     ap.add_argument("--top", type=int, default=3)

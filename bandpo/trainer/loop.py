@@ -1,6 +1,6 @@
 """The RLVR training loop (GRPO / Clip-Higher / BandPO), one named, timed stage at a time.
 
-Per step (SPEC.md):
+Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
     1. sample      B prompts from the shuffled training set (resumable sampler)
     2. rollout     n responses per prompt from vLLM with their sampling logprobs
     3. reward      rule-based verifier: Ray actors, each with a process pool (+1 correct / -1 otherwise)
@@ -28,7 +28,7 @@ Departures from the paper's scripts, stated:
   loss by min(pi_old / pi_rollout, C); entropy-adaptive Band (``algorithm.band.adaptive``) uses
   pi_old's per-token entropy from step 5; traces (``trainer.trace_every``) go to <run>/traces/.
 - Non-finite rewards, logprobs or loss skip the update (counted) unless ``on_nonfinite=stop``;
-  the actor never applies an optimizer step with NaN/inf gradients (``bandpo.nonfinite``).
+  the actor never applies an optimizer step with NaN/inf gradients (``bandpo.run.nonfinite``).
 """
 
 from __future__ import annotations
@@ -43,13 +43,17 @@ from pathlib import Path
 
 import torch
 
-from bandpo import shm
 from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.algo import compute_advantages
-from bandpo.checkpoint import CheckpointManager
 from bandpo.data.sampler import draw_groups, rollout_seed
 from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
-from bandpo.lifecycle import (
+from bandpo.reward import check_error_share
+from bandpo.run import shm
+from bandpo.run.checkpoint import CheckpointManager
+from bandpo.run.metrics_log import MetricsLogger
+from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
+from bandpo.run.worker_logs import setup_run_logs
+from bandpo.trainer.startup import (
     SHM_PREFIX,
     clean_shm,
     ensure_model,
@@ -57,10 +61,6 @@ from bandpo.lifecycle import (
     remove_stale_weight_files,
     stop_engines,
 )
-from bandpo.logging import MetricsLogger
-from bandpo.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
-from bandpo.reward import check_error_share
-from bandpo.run_logs import setup_run_logs
 from bandpo.types import SamplingParams, TrainBatch
 
 
@@ -92,8 +92,8 @@ class Trainer:
 
         from bandpo.data import EpochSampler, encode_examples, load_eval_sets
         from bandpo.data.datasets import load_source
-        from bandpo.distributed.verifier import RayScorer
         from bandpo.reward import RewardScheme
+        from bandpo.reward.ray_scorer import RayScorer
 
         cfg = self.cfg
         t_setup = time.perf_counter()
@@ -133,7 +133,7 @@ class Trainer:
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, _plain(cfg.trainer.wandb), _plain(cfg))
 
     def _report_startup(self, total: float) -> None:
-        """One console line and <run>/startup.json: seconds per start-up phase (issue 13, part 5).
+        """One console line and <run>/startup.json: seconds per start-up phase.
 
         ``verifier`` overlaps the engines' and the actor's loading; ``rollout`` / ``actor`` are the
         waits left after it. ``process`` is the time from interpreter start to ``setup`` (imports).
@@ -442,7 +442,7 @@ class Trainer:
         return out, metrics
 
     def _write_trace(self, rnd: _Round) -> None:
-        from bandpo.traces import group_records, write_records
+        from bandpo.run.traces import group_records, write_records
 
         ex = [self.examples[i] for i in rnd.idx]
         b = rnd.batch
@@ -492,20 +492,20 @@ class Trainer:
 
     def sync_weights(self) -> None:
         """Actor -> rollout: the lowest actor rank on each node writes one flat buffer in that node's
-        /dev/shm, and every engine loads its own node's (``bandpo.distributed.node_sync``).
+        /dev/shm, and every engine loads its own node's (``bandpo.weight_sync.node``).
 
         The files stay between syncs (``close`` removes them; a killed run's is removed by the next
         start): rewriting one through the actor's kept mapping costs half of writing a new one
         (no fresh tmpfs pages to fault in; scripts/bench_rollout.py, ``new/sync``).
         """
-        from bandpo.distributed.node_sync import NodeWeightSync
+        from bandpo.weight_sync.node import NodeWeightSync
 
         if self.weight_sync is None:
             self.weight_sync = NodeWeightSync(self.actor.workers, self.rollout, f"{SHM_PREFIX}{os.getpid()}")
         self.weight_sync.sync()
 
     def evaluate(self) -> dict:
-        from bandpo.evaluate import run_eval
+        from bandpo.eval.evaluate import run_eval
 
         t0 = time.perf_counter()
         with stage("eval", "rollout"):
@@ -515,7 +515,7 @@ class Trainer:
         return out
 
     def _write_eval_trace(self, samples: dict) -> None:
-        from bandpo.traces import eval_records, write_records
+        from bandpo.run.traces import eval_records, write_records
 
         records = eval_records(self.step, samples, self.cfg.trainer.trace_max_chars)
         write_records(self.out / "traces" / f"eval_step_{self.step}.jsonl", records)

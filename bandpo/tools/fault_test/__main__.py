@@ -1,4 +1,4 @@
-"""``python -m bandpo.fault_test [--kills K] [--seed S] [--out DIR] OVERRIDES...`` (see the package doc)."""
+"""``python -m bandpo.tools.fault_test [--kills K] [--seed S] [--out DIR] OVERRIDES...`` (see the package doc)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bandpo.fault_test.runner import FaultTest, Options, summary
+from bandpo.tools.fault_test.runner import FaultTest, Options, summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,6 @@
+"""``python -m bandpo.eval`` (what scripts/eval.sh runs): see ``bandpo.eval.cli``."""
+
+from bandpo.eval.evaluate import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Tools around training runs (the fault-injection harness)."""

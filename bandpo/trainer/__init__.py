@@ -1,0 +1,1 @@
+"""The training loop (``loop``) and what it starts and stops (``startup``)."""
