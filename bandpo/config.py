@@ -131,6 +131,30 @@ def band_delta_range(band) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def loss_options(cfg):
+    """The run's ``LossOptions`` (``bandpo.algo.losses``), built once from ``algorithm.*`` and
+    ``rollout.max_tokens`` (Dr. GRPO's constant length). The adaptive band's ``entropy_scale`` is
+    left None: it is known only per step (``batch``) or once the model is loaded (``logv``)."""
+    from dataclasses import replace
+
+    from bandpo.algo.losses import LossOptions
+
+    a = cfg.algorithm
+    opts = LossOptions(algorithm=a.name, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip,
+                       agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens), kl_coef=a.kl_coef,
+                       kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
+                       tis_cap=None if a.get("tis_cap") is None else float(a.tis_cap))
+    if a.name != "bandpo":
+        return opts
+    band = a.band
+    opts = replace(opts, divergence=band.divergence, delta=band.delta, upper_cap=band.upper_cap,
+                   relax_high_p=band.relax_high_p)
+    if band.get("adaptive", "none") == "entropy":
+        lo, hi = band_delta_range(band)
+        opts = replace(opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm)
+    return opts
+
+
 def validate(cfg) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
     from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS

@@ -102,12 +102,14 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
         t0 = time.perf_counter()
         batch.old_logprobs, _ = group.compute_logprobs(batch)
         logprob_s = time.perf_counter() - t0
-        loss_kwargs = {"algorithm": "bandpo", "agg": "seq-mean-token-mean"}
-        group.update(batch, loss_kwargs)  # warm-up: allocator, first-step optimizer state
+        from bandpo.algo.losses import LossOptions
+
+        loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
+        group.update(batch, loss_options)  # warm-up: allocator, first-step optimizer state
         times = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            group.update(batch, loss_kwargs)
+            group.update(batch, loss_options)
             times.append(time.perf_counter() - t0)
         import ray
 
@@ -206,8 +208,9 @@ def single(args) -> dict:
     import torch
 
     from bandpo.actor import Actor
+    from bandpo.algo.losses import LossOptions
 
-    loss_kwargs = {"algorithm": "bandpo", "agg": "seq-mean-token-mean"}
+    loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
     with tempfile.TemporaryDirectory() as tmp:
         build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads,
                     args.prompt_len + args.max_response + 1)
@@ -219,12 +222,12 @@ def single(args) -> dict:
                               group=args.group_size)
     warm = long_tailed_batch(args.rows, 4, 4, args.vocab, seed=1)  # creates the optimizer state
     warm.old_logprobs = actor.compute_logprobs(warm)[0]
-    actor.update(warm, loss_kwargs)
+    actor.update(warm, loss_options)
     base = _rss()
     out = {}
     lp_s, lp_peak = timed_peak(lambda: out.update(lp=actor.compute_logprobs(batch, with_entropy=True)))
     batch.old_logprobs = out["lp"][0]
-    up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_kwargs))
+    up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_options))
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     update_run = processed_tokens(batch, actor, update=True)
     return {

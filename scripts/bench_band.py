@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bandpo.algo import adaptive_delta, band_bounds, band_bounds_per_token, policy_loss
+from bandpo.algo import LossOptions, adaptive_delta, band_bounds, band_bounds_per_token, policy_loss
 from bandpo.algo.band import chi2_generator, kl_roots_logit, tv_generator
 
 
@@ -96,11 +96,13 @@ def main() -> None:
     bound_fns.update({f"{div}-adaptive": (lambda d=div: band_bounds_per_token(old, d, delta_t, d_range))
                       for div in ("kl", "tv", "chi2")})
 
-    def loss_fn(algorithm: str, divergence: str = "kl", **extra):
+    def loss_fn(algorithm: str, divergence: str = "kl", old_entropy=None, **extra):
+        opts = LossOptions(algorithm=algorithm, divergence=divergence, delta=args.delta, agg="seq-mean-token-mean",
+                           **extra)
+
         def run():
             logp = logp0.clone().requires_grad_()
-            loss, metrics = policy_loss(logp, old, adv, mask, algorithm=algorithm, divergence=divergence,
-                                        delta=args.delta, agg="seq-mean-token-mean", **extra)
+            loss, metrics = policy_loss(logp, old, adv, mask, opts, old_entropy=old_entropy)
             loss.backward()
             return loss
         return run

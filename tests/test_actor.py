@@ -6,6 +6,7 @@ Single-rank tests run in this process; the two-rank ones are in test_actor_dp.py
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,15 +15,10 @@ from bandpo.actor import Actor, shard_batch, unshard_rows
 from bandpo.actor.ds_config import grad_accum_steps
 from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
 from bandpo.actor.setup import cpu_threads_per_rank
+from bandpo.algo.losses import LossOptions
 from bandpo.types import RolloutBatch, TrainBatch
 
-BANDPO = {
-    "algorithm": "bandpo",
-    "divergence": "kl",
-    "delta": 0.05,
-    "upper_cap": 10.0,
-    "agg": "seq-mean-token-mean",
-}
+BANDPO = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
 
 
 # ---------------------------------------------------------------- helpers (also used by test_actor_dp)
@@ -216,7 +212,7 @@ def test_update_moves_logprobs_with_the_advantage_sign(tiny_model_dir):
     def step(adv_value: float) -> tuple[torch.Tensor, torch.Tensor]:
         old, _ = actor.compute_logprobs(rb)
         batch = TrainBatch.from_rollout(rb, advantages=torch.full((8,), adv_value), old_logprobs=old)
-        metrics = actor.update(batch, dict(BANDPO))
+        metrics = actor.update(batch, BANDPO)
         new, _ = actor.compute_logprobs(rb)
         return masked_mean_per_row(new - old, mask), metrics
 
@@ -240,13 +236,13 @@ def test_update_moves_logprobs_with_the_advantage_sign(tiny_model_dir):
     [("bandpo", "seq-mean-token-mean"), ("grpo", "token-mean"), ("clip_higher", "seq-mean-token-sum-norm")],
 )
 def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, algorithm, agg):
-    loss_kwargs = dict(BANDPO, algorithm=algorithm, agg=agg, kl_coef=0.01)
+    loss_options = replace(BANDPO, algorithm=algorithm, agg=agg, kl_coef=0.01)
     results = []
     for micro in (1, 4):  # 4 vs 1 micro-batches per optimizer step, 2 optimizer steps
         actor = new_actor(tiny_model_dir, mini_batch_size=4, micro_batch_size=micro, ref_model=True)
         batch = make_train_batch(actor, 8, seed=11)
         batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
-        metrics = actor.update(batch, loss_kwargs)
+        metrics = actor.update(batch, loss_options)
         results.append((full_weights(actor), metrics))
     (w1, m1), (w4, m4) = results
     assert_same_adam_weights(w1, w4, lr=1e-4, steps=2)
@@ -261,20 +257,20 @@ def test_checkpoint_resume_equals_uninterrupted_and_hf_export(tiny_model_dir, tm
     kw = {"mini_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 3, "weight_decay": 0.01}
     a = new_actor(tiny_model_dir, **kw)
     b1, b2 = make_train_batch(a, 8, seed=21), make_train_batch(a, 8, seed=22)
-    m_1 = a.update(b1, dict(BANDPO))
+    m_1 = a.update(b1, BANDPO)
     assert m_1["lr"] == pytest.approx(2e-4 / 3)  # 2nd of 3 linear warmup steps
     torch.manual_seed(1234)  # RNG state must travel with the checkpoint
     a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1, "note": "x"})
     a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1, "note": "x"})  # overwriting is atomic too
     assert not (tmp_path / "ckpt.tmp").exists() and not (tmp_path / "ckpt.old").exists()
     rand_after_save = torch.rand(3)
-    m_a = a.update(b2, dict(BANDPO))
+    m_a = a.update(b2, BANDPO)
     uninterrupted = full_weights(a)
 
     b = new_actor(tiny_model_dir, **kw)
     assert b.load_checkpoint(str(tmp_path / "ckpt")) == {"step": 1, "note": "x"}
     torch.testing.assert_close(torch.rand(3), rand_after_save)
-    m_b = b.update(b2, dict(BANDPO))
+    m_b = b.update(b2, BANDPO)
     assert m_b["lr"] == pytest.approx(m_a["lr"]) and m_a["lr"] == pytest.approx(1e-4)  # warmup state restored
     assert max_diff(uninterrupted, full_weights(b)) < 1e-6
     with pytest.raises(FileNotFoundError, match="not an actor checkpoint"):
@@ -295,13 +291,13 @@ def test_checkpoint_resume_equals_uninterrupted_and_hf_export(tiny_model_dir, tm
 
 def test_zero3_matches_zero2_for_one_step(tiny_model_dir, tmp_path):
     """ZeRO-3 trains on CPU: same step as ZeRO-2, per-bucket gathers, partitioned ref model, export."""
-    loss_kwargs = dict(BANDPO, kl_coef=0.01)
+    loss_options = replace(BANDPO, kl_coef=0.01)
     weights = {}
     for stage in (2, 3):
         actor = new_actor(tiny_model_dir, zero_stage=stage, ref_model=True)
         batch = make_train_batch(actor, 8, seed=31)
         batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
-        actor.update(batch, loss_kwargs)
+        actor.update(batch, loss_options)
         weights[stage] = full_weights(actor)
     assert_same_adam_weights(weights[2], weights[3], lr=1e-4, steps=1)
 
@@ -321,14 +317,12 @@ def test_zero3_matches_zero2_for_one_step(tiny_model_dir, tmp_path):
 def test_update_rejects_bad_inputs(tiny_model_dir):
     actor = new_actor(tiny_model_dir)
     batch = make_train_batch(actor, 8, seed=41)
-    with pytest.raises(ValueError, match="num_tokens"):
-        actor.update(batch, dict(BANDPO, num_tokens=3))
-    with pytest.raises(ValueError, match="unknown loss_kwargs"):
-        actor.update(batch, dict(BANDPO, epsilon=0.2))
+    with pytest.raises(TypeError, match="must be a LossOptions"):  # keyword dicts are not options
+        actor.update(batch, {"algorithm": "bandpo"})
     with pytest.raises(ValueError, match="ref_logprobs"):
-        actor.update(batch, dict(BANDPO, kl_coef=0.1))
+        actor.update(batch, replace(BANDPO, kl_coef=0.1))
     with pytest.raises(ValueError, match="not a positive multiple"):
-        actor.update(batch.select(slice(0, 6)), dict(BANDPO))
+        actor.update(batch.select(slice(0, 6)), BANDPO)
     with pytest.raises(ValueError, match="ref_model=True"):
         actor.compute_logprobs(batch, ref=True)
 
@@ -338,12 +332,12 @@ def test_nonfinite_loss_never_reaches_the_weights(tiny_model_dir, zero_stage):
     actor = new_actor(tiny_model_dir, zero_stage=zero_stage, mini_batch_size=4)
     batch = make_train_batch(actor, 8, seed=51)
     before = full_weights(actor)
-    metrics = actor.update(batch, dict(BANDPO, entropy_coef=float("nan")))  # every gradient is NaN
+    metrics = actor.update(batch, replace(BANDPO, entropy_coef=float("nan")))  # every gradient is NaN
     assert metrics["nonfinite_steps"] == metrics["optimizer_steps"] == 2.0
     assert math.isnan(metrics["grad_norm"])  # no step was applied to average over
     assert max_diff(before, full_weights(actor)) == 0.0
 
-    metrics = actor.update(batch, dict(BANDPO))  # the discarded steps left nothing behind
+    metrics = actor.update(batch, BANDPO)  # the discarded steps left nothing behind
     assert metrics["nonfinite_steps"] == 0.0 and math.isfinite(metrics["grad_norm"])
     after = full_weights(actor)
     assert all(bool(torch.isfinite(t).all()) for t in after.values())
@@ -359,7 +353,7 @@ def test_update_refuses_nonfinite_inputs_naming_them(tiny_model_dir):
                                       old_logprobs=batch.old_logprobs.clone())
         getattr(bad, name)[where] = float("nan")
         with pytest.raises(ValueError, match=f"batch.{name} holds NaN/inf"):
-            actor.update(bad, dict(BANDPO))
+            actor.update(bad, BANDPO)
 
 
 def test_corrupt_checkpoint_file_is_named(tiny_model_dir, tmp_path):

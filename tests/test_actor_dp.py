@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from test_actor import BANDPO, assert_same_adam_weights, full_weights, make_rollout, max_diff, new_actor
@@ -43,7 +45,7 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
         "logprob_token_budget": 40,
         "ref_model": True,
     }
-    loss_kwargs = dict(BANDPO, kl_coef=0.01)
+    loss_options = replace(BANDPO, kl_coef=0.01)
     rb = make_rollout(16, seed=51)
     g = torch.Generator().manual_seed(52)
 
@@ -66,8 +68,8 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
         torch.testing.assert_close(lp_group, lp_single, atol=1e-5, rtol=0)
         torch.testing.assert_close(ent_group, ent_single, atol=1e-5, rtol=0)
 
-        m_group = group.update(batch, loss_kwargs)  # 2 optimizer steps of 8 global rows
-        m_single = single.update(batch, loss_kwargs)
+        m_group = group.update(batch, loss_options)  # 2 optimizer steps of 8 global rows
+        m_single = single.update(batch, loss_options)
         rank0, rank1 = _rank_weights(group)
         # The ranks all-reduce the same gradients and step the same optimizer: they agree to
         # the last bit (any difference would be a desynchronised rank).
@@ -82,7 +84,7 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
 
         # Both ranks write one checkpoint / one HF folder (rank 0 publishes; ZeRO-3 gathers per bucket).
         group.call("save_checkpoint", str(tmp_path / "ckpt"), {"step": 7})
-        group.update(batch, loss_kwargs)  # move away from the saved state
+        group.update(batch, loss_options)  # move away from the saved state
         assert group.call("load_checkpoint", str(tmp_path / "ckpt")) == [{"step": 7}] * 2
         assert group.call("state_fingerprint") == pytest.approx(fps, rel=1e-12)
         group.call("export_hf", str(tmp_path / "hf"))

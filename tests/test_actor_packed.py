@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -195,7 +196,7 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
     """Token-budget micro-batches (several per step, uneven) + entropy bonus + KL vs the padded path
     with 2-row micro-batches: same loss, metrics and weights (tied embeddings: the lm_head's
     gradient reaches the shared weight). Gradient checkpointing changes nothing either."""
-    loss_kwargs = dict(BANDPO, kl_coef=0.01, entropy_coef=0.01)
+    loss_options = replace(BANDPO, kl_coef=0.01, entropy_coef=0.01)
     runs = {}
     for name, kw in {
         "padded": dict(padding_free=False),
@@ -206,7 +207,7 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
         batch = make_train_batch(actor, 8, seed=61)
         lp, ent = actor.compute_logprobs(batch, with_entropy=True)
         batch.ref_logprobs = actor.compute_logprobs(batch, ref=True)[0]
-        metrics = actor.update(batch, loss_kwargs)
+        metrics = actor.update(batch, loss_options)
         runs[name] = (lp, ent, metrics, full_weights(actor))
     lp, ent, m, w = runs["padded"]
     assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
@@ -223,7 +224,7 @@ def test_shared_prompt_update_equals_padded_update(tiny_model_dir):
     """GRPO-shaped batch (4 prompts x 4 responses, interleaved), two optimizer steps, KL + entropy
     bonus: shared-prompt packing (a budget that cuts some groups, and one that holds whole mini-
     batches) gives the padded path's log-probs, entropies, ref log-probs, metrics and weights."""
-    loss_kwargs = dict(BANDPO, kl_coef=0.01, entropy_coef=0.01)
+    loss_options = replace(BANDPO, kl_coef=0.01, entropy_coef=0.01)
     g = torch.Generator().manual_seed(5)
     rb = group_rollout(4, 4, seed=23)
     adv = torch.randn(16, generator=g)
@@ -239,7 +240,7 @@ def test_shared_prompt_update_equals_padded_update(tiny_model_dir):
         ref = actor.compute_logprobs(rb, ref=True)[0]
         old = (lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))).clamp(max=-1e-3)
         batch = TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old * rb.response_mask, ref_logprobs=ref)
-        runs[name] = (lp, ent, ref, actor.update(batch, loss_kwargs), full_weights(actor))
+        runs[name] = (lp, ent, ref, actor.update(batch, loss_options), full_weights(actor))
     lp, ent, ref, m, w = runs["padded"]
     assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
     for name in ("shared_cut", "shared"):
@@ -263,7 +264,7 @@ def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir, mini_
     first = mini_batch_size
     full = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50, mini_batch_size=mini_batch_size)
     old, ent = full.compute_logprobs(rb, with_entropy=True)
-    m_full = full.update(TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old), dict(BANDPO))
+    m_full = full.update(TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old), BANDPO)
 
     skip = new_actor(tiny_model_dir, max_tokens_per_micro_batch=50, mini_batch_size=mini_batch_size)
     later = None
@@ -271,7 +272,7 @@ def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir, mini_
         later = old.clone()
         later[:first] = 5.0  # a placeholder far from any log-prob: read, it would change the step
     m_skip, old_skip, ent_skip = skip.update_on_policy(
-        TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=later), dict(BANDPO))
+        TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=later), BANDPO)
     torch.testing.assert_close(old_skip[:first], old[:first], atol=1e-5, rtol=0)
     torch.testing.assert_close(ent_skip[:first], ent[:first], atol=1e-5, rtol=0)
     assert not old_skip[first:].any() and not ent_skip[first:].any()
@@ -282,7 +283,7 @@ def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir, mini_
         assert m_skip["clip_frac_up"] == m_skip["clip_frac_down"] == 0.0  # ratio == 1 exactly
     else:  # two steps need the later rows' old log-probs
         with pytest.raises(ValueError, match="old_logprobs"):
-            skip.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), dict(BANDPO))
+            skip.update_on_policy(TrainBatch.from_rollout(rb, advantages=adv), BANDPO)
 
 
 # ---------------------------------------------------------------- memory at the real vocabulary
@@ -333,7 +334,7 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     base = _rss_bytes()
     peak_lp, (old, _) = _peak_rss_during(lambda: actor.compute_logprobs(rb, with_entropy=True))
     batch = TrainBatch.from_rollout(rb, advantages=torch.randn(4, generator=g), old_logprobs=old)
-    peak_up, _ = _peak_rss_during(lambda: actor.update(batch, dict(BANDPO)))
+    peak_up, _ = _peak_rss_during(lambda: actor.update(batch, BANDPO))
     extra_mb = (max(peak_lp, peak_up) - base) / 2**20
     assert extra_mb < 300, f"extra peak {extra_mb:.0f} MB (log-probs {(peak_lp - base) / 2**20:.0f} MB)"
 

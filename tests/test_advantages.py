@@ -35,8 +35,8 @@ def test_bad_inputs():
 
 
 def test_trainer_rejects_rows_not_grouped_by_prompt():
-    from bandpo.trainer.loop import _check_groups
+    from bandpo.trainer.dynamic_sampling import check_groups
 
-    _check_groups(torch.tensor([0, 0, 1, 1, 2, 2]), 3, 2)
+    check_groups(torch.tensor([0, 0, 1, 1, 2, 2]), 3, 2)
     with pytest.raises(RuntimeError, match="contiguous groups of rollout.n=2"):
-        _check_groups(torch.tensor([0, 1, 0, 1, 2, 2]), 3, 2)  # interleaved: groups would mix prompts
+        check_groups(torch.tensor([0, 1, 0, 1, 2, 2]), 3, 2)  # interleaved: groups would mix prompts

@@ -4,11 +4,12 @@ against the exact float64 bisection reference."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from bandpo.algo import adaptive_delta, band_bounds, band_bounds_per_token, policy_loss
+from bandpo.algo import LossOptions, adaptive_delta, band_bounds, band_bounds_per_token, policy_loss
 from bandpo.algo.band import kl_roots_logit
 
 # One family range for every KL test here (the family is built once per range and cached).
@@ -52,8 +53,9 @@ def test_off_or_degenerate_gives_fixed_delta():
     # band_adaptive="none" ignores old_entropy: the loss is the fixed-delta loss, bit for bit.
     logp = (x + 0.1).clamp(max=0).requires_grad_()
     adv, mask = torch.randn(64, dtype=torch.float64), torch.ones_like(x)
-    base, _ = policy_loss(logp, x, adv, mask, algorithm="bandpo", delta=0.05)
-    off, m = policy_loss(logp, x, adv, mask, algorithm="bandpo", delta=0.05, band_adaptive="none", old_entropy=ent)
+    base, _ = policy_loss(logp, x, adv, mask, LossOptions(algorithm="bandpo", delta=0.05))
+    off, m = policy_loss(logp, x, adv, mask, LossOptions(algorithm="bandpo", delta=0.05, band_adaptive="none"),
+                         old_entropy=ent)
     assert off.item() == base.item() and "band/delta_mean" not in m
 
 
@@ -124,9 +126,9 @@ def test_policy_loss_adaptive_uses_per_token_radius():
     ent = torch.rand(4, 6, generator=gen, dtype=torch.float64) * 2
     logp = (old + 0.5 * torch.randn(4, 6, generator=gen, dtype=torch.float64)).clamp(max=0).requires_grad_()
     adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64), torch.ones(4, 6)
-    kw = dict(algorithm="bandpo", divergence="tv", band_adaptive="entropy", delta_min=0.01, delta_max=0.2,
-              entropy_scale=1.0, old_entropy=ent, dual_clip=None, agg="token-mean")
-    loss, m = policy_loss(logp, old, adv, mask, **kw)
+    opts = LossOptions(algorithm="bandpo", divergence="tv", band_adaptive="entropy", delta_min=0.01, delta_max=0.2,
+                       entropy_scale=1.0, dual_clip=None, agg="token-mean")
+    loss, m = policy_loss(logp, old, adv, mask, opts, old_entropy=ent)
     # Hand: TV band with delta_t per token, L = max(-A r, -A clip(r)).
     dt = 0.01 * (0.2 / 0.01) ** (ent / (ent + 1.0))
     p, r = old.exp(), (logp - old).exp()
@@ -136,8 +138,8 @@ def test_policy_loss_adaptive_uses_per_token_radius():
     assert loss.item() == pytest.approx(want.item(), rel=1e-12)
     assert m["band/delta_mean"].item() == pytest.approx(dt.mean().item(), rel=1e-12)
     with pytest.raises(ValueError, match="bandpo only"):
-        policy_loss(logp, old, adv, mask, **{**kw, "algorithm": "grpo"})
+        policy_loss(logp, old, adv, mask, replace(opts, algorithm="grpo"), old_entropy=ent)
     with pytest.raises(ValueError, match="needs old_entropy"):
-        policy_loss(logp, old, adv, mask, **{**kw, "old_entropy": None})
+        policy_loss(logp, old, adv, mask, opts, old_entropy=None)
     with pytest.raises(ValueError, match="valid: none, entropy"):
-        policy_loss(logp, old, adv, mask, **{**kw, "band_adaptive": "entropic"})
+        policy_loss(logp, old, adv, mask, replace(opts, band_adaptive="entropic"), old_entropy=ent)

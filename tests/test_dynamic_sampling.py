@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bandpo.data.sampler import EpochSampler, draw_groups, rollout_seed
-from bandpo.trainer.loop import _Round
+from bandpo.data.sampler import EpochSampler, rollout_seed
+from bandpo.trainer.dynamic_sampling import Round, draw_groups
 from bandpo.types import TrainBatch
 
 
@@ -64,21 +64,21 @@ def test_sampler_state_and_seeds_resume_identically_after_filtered_steps():
     assert _fake_steps(resumed, seed=1, steps=range(5, 9)) == full[4:]
 
 
-def _round(prompt_ids: list[int], n: int, rewards: list[float]) -> _Round:
+def _round(prompt_ids: list[int], n: int, rewards: list[float]) -> Round:
     rows = len(prompt_ids) * n
     batch = TrainBatch.from_lists(
         [[1, 2]] * rows, [[10 + r] * (1 + r % 3) for r in range(rows)], [[-0.5] * (1 + r % 3) for r in range(rows)],
         [g for g in range(len(prompt_ids)) for _ in range(n)], ["stop"] * rows, pad_id=0)
     batch.rewards = torch.tensor(rewards)
     scores = [SimpleNamespace(reward=x) for x in rewards]
-    return _Round(list(prompt_ids), batch, [f"t{r}" for r in range(rows)], scores)
+    return Round(list(prompt_ids), batch, [f"t{r}" for r in range(rows)], scores)
 
 
 def test_round_gather_keeps_groups_in_order_and_renumbers_prompts():
     n = 2
     a = _round([7, 8], n, [1.0, -1.0, -1.0, -1.0])
     b = _round([9, 3], n, [1.0, 1.0, 1.0, -1.0])
-    out = _Round.gather([a, b], [(0, 0), (1, 1), (0, 1)], n)
+    out = Round.gather([a, b], [(0, 0), (1, 1), (0, 1)], n)
     assert out.idx == [7, 3, 8]
     assert out.batch.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
     assert out.batch.rewards.tolist() == [1.0, -1.0, 1.0, -1.0, -1.0, -1.0]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bandpo.algo import aggregate, kl_penalty, policy_loss
+from bandpo.algo import LossOptions, aggregate, kl_penalty, policy_loss
 
 # Two sequences: seq 0 (A = +1) has ratios 1.5, 0.5, 1.0; seq 1 (A = -1) has 0.5, 1.5, pad.
 RATIOS = [[1.5, 0.5, 1.0], [0.5, 1.5, 1.0]]
@@ -42,14 +42,14 @@ EXPECTED = {
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_hand_computed(algorithm, agg):
     logp, old = _inputs()
-    loss, m = policy_loss(logp, old, ADV, MASK, algorithm=algorithm, divergence="tv", delta=0.05, agg=agg)
+    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm=algorithm, divergence="tv", delta=0.05, agg=agg))
     assert loss.item() == pytest.approx(EXPECTED[algorithm][agg], abs=1e-12)
     assert m["clip_frac_up"].item() == pytest.approx(1 / 5) and m["clip_frac_down"].item() == pytest.approx(1 / 5)
 
 
 def test_gradient_is_zero_exactly_where_clipped():
     logp, old = _inputs()
-    loss, _ = policy_loss(logp, old, ADV, MASK, algorithm="grpo", agg="token-mean")
+    loss, _ = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean"))
     loss.backward()
     g = logp.grad
     assert g[0, 0] == 0 and g[1, 0] == 0 and g[1, 2] == 0  # clipped up, clipped down, padding
@@ -61,15 +61,13 @@ def test_gradient_is_zero_exactly_where_clipped():
 def test_dual_clip_engages_only_for_negative_advantage():
     old = torch.zeros(2, 1, dtype=torch.float64) + math.log(0.5)
     logp = (old + math.log(12.0)).requires_grad_()  # ratio 12 > c = 10
-    loss, m = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), algorithm="grpo",
-                          agg="token-mean", dual_clip=10.0)
+    loss, m = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), LossOptions(algorithm="grpo", agg="token-mean", dual_clip=10.0))
     # A = +1: max(-12, -1.2) = -1.2 (clipped); A = -1: min(max(12, 1.2), 10) = 10 (dual clip).
     assert loss.item() == pytest.approx((-1.2 + 10.0) / 2)
     assert m["clip_frac_dual"].item() == pytest.approx(0.5)
     loss.backward()
     assert (logp.grad == 0).all()
-    loss_nodual, _ = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), algorithm="grpo",
-                                 agg="token-mean", dual_clip=None)
+    loss_nodual, _ = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None))
     assert loss_nodual.item() == pytest.approx((-1.2 + 12.0) / 2)
 
 
@@ -83,15 +81,15 @@ def test_micro_batches_sum_to_full_batch(agg, algorithm):
     mask = (torch.rand(n, length, generator=gen) > 0.3).long()
     mask[:, 0] = 1
     adv = torch.randn(n, generator=gen, dtype=torch.float64)
-    kw = dict(algorithm=algorithm, agg=agg, ref_logprobs=None, kl_coef=0.0)
+    opts = LossOptions(algorithm=algorithm, agg=agg, kl_coef=0.0)
     norm = dict(num_tokens=mask.sum().item(), num_seqs=n, max_len=length)
-    full, _ = policy_loss(logp, old, adv, mask, **kw, **norm)
+    full, _ = policy_loss(logp, old, adv, mask, opts, **norm)
     full.backward()
     g_full = logp.grad.clone()
     logp.grad = None
     total = 0.0
     for rows in torch.arange(n).split(3):
-        part, _ = policy_loss(logp[rows], old[rows], adv[rows], mask[rows], **kw, **norm)
+        part, _ = policy_loss(logp[rows], old[rows], adv[rows], mask[rows], opts, **norm)
         part.backward()
         total += part.item()
     assert total == pytest.approx(full.item(), abs=1e-12)
@@ -106,19 +104,18 @@ def test_kl_estimators_and_term():
     torch.testing.assert_close(kl_penalty(logp, ref, "k2"), 0.5 * d**2)
     torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.exp(d) - d - 1)
     lp = logp.clone().requires_grad_()
-    loss, m = policy_loss(lp, logp, torch.zeros(1), torch.ones(1, 2), algorithm="grpo", agg="token-mean",
-                          ref_logprobs=ref, kl_coef=0.1)
+    loss, m = policy_loss(lp, logp, torch.zeros(1), torch.ones(1, 2), LossOptions(algorithm="grpo", agg="token-mean", kl_coef=0.1), ref_logprobs=ref)
     assert loss.item() == pytest.approx(0.1 * (torch.exp(d) - d - 1).mean().item())
     assert m["kl_ref"].item() == pytest.approx((torch.exp(d) - d - 1).mean().item())
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(lp, logp, torch.zeros(1), torch.ones(1, 2), kl_coef=0.1)
+        policy_loss(lp, logp, torch.zeros(1), torch.ones(1, 2), LossOptions(kl_coef=0.1))
 
 
 def test_entropy_bonus_and_metric():
     logp, old = _inputs()
     ent = torch.full((2, 3), 2.0, dtype=torch.float64)
-    base, _ = policy_loss(logp, old, ADV, MASK, algorithm="grpo", agg="token-mean")
-    loss, m = policy_loss(logp, old, ADV, MASK, algorithm="grpo", agg="token-mean", entropy=ent, entropy_coef=0.01)
+    base, _ = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean"))
+    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean", entropy_coef=0.01), entropy=ent)
     assert loss.item() == pytest.approx(base.item() - 0.01 * 2.0)
     assert m["entropy"].item() == pytest.approx(2.0)
 
@@ -129,7 +126,7 @@ def test_band_keeps_tail_gradient_that_clipping_kills():
     old = torch.tensor([[math.log(0.02)]], dtype=torch.float64)
     for algorithm, zero in (("clip_higher", True), ("bandpo", False)):
         logp = (old + math.log(2.0)).requires_grad_()
-        loss, m = policy_loss(logp, old, torch.ones(1), torch.ones(1, 1), algorithm=algorithm)
+        loss, m = policy_loss(logp, old, torch.ones(1), torch.ones(1, 1), LossOptions(algorithm=algorithm))
         loss.backward()
         assert (logp.grad.item() == 0) == zero, algorithm
         assert m["clip_frac_bin/0.01-0.1"].item() == (1.0 if zero else 0.0)
@@ -138,10 +135,10 @@ def test_band_keeps_tail_gradient_that_clipping_kills():
 def test_bad_names_list_valid_choices():
     logp, old = _inputs()
     with pytest.raises(ValueError, match="grpo, clip_higher, bandpo"):
-        policy_loss(logp, old, ADV, MASK, algorithm="ppo2")
+        policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="ppo2"))
     with pytest.raises(ValueError, match="token-mean"):
         aggregate(logp, MASK, "mean")
     with pytest.raises(ValueError, match="k1, k2, k3"):
         kl_penalty(logp, old, "k4")
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(logp, old, ADV, MASK, dual_clip=0.5)
+        policy_loss(logp, old, ADV, MASK, LossOptions(dual_clip=0.5))

@@ -3,19 +3,23 @@
 Sharding is strided (rank r takes rows r, r + W, r + 2W, ...): then the k-th local
 mini-batch of every rank holds exactly the rows of the k-th global mini-batch, so n ranks
 take the same optimizer steps as one rank on the whole batch.
+
+``old_logprobs`` and ``train`` are the trainer's stages 5 and 6. With ``reuse_old_logprobs``
+the policy before the first optimizer step is the one of that step's own forward, so the
+old-logprob pass covers only the later mini-batches' rows (none with one optimizer step per
+rollout) and the update's first forward fills the first mini-batch's rows (ratio 1 there).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from bandpo.algo.losses import LossOptions
+from bandpo.distributed import FORWARDED_ENV
 from bandpo.types import RolloutBatch, TrainBatch
-
-# Environment the rank processes need to see the same engines as the driver.
-_FORWARDED_ENV = ("DS_ACCELERATOR", "TOKENIZERS_PARALLELISM", "HF_HOME", "HF_HUB_OFFLINE")
 
 
 def shard_batch(batch: RolloutBatch, rank: int, world_size: int) -> TrainBatch:
@@ -38,6 +42,24 @@ def unshard_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
+class UpdateResult(NamedTuple):
+    """What ``ActorGroup.train`` returns."""
+
+    metrics: dict[str, float]  # the last update's (rank 0's, globally reduced)
+    nonfinite_steps: int  # optimizer steps discarded for a NaN/inf loss or gradient, all epochs
+    optimizer_steps: int  # all epochs
+    entropy: torch.Tensor | None  # [N, R] pi_old's entropy completed by the first forward (reuse), else None
+
+
+def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, first: int) -> torch.Tensor:
+    """[N, R]: ``later`` (written in place) with rows ``0..first`` from ``first_rows`` (the update's
+    first forward); ``first_rows`` itself when there are no later rows."""
+    if later is None:
+        return first_rows
+    later[:first] = first_rows[:first]
+    return later
+
+
 def _rendezvous() -> tuple[str, int]:
     """Run on rank 0's node: its address and a free port for torch.distributed."""
     import ray
@@ -57,7 +79,7 @@ class ActorGroup:
     from ``bandpo.distributed.placement.actor_options``) seats rank r in a group the caller owns;
     then no group of its own is made and ``num_*_per_rank`` are unused. With ``wait=False``
     the ranks build in the background until ``wait_ready()`` (the trainer starts the rollout
-    engines and the verifier meanwhile).
+    engines and the verifier meanwhile). ``reuse_old_logprobs``: see the module docstring.
     """
 
     def __init__(
@@ -69,6 +91,7 @@ class ActorGroup:
         num_gpus_per_rank: float = 0,
         options_per_rank: list[dict[str, Any]] | None = None,
         wait: bool = True,
+        reuse_old_logprobs: bool = False,
         **actor_kwargs: Any,
     ):
         import ray
@@ -80,6 +103,8 @@ class ActorGroup:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
+        self.reuse_old = reuse_old_logprobs
+        self.first_rows = actor_kwargs.get("mini_batch_size")  # rows of the first optimizer step
         if options_per_rank is not None:
             if len(options_per_rank) != world_size:
                 raise ValueError(f"ActorGroup: options_per_rank has {len(options_per_rank)} entries for "
@@ -96,7 +121,7 @@ class ActorGroup:
 
         addr, port = ray.get(ray.remote(_rendezvous).options(
             num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"]).remote())
-        env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         remote_cls = ray.remote(Actor)
         self.workers = [
             remote_cls.options(
@@ -130,24 +155,64 @@ class ActorGroup:
 
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def update(self, batch: TrainBatch, loss_kwargs: dict) -> dict[str, float]:
+    def old_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """Stage 5: ``batch.old_logprobs`` [N, R] = log pi_old; returns pi_old's entropy [N, R].
+
+        With ``reuse_old_logprobs`` only the rows after the first mini-batch are computed: the
+        first mini-batch's rows hold 0.0 in both until ``train`` fills them, and a batch of one
+        mini-batch gets neither (``batch.old_logprobs`` stays None, None is returned).
+        """
+        if not self.reuse_old:
+            batch.old_logprobs, entropy = self.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
+            return entropy
+        first = self.first_rows
+        if first >= batch.size:
+            return None
+        lp, ent = self.compute_logprobs(batch.select(slice(first, None)), with_entropy=True)  # [N - first, R] x2
+        pad = torch.zeros(first, lp.shape[1], dtype=lp.dtype)
+        batch.old_logprobs = torch.cat([pad, lp])  # [N, R]
+        return torch.cat([pad, ent])  # [N, R]
+
+    def train(self, batch: TrainBatch, options: LossOptions, epochs: int, entropy: torch.Tensor | None) -> UpdateResult:
+        """Stage 6: ``epochs`` passes of mini-batched optimizer steps over ``batch``.
+
+        With ``reuse_old_logprobs`` the first epoch's first step takes the first mini-batch's old
+        log-probs (and entropy) from its own forward: they are written into ``batch.old_logprobs``
+        and into ``entropy`` (``old_logprobs``'s return; completed in place), which comes back
+        in the result, complete, for the step's metrics.
+        """
+        update: dict = {}
+        bad = total = 0
+        complete = None
+        for epoch in range(epochs):
+            if self.reuse_old and epoch == 0:
+                update, first_old, first_entropy = self.update_on_policy(batch, options)
+                batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, self.first_rows)  # [N, R]
+                complete = _merge_first_rows(first_entropy, entropy, self.first_rows)  # [N, R]
+            else:
+                update = self.update(batch, options)
+            bad += int(update["nonfinite_steps"])
+            total += int(update["optimizer_steps"])
+        return UpdateResult(update, bad, total, complete)
+
+    def update(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:
         """Shard ``batch`` over the ranks and update; returns the (globally reduced) metrics of rank 0."""
         import ray
 
         refs = [
-            w.update.remote(shard_batch(batch, r, self.world_size), loss_kwargs)
+            w.update.remote(shard_batch(batch, r, self.world_size), options)
             for r, w in enumerate(self.workers)
         ]
         return ray.get(refs)[0]
 
-    def update_on_policy(self, batch: TrainBatch, loss_kwargs: dict):
+    def update_on_policy(self, batch: TrainBatch, options: LossOptions):
         """``Actor.update_on_policy`` over the ranks: (rank 0's metrics, old_logprobs [N, R], entropy [N, R])
         in the batch's row order. Rank r's first mini-batch is its shard's first rows, batch rows
         r, r + W, ...: together the batch's first ``mini_batch_size`` rows, the ones filled."""
         import ray
 
         parts = ray.get([
-            w.update_on_policy.remote(shard_batch(batch, r, self.world_size), loss_kwargs)
+            w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options)
             for r, w in enumerate(self.workers)
         ])
         return parts[0][0], unshard_rows([p[1] for p in parts]), unshard_rows([p[2] for p in parts])

@@ -35,7 +35,6 @@ counts such steps (``nonfinite_steps``) and raises if one was applied anyway.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import shutil
@@ -67,21 +66,13 @@ from bandpo.actor.setup import (
     load_model,
     seed_everything,
 )
-from bandpo.algo.losses import policy_loss
+from bandpo.algo.losses import LossOptions, policy_loss
 from bandpo.run.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
-# Normalisers and tensors the actor supplies to ``policy_loss`` itself.
-# Optional per-token batch fields ([n, R] like old_logprobs) handed to the loss by the same name.
+# Optional per-token batch fields ([n, r] like old_logprobs) handed to the loss by the same name.
 _LOSS_TOKEN_FIELDS = ("old_entropy", "rollout_logprobs")
-_RESERVED_LOSS_KWARGS = ("num_tokens", "num_seqs", "ref_logprobs", "entropy", *_LOSS_TOKEN_FIELDS)
-_LOSS_KWARGS = set(inspect.signature(policy_loss).parameters) - {
-    "logprobs",
-    "old_logprobs",
-    "advantages",
-    "mask",
-}
 
 
 class Actor:
@@ -307,24 +298,23 @@ class Actor:
             model(input_ids=one, attention_mask=one, use_cache=False, logits_to_keep=1)
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: TrainBatch, loss_kwargs: dict) -> dict[str, float]:
-        """Optimizer steps over ``batch`` (this rank's shard) with ``policy_loss(**loss_kwargs)``.
+    def update(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (this rank's shard) with ``policy_loss(..., options)``.
 
         The shard is split in order into mini-batches of ``mini_batch_size / world_size`` rows
         (one optimizer step each) and those into micro-batches (``max_tokens_per_micro_batch``
         packed tokens, else ``micro_batch_size`` rows).
-        ``loss_kwargs`` are ``policy_loss`` options (algorithm, eps, band, agg, kl_coef, ...);
-        ``max_len`` there overrides the default ``seq-mean-token-sum-norm`` length (the longest
-        response of the global mini-batch). Returns metrics averaged over the global batch,
+        ``options.norm_len``, when set, replaces the default ``seq-mean-token-sum-norm`` length (the
+        longest response of the global mini-batch). Returns metrics averaged over the global batch,
         identical on every rank: token-weighted means of the loss metrics, ``loss``/``pg_loss``
         per optimizer step, ``grad_norm`` (over applied steps), ``lr``, ``num_tokens``,
         ``optimizer_steps``, ``nonfinite_steps`` (discarded for a NaN/inf loss or gradient),
         ``time_s``, ``tokens_per_s``.
         """
-        return self._update(batch, loss_kwargs, reuse_old=False)[0]
+        return self._update(batch, options, reuse_old=False)[0]
 
     def update_on_policy(
-        self, batch: TrainBatch, loss_kwargs: dict
+        self, batch: TrainBatch, options: LossOptions
     ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
         """``update`` whose first optimizer step takes its old log-probs from its own forward.
 
@@ -335,13 +325,12 @@ class Actor:
         update(), old_logprobs [N, R], entropy [N, R])`` of the first mini-batch's rows (float32,
         CPU, 0.0 at padding and in every other row), the entropy of the same forward.
         """
-        return self._update(batch, loss_kwargs, reuse_old=True)
+        return self._update(batch, options, reuse_old=True)
 
-    def _update(self, batch: TrainBatch, loss_kwargs: dict, reuse_old: bool):
+    def _update(self, batch: TrainBatch, options: LossOptions, reuse_old: bool):
         start = time.perf_counter()
-        loss_kwargs = self._check_update(batch, loss_kwargs, reuse_old)
-        max_len_override = loss_kwargs.pop("max_len", None)
-        entropy_grad = float(loss_kwargs.get("entropy_coef", 0.0)) != 0.0
+        self._check_update(batch, options, reuse_old)
+        entropy_grad = options.entropy_coef != 0.0
         per_rank = self.mini_batch_size // self.world_size
         n_steps = batch.size // per_rank
         num_tokens, max_len = self._global_normalisers(batch.response_mask, n_steps, per_rank)
@@ -379,13 +368,13 @@ class Actor:
                     old,
                     mb.advantages.to(self.device),
                     r_mask,
+                    options,
                     num_tokens=num_tokens[step],
                     num_seqs=float(self.mini_batch_size),
-                    max_len=float(max_len_override or max_len[step]),
+                    max_len=float(max_len[step]),
                     ref_logprobs=ref_lp,
                     entropy=entropy,
                     **token_fields,
-                    **loss_kwargs,
                 )
                 finite &= torch.isfinite(loss.detach())
                 # DeepSpeed averages gradients over ranks; scale so they end up summed. A NaN loss is
@@ -431,7 +420,7 @@ class Actor:
             )
         return bad
 
-    def _check_update(self, batch: TrainBatch, loss_kwargs: dict, reuse_old: bool = False) -> dict:
+    def _check_update(self, batch: TrainBatch, options: LossOptions, reuse_old: bool = False) -> None:
         per_rank = self.mini_batch_size // self.world_size
         later_steps = batch.size > per_rank  # rows whose old log-probs must come from the batch
         missing = [f for f in ("advantages",) + (("old_logprobs",) if later_steps or not reuse_old else ())
@@ -442,13 +431,9 @@ class Actor:
         bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs", "old_entropy"), masked=False)
         if bad:
             raise ValueError(f"update: batch.{bad} holds NaN/inf values; the trainer skips such steps")
-        reserved = sorted(set(loss_kwargs) & set(_RESERVED_LOSS_KWARGS))
-        if reserved:
-            raise ValueError(f"update: loss_kwargs {reserved} are computed by the actor; remove them")
-        unknown = sorted(set(loss_kwargs) - _LOSS_KWARGS)
-        if unknown:
-            raise ValueError(f"update: unknown loss_kwargs {unknown}; valid: {sorted(_LOSS_KWARGS)}")
-        if float(loss_kwargs.get("kl_coef", 0.0)) > 0 and batch.ref_logprobs is None:
+        if not isinstance(options, LossOptions):
+            raise TypeError(f"update: options must be a LossOptions, got {type(options).__name__}")
+        if options.kl_coef > 0 and batch.ref_logprobs is None:
             raise ValueError("update: kl_coef > 0 needs batch.ref_logprobs (compute_logprobs(ref=True))")
         if batch.size == 0 or batch.size % per_rank:
             raise ValueError(
@@ -456,7 +441,6 @@ class Actor:
                 f"mini_batch_size/world_size = {self.mini_batch_size}/{self.world_size} = {per_rank}"
             )
         check_padding(batch.prompt_mask, batch.response_mask)
-        return dict(loss_kwargs)
 
     def _global_normalisers(self, response_mask: torch.Tensor, n_steps: int, per_rank: int):
         """Per optimizer step: valid tokens summed over ranks, longest response over ranks."""

@@ -9,6 +9,7 @@ from bandpo.algo.band import DIVERGENCES, band_bounds
 from bandpo.algo.losses import (
     AGG_MODES,
     ALGORITHMS,
+    LossOptions,
     aggregate,
     get_algorithm,
     kl_penalty,
@@ -18,7 +19,8 @@ from bandpo.algo.losses import (
 )
 
 __all__ = [
-    "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "adaptive_delta", "aggregate",
+    "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "LossOptions", "adaptive_delta",
+    "aggregate",
     "band_bounds", "band_bounds_per_token", "compute_advantages", "get_algorithm", "group_advantages",
     "kl_penalty", "policy_loss", "ratio_interval", "tis_weights",
 ]

@@ -18,6 +18,11 @@ Options on top (off by default; each composes with every algorithm unless stated
   detached (no gradient through w):  L <- w L. Truncation at C bounds the variance; the
   bias it leaves is small while the two engines stay close (verl's ``tis_imp_ratio_cap``).
 
+The run's options are one frozen record, ``LossOptions`` (validated when built; the trainer
+builds it once from the config, ``bandpo.config.loss_options``); the tensors and the global
+normalisers are the call's arguments. Shapes follow ``bandpo.types``: N rows, R response
+positions (a micro-batch's own N and R).
+
 Aggregation is normalised over the *global* optimizer batch: callers pass the
 global token count / sequence count (and the max response length for
 ``seq-mean-token-sum-norm``), so summing the losses of micro-batches gives the
@@ -71,6 +76,65 @@ def get_algorithm(name: str) -> Algorithm:
     return ALGORITHMS[name]
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """Every option of ``policy_loss``, validated once when the record is built.
+
+    Attributes:
+        algorithm: ``grpo`` | ``clip_higher`` | ``bandpo``.
+        eps_low, eps_high: override the algorithm's fixed interval (and bandpo's relax interval).
+        divergence, delta, upper_cap, relax_high_p: band options (bandpo only), see ``band_bounds``.
+        dual_clip: c > 1 caps the loss of negative-advantage tokens at -A c; None disables.
+        agg: aggregation mode (``AGG_MODES``).
+        norm_len: ``seq-mean-token-sum-norm``'s constant length (Dr. GRPO: the rollout's
+            max_tokens); None = the ``max_len`` the caller passes (the mini-batch's longest).
+        kl_coef, kl_estimator: weight and estimator (k1 | k2 | k3) of KL(pi || pi_ref).
+        entropy_coef: weight of the entropy bonus (subtracted from the loss).
+        band_adaptive: ``none`` | ``entropy`` (bandpo only): per-token radius
+            ``adaptive_delta(old_entropy, delta_min, delta_max, entropy_scale, entropy_norm)``;
+            ``delta`` is then unused.
+        delta_min, delta_max, entropy_norm, entropy_scale: see ``bandpo.algo.adaptive``
+            (``entropy_scale`` is per step with the ``batch`` norm: ``dataclasses.replace`` it).
+        tis_cap: C >= 1 turns on truncated importance sampling, w = min(exp(old - rollout), C).
+    """
+
+    algorithm: str = "bandpo"
+    eps_low: float | None = None
+    eps_high: float | None = None
+    divergence: str = "kl"
+    delta: float = 0.05
+    upper_cap: float | None = None
+    relax_high_p: bool = False
+    dual_clip: float | None = 10.0
+    agg: str = "seq-mean-token-mean"
+    norm_len: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    band_adaptive: str = "none"
+    delta_min: float | None = None
+    delta_max: float | None = None
+    entropy_norm: str = "batch"
+    entropy_scale: float | None = None
+    tis_cap: float | None = None
+
+    def __post_init__(self):
+        get_algorithm(self.algorithm)
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"unknown loss agg mode {self.agg!r}; valid: {', '.join(AGG_MODES)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if self.tis_cap is not None:
+            _check_tis_cap(self.tis_cap)
+        if self.band_adaptive not in ADAPTIVE_MODES:
+            raise ValueError(f"unknown band_adaptive {self.band_adaptive!r}; valid: {', '.join(ADAPTIVE_MODES)}")
+        if self.band_adaptive != "none" and not get_algorithm(self.algorithm).band:
+            raise ValueError(f"band_adaptive={self.band_adaptive!r} applies to bandpo only, "
+                             f"not algorithm={self.algorithm!r}")
+
+
 def ratio_interval(
     old_logprobs: torch.Tensor,
     algorithm: str,
@@ -115,7 +179,7 @@ def aggregate(
     num_seqs: float | None = None,
     max_len: float | None = None,
 ) -> torch.Tensor:
-    """Aggregate per-token ``values`` [B, L] under ``mask`` [B, L] with global normalisers.
+    """Aggregate per-token ``values`` [N, R] under ``mask`` [N, R] with global normalisers.
 
     Normalisers default to this batch's own counts (then micro-batches do *not* sum to the
     full batch; pass the global counts for that).
@@ -160,109 +224,81 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    options: LossOptions = LossOptions(),
     *,
-    algorithm: str = "bandpo",
-    eps_low: float | None = None,
-    eps_high: float | None = None,
-    divergence: str = "kl",
-    delta: float = 0.05,
-    upper_cap: float | None = None,
-    relax_high_p: bool = False,
-    dual_clip: float | None = 10.0,
-    agg: str = "seq-mean-token-mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     max_len: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-    band_adaptive: str = "none",
-    delta_min: float | None = None,
-    delta_max: float | None = None,
-    entropy_norm: str = "batch",
-    entropy_scale: float | None = None,
     old_entropy: torch.Tensor | None = None,
-    tis_cap: float | None = None,
     rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss and its metrics.
 
     Args:
-        logprobs: [B, L] log pi_theta of the response tokens (with grad).
-        old_logprobs: [B, L] log pi_old of the same tokens (behaviour policy, no grad).
-        advantages: [B, L] per-token advantages, or [B] (broadcast over tokens).
-        mask: [B, L] 1 for response tokens that count, 0 for padding.
-        algorithm: ``grpo`` | ``clip_higher`` | ``bandpo``.
-        eps_low, eps_high: override the algorithm's fixed interval (and bandpo's relax interval).
-        divergence, delta, upper_cap, relax_high_p: band options (bandpo only), see ``band_bounds``.
-        dual_clip: c > 1 caps the loss of negative-advantage tokens at -A c; None disables.
-        agg, num_tokens, num_seqs, max_len: aggregation mode and its global normalisers.
-        ref_logprobs: [B, L] log pi_ref for the KL term (required when kl_coef > 0).
-        kl_coef, kl_estimator: weight and estimator (k1 | k2 | k3) of KL(pi || pi_ref).
-        entropy: [B, L] per-token entropy of pi_theta (with grad when entropy_coef > 0).
-        entropy_coef: weight of the entropy bonus (subtracted from the loss).
-        band_adaptive: ``none`` | ``entropy`` (bandpo only): per-token radius
-            ``adaptive_delta(old_entropy, delta_min, delta_max, entropy_scale, entropy_norm)``;
-            ``delta`` is then unused.
-        delta_min, delta_max, entropy_norm, entropy_scale: see ``bandpo.algo.adaptive``.
-        old_entropy: [B, L] entropy of pi_old at each response position (no grad).
-        tis_cap: C >= 1 turns on truncated importance sampling, w = min(exp(old - rollout), C).
-        rollout_logprobs: [B, L] log pi_rollout of the sampled tokens (required with tis_cap).
+        logprobs: [N, R] log pi_theta of the response tokens (with grad).
+        old_logprobs: [N, R] log pi_old of the same tokens (behaviour policy, no grad).
+        advantages: [N, R] per-token advantages, or [N] (broadcast over tokens).
+        mask: [N, R] 1 for response tokens that count, 0 for padding.
+        options: the run's ``LossOptions`` (algorithm, interval, aggregation, KL, entropy, TIS).
+        num_tokens, num_seqs, max_len: the aggregation's global normalisers (``options.norm_len``,
+            when set, replaces ``max_len``).
+        ref_logprobs: [N, R] log pi_ref for the KL term (required when kl_coef > 0).
+        entropy: [N, R] per-token entropy of pi_theta (with grad when entropy_coef > 0).
+        old_entropy: [N, R] entropy of pi_old at each response position (no grad; adaptive band).
+        rollout_logprobs: [N, R] log pi_rollout of the sampled tokens (required with tis_cap).
 
     Returns:
         ``(loss, metrics)``: scalar loss; metrics are detached 0-dim tensors (no host sync),
         fractions over this batch's valid tokens.
     """
+    o = options
     if advantages.dim() == logprobs.dim() - 1:
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.expand_as(logprobs).to(logprobs.dtype)
     maskf = mask.to(logprobs.dtype)
-    norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len if o.norm_len is None else o.norm_len)
     mask = maskf  # aggregate() converts a mask of another dtype on every call
 
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
-    delta_t = _adaptive_radius(band_adaptive, algorithm, old_entropy, old_logprobs, delta_min, delta_max,
-                               entropy_norm, entropy_scale)
+    delta_t = _adaptive_radius(o, old_entropy, old_logprobs)
     lo, hi = ratio_interval(
-        old_logprobs, algorithm, eps_low=eps_low, eps_high=eps_high, divergence=divergence,
-        delta=delta, upper_cap=upper_cap, relax_high_p=relax_high_p, delta_t=delta_t,
-        delta_range=None if delta_t is None else (delta_min, delta_max),
+        old_logprobs, o.algorithm, eps_low=o.eps_low, eps_high=o.eps_high, divergence=o.divergence,
+        delta=o.delta, upper_cap=o.upper_cap, relax_high_p=o.relax_high_p, delta_t=delta_t,
+        delta_range=None if delta_t is None else (o.delta_min, o.delta_max),
     )
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(lo, hi)
     per_token = torch.maximum(unclipped, clipped)
     negative = advantages < 0
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-        per_token = torch.where(negative, torch.minimum(per_token, -advantages * dual_clip), per_token)
+    if o.dual_clip is not None:
+        per_token = torch.where(negative, torch.minimum(per_token, -advantages * o.dual_clip), per_token)
     metrics: dict[str, torch.Tensor] = {}
-    if tis_cap is not None:
+    if o.tis_cap is not None:
         weight, metrics["tis/weight_mean"], metrics["tis/truncated_frac"] = tis_weights(
-            old_logprobs, rollout_logprobs, tis_cap, maskf)
+            old_logprobs, rollout_logprobs, o.tis_cap, maskf)
         per_token = per_token * weight
-    pg_loss = aggregate(per_token, mask, agg, **norm)
+    pg_loss = aggregate(per_token, mask, o.agg, **norm)
     loss = pg_loss
     metrics["pg_loss"] = pg_loss.detach()
     if delta_t is not None:
         metrics["band/delta_mean"] = _masked_mean(delta_t.to(maskf.dtype), maskf)
     if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
-        kl_term = aggregate(kl, mask, agg, **norm)
-        loss = loss + kl_coef * kl_term
+        kl = kl_penalty(logprobs, ref_logprobs, o.kl_estimator)
+        kl_term = aggregate(kl, mask, o.agg, **norm)
+        loss = loss + o.kl_coef * kl_term
         metrics["kl_ref"] = _masked_mean(kl.detach(), maskf)
-    elif kl_coef > 0:
+    elif o.kl_coef > 0:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if entropy is not None:
-        if entropy_coef != 0.0:
-            loss = loss - entropy_coef * aggregate(entropy, mask, agg, **norm)
+        if o.entropy_coef != 0.0:
+            loss = loss - o.entropy_coef * aggregate(entropy, mask, o.agg, **norm)
         metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
 
     with torch.no_grad():
-        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, mask, dual_clip))
+        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, mask, o.dual_clip))
         metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
         metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
@@ -272,35 +308,36 @@ def policy_loss(
 def tis_weights(
     old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None, cap: float, maskf: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Truncated importance weights w = min(exp(old - rollout), cap), detached, [B, L].
+    """Truncated importance weights w = min(exp(old - rollout), cap), detached, [N, R].
 
-    Returns ``(w, mean w, fraction truncated)``, the last two over valid tokens (maskf [B, L]).
+    Returns ``(w, mean w, fraction truncated)``, the last two over valid tokens (maskf [N, R]).
     The log-ratio is clamped to [-20, 20] like the policy ratio, so a -inf rollout logprob
     gives w = cap instead of inf * 0 = NaN on a padded position.
     """
     if rollout_logprobs is None:
         raise ValueError("tis_cap needs rollout_logprobs (the rollout engine's sampling logprobs)")
-    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
-        raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {cap!r}")
+    _check_tis_cap(cap)
     with torch.no_grad():
         raw = torch.exp((old_logprobs.detach() - rollout_logprobs.detach()).clamp(-20.0, 20.0))
         weight = raw.clamp(max=cap).to(old_logprobs.dtype)
         return weight, _masked_mean(weight, maskf), _masked_mean((raw > cap).to(maskf.dtype), maskf)
 
 
-def _adaptive_radius(mode, algorithm, old_entropy, old_logprobs, delta_min, delta_max, norm, scale):
-    """The per-token radius [B, L] for ``band_adaptive="entropy"``, None for ``none``."""
-    if mode == "none":
+def _check_tis_cap(cap) -> None:
+    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
+        raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {cap!r}")
+
+
+def _adaptive_radius(o: LossOptions, old_entropy, old_logprobs):
+    """The per-token radius [N, R] for ``band_adaptive="entropy"``, None for ``none``."""
+    if o.band_adaptive == "none":
         return None
-    if mode != "entropy":
-        raise ValueError(f"unknown band_adaptive {mode!r}; valid: {', '.join(ADAPTIVE_MODES)}")
-    if not get_algorithm(algorithm).band:
-        raise ValueError(f"band_adaptive='entropy' applies to bandpo only, not algorithm={algorithm!r}")
-    if old_entropy is None or delta_min is None or delta_max is None or scale is None:
+    if old_entropy is None or o.delta_min is None or o.delta_max is None or o.entropy_scale is None:
         raise ValueError("band_adaptive='entropy' needs old_entropy, delta_min, delta_max and entropy_scale")
     if old_entropy.shape != old_logprobs.shape:
         raise ValueError(f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}")
-    return adaptive_delta(old_entropy, delta_min=delta_min, delta_max=delta_max, scale=scale, norm=norm)
+    return adaptive_delta(old_entropy, delta_min=o.delta_min, delta_max=o.delta_max, scale=o.entropy_scale,
+                          norm=o.entropy_norm)
 
 
 def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,6 @@ and the seeds still determine every rollout, and resuming replays them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -111,37 +109,3 @@ def rollout_seed(seed: int, step: int, round_: int = 0) -> int:
     round-0 seed of another step.
     """
     return seed * 1_000_003 + step + round_ * (1 << 32)
-
-
-@dataclass
-class GroupDraw:
-    """Which prompt groups of which rounds a step trains on (``draw_groups``)."""
-
-    rounds: int  # rollout rounds run
-    kept: list[tuple[int, int]]  # (round, group in round) of informative groups, draw order, at most `need`
-    flat: list[tuple[int, int]]  # (round, group) of groups whose metric was all equal, draw order
-    informative: int  # informative groups seen (may exceed `need`; the surplus is dropped)
-    drawn: int  # groups (prompts) drawn
-
-
-def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[bool]]) -> GroupDraw:
-    """DAPO dynamic sampling's control loop: run rounds until ``need`` informative groups or ``max_rounds``.
-
-    ``run_round(r)`` draws the next prompts from the (resumable) sampler, rolls them out and
-    rewards them with round ``r``'s seed, and returns per group whether its metric varies. The
-    outcome is a function of the sampler's state and the seeds, so a resumed run replays it.
-    """
-    if need < 1 or max_rounds < 1:
-        raise ValueError(f"draw_groups needs need >= 1 and max_rounds >= 1, got {need}, {max_rounds}")
-    kept: list[tuple[int, int]] = []
-    flat: list[tuple[int, int]] = []
-    drawn = informative = 0
-    for r in range(max_rounds):
-        flags = list(run_round(r))
-        drawn += len(flags)
-        for g, ok in enumerate(flags):
-            (kept if ok else flat).append((r, g))
-        informative = len(kept)
-        if informative >= need:
-            break
-    return GroupDraw(rounds=r + 1, kept=kept[:need], flat=flat, informative=informative, drawn=drawn)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from bandpo.reward.verify import STATUSES
-
 
 @dataclass(frozen=True)
 class RewardScheme:
@@ -83,19 +81,11 @@ class Score:
     seconds: float = 0.0
 
 
-def reward_metrics(scores: list[Score], seconds: float) -> dict[str, float]:
-    """Trainer metrics of one scored batch.
-
-    Keys: ``reward/mean``, ``reward/accuracy``, ``reward/count/<status>`` for every status
-    (zeros included, so the logged series never have gaps) and ``time/verifier``
-    (``seconds``, the wall time the caller measured around scoring).
-    """
-    n = len(scores)
+def reward_metrics(scores: list[Score]) -> dict[str, float]:
+    """A step's reward metrics: ``reward/mean``, ``reward/accuracy`` and ``reward/frac_<status>`` for
+    every status that occurred (fractions of all graded responses)."""
+    n = max(len(scores), 1)
     counts = Counter(s.status for s in scores)
-    metrics = {
-        "reward/mean": sum(s.reward for s in scores) / n if n else 0.0,
-        "reward/accuracy": counts["correct"] / n if n else 0.0,
-    }
-    metrics.update({f"reward/count/{status}": float(counts[status]) for status in STATUSES})
-    metrics["time/verifier"] = float(seconds)
-    return metrics
+    out = {"reward/mean": sum(s.reward for s in scores) / n, "reward/accuracy": sum(s.correct for s in scores) / n}
+    out.update({f"reward/frac_{status}": c / n for status, c in counts.items()})
+    return out

@@ -58,7 +58,7 @@ class MetricsLogger:
         write_text_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
@@ -85,7 +85,7 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def _plain(v: Any) -> Any:
+def _json_value(v: Any) -> Any:
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):

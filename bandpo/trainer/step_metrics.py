@@ -1,0 +1,54 @@
+"""The metrics a training step logs beside the actor's and the reward's: responses, health, timings."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from bandpo.types import TrainBatch
+
+
+def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:
+    """Response lengths; with the actor's old logprobs and entropy [N, R] also their health metrics
+    (absent until the update's forward made them, with reuse_old_logprobs)."""
+    mask = batch.response_mask.bool()  # [N, R]
+    lengths = batch.response_lengths.float()  # [N]
+    out = {
+        "response/length_mean": lengths.mean().item(), "response/length_max": lengths.max().item(),
+        "response/truncated_frac": sum(f == "length" for f in batch.finish_reasons) / max(batch.size, 1),
+    }
+    if entropy is None or batch.old_logprobs is None:
+        return out
+    diff = (batch.rollout_logprobs - batch.old_logprobs)[mask]  # log pi_rollout - log pi_actor, same tokens
+    return {
+        **out,
+        "actor/entropy": entropy[mask].mean().item(),
+        "health/rollout_actor_abs_diff": diff.abs().mean().item(),
+        # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
+        "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
+    }
+
+
+def timing_metrics(timings: dict[str, float], step_time: float, gen_tokens: int,
+                   last_checkpoint: float | None) -> dict[str, float]:
+    """``time/<stage>`` of this step, ``time/step``, the previous step's checkpoint time (written after its
+    metrics line) and throughput over every generated token."""
+    out = {f"time/{k}": v for k, v in timings.items()}
+    out["time/step"] = step_time
+    if last_checkpoint is not None:
+        out["time/last_checkpoint"] = last_checkpoint
+    out["perf/tokens_per_s"] = gen_tokens / step_time
+    out["perf/rollout_tokens_per_s"] = gen_tokens / max(timings["rollout"], 1e-9)
+    return out
+
+
+@contextmanager
+def timed_into(table: dict[str, float], name: str):
+    """Add the seconds the block takes to ``table[name]`` (a stage may run several times a step)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        table[name] = table.get(name, 0.0) + time.perf_counter() - t0
