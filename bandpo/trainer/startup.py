@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from bandpo.run import shm
-
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
+from bandpo.weight_sync.shm import SHM_PREFIX as SHM_PREFIX  # re-exported: the trainer loop names them here
+from bandpo.weight_sync.shm import remove_stale_weight_files as remove_stale_weight_files
 
 
 def stop_engines(workers, timeout_s: float = 10.0) -> None:
@@ -79,38 +79,9 @@ def ensure_model(model_cfg) -> str:
     return path
 
 
-def remove_stale_weight_files() -> list[str]:
-    """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
-
-    Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
-    would otherwise leak one model's worth of memory until reboot. Only this machine's files: on a
-    multi-node cluster the other nodes' are removed by ``close`` (a killed driver leaves them).
-    """
-    removed = []
-    for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
-        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
-        if pid.isdigit() and not alive(int(pid)):
-            try:
-                path.unlink()
-                removed.append(str(path))
-            except OSError:  # another user's file, or removed meanwhile
-                pass
-    return removed
-
-
 def clean_shm(run_dir: Path) -> set[str]:
     """Remove vLLM /dev/shm files of this project's dead runs (``bandpo.run.shm``); the entries left now."""
     removed = shm.remove_dead_entries(run_dir)
     if removed:
         print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
     return shm.snapshot()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True

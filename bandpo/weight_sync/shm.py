@@ -3,6 +3,9 @@
 The writer lays the tensors out in the flat format (``bandpo.weight_sync.format``) and sends
 ``(path, metas)``; the engine maps the file and loads zero-copy views. /dev/shm is per machine,
 so each node gets a file of its own (``node_shm_path``; ``bandpo.weight_sync.node``).
+
+The trainer's files are ``SHM_PREFIX`` + driver pid + ``-`` + Ray node id + ``.bin``; those of a
+driver that no longer runs are removed at the next start (``remove_stale_weight_files``).
 """
 
 from __future__ import annotations
@@ -10,10 +13,14 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
+from bandpo.run.shm import alive
 from bandpo.weight_sync.format import TensorMeta, layout, metas_from_wire, views
+
+SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
 
 
 def node_shm_path(prefix: str, node_id: str) -> str:
@@ -103,3 +110,21 @@ def write_file_bytes(data, path: str) -> int:
     buf.numpy()[:n] = data  # numpy: the source may be a read-only object-store view, which torch warns about
     return n
 
+
+def remove_stale_weight_files() -> list[str]:
+    """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
+
+    Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
+    would otherwise leak one model's worth of memory until reboot. Only this machine's files: on a
+    multi-node cluster the other nodes' are removed by ``close`` (a killed driver leaves them).
+    """
+    removed = []
+    for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
+        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
+        if pid.isdigit() and not alive(int(pid)):
+            try:
+                path.unlink()
+                removed.append(str(path))
+            except OSError:  # another user's file, or removed meanwhile
+                pass
+    return removed
