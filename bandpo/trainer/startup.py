@@ -50,7 +50,7 @@ def live_shape():
 def ensure_model(model_cfg) -> str:
     """The model path, building the tiny recipe's model there first when ``model.build`` asks for it.
 
-    ``model.build_args`` (optional) are fields of the recipe's ``BuildArgs`` (``sft_steps``,
+    ``model.build_args`` (optional) are fields of ``bandpo.models.tiny_arith.BuildArgs`` (``sft_steps``,
     ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's.
     """
     import dataclasses
@@ -64,18 +64,13 @@ def ensure_model(model_cfg) -> str:
     if build:  # the recipe's build is cached: it returns at once when the folder is current
         if build != "tiny_arith":
             raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
-        import importlib.util
+        from bandpo.models import tiny_arith
 
-        script = Path(__file__).resolve().parent.parent / "recipes" / "tiny_arith" / "build_model.py"
-        spec = importlib.util.spec_from_file_location("tiny_arith_build", script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses in the script look their module up here
-        spec.loader.exec_module(module)
-        valid = [f.name for f in dataclasses.fields(module.BuildArgs)]
+        valid = [f.name for f in dataclasses.fields(tiny_arith.BuildArgs)]
         unknown = sorted(set(build_args) - set(valid))
         if unknown:
             raise ValueError(f"model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
-        module.build(path, **build_args)
+        tiny_arith.build(path, **build_args)
     return path
 
 
