@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,11 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_alive_tells_running_from_finished_processes():
+    assert shm.alive(os.getpid())
+    assert not shm.alive(_dead_pid())
 
 
 def test_records_only_new_entries_held_by_the_runs_processes(shm_dir, tmp_path):

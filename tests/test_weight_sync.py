@@ -1,4 +1,4 @@
-"""Flat shared-memory weight buffers (CPU path) and CUDA IPC buckets (GPU path); no engine needed."""
+"""Flat /dev/shm weight files (the trainer's transport) and CUDA IPC buckets (no trainer caller yet); no engine needed."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ import os
 import pytest
 import torch
 
-from bandpo.weight_sync.flat import (
-    ALIGN,
-    TensorMeta,
-    copy_bytes_baseline,
-    metas_from_wire,
-    metas_to_wire,
-    read_weights_shm,
-    remove_shm,
-    write_weights_shm,
-)
+from bandpo.weight_sync.format import ALIGN, TensorMeta, copy_bytes_baseline, metas_from_wire, metas_to_wire
+from bandpo.weight_sync.shm import read_weights_shm, remove_shm, write_weights_shm
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -66,15 +58,15 @@ def test_rewrite_in_place_and_resize(shm_path):
 
 
 def test_write_cache_forgets_deleted_files(shm_path):
-    from bandpo.weight_sync import flat as weight_sync
+    from bandpo.weight_sync import shm
 
     write_weights_shm([("w", torch.ones(4))], shm_path)
-    assert shm_path in weight_sync._WRITE_MAPS
+    assert shm_path in shm._WRITE_MAPS
     os.unlink(shm_path)  # removed by another process, not through remove_shm
     other = shm_path + ".other"
     try:
         write_weights_shm([("w", torch.ones(4))], other)
-        assert shm_path not in weight_sync._WRITE_MAPS
+        assert shm_path not in shm._WRITE_MAPS
         metas = write_weights_shm([("w", torch.full((4,), 5.0))], shm_path)  # recreated: a new file
         assert torch.equal(dict(read_weights_shm(shm_path, metas))["w"], torch.full((4,), 5.0))
     finally:
@@ -100,7 +92,7 @@ def test_copy_baseline_counts_bytes():
 
 
 def _receive(payload: bytes, queue) -> None:
-    from bandpo.weight_sync.flat import open_ipc_bucket
+    from bandpo.weight_sync.ipc import open_ipc_bucket
 
     queue.put({name: t.double().sum().item() for name, t in open_ipc_bucket(payload)})
 
@@ -109,7 +101,7 @@ def _receive(payload: bytes, queue) -> None:
 def test_ipc_buckets_roundtrip_across_processes():
     import torch.multiprocessing as mp
 
-    from bandpo.weight_sync.flat import iter_ipc_buckets
+    from bandpo.weight_sync.ipc import iter_ipc_buckets
 
     src = [(f"w{i}", torch.randn(256, 256, device="cuda")) for i in range(5)]
     ctx = mp.get_context("spawn")
@@ -129,8 +121,8 @@ def test_ipc_buckets_roundtrip_across_processes():
 
 
 def test_node_plan_lowest_rank_per_node_publishes_and_engine_only_nodes_get_a_relay():
-    from bandpo.weight_sync.flat import node_shm_path
     from bandpo.weight_sync.node import NodeWeightSync
+    from bandpo.weight_sync.shm import node_shm_path
 
     sync = NodeWeightSync([], [], "/dev/shm/x-7")
     sync.actor_nodes = ["A", "A", "B", "B", "A"]  # node of each rank

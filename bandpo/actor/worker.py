@@ -544,7 +544,7 @@ class Actor:
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
-        from bandpo.weight_sync.flat import write_weights_shm
+        from bandpo.weight_sync.shm import write_weights_shm
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:

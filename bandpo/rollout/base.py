@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from bandpo.types import RolloutBatch, SamplingParams
-    from bandpo.weight_sync.flat import TensorMeta
+    from bandpo.weight_sync.format import TensorMeta
 
 OverlongPolicy = Literal["error", "truncate"]
 

@@ -17,14 +17,9 @@ import torch
 
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
 from bandpo.types import RolloutBatch, SamplingParams
-from bandpo.weight_sync.flat import (
-    DEFAULT_BUCKET_BYTES,
-    TensorMeta,
-    iter_ipc_buckets,
-    metas_to_wire,
-    remove_shm,
-    write_weights_shm,
-)
+from bandpo.weight_sync.format import TensorMeta, metas_to_wire
+from bandpo.weight_sync.ipc import DEFAULT_BUCKET_BYTES, iter_ipc_buckets
+from bandpo.weight_sync.shm import remove_shm, write_weights_shm
 
 if TYPE_CHECKING:
     from vllm import LLM

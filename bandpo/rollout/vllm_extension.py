@@ -31,11 +31,16 @@ class _ExpectedReloadWarnings(logging.Filter):
 
 
 class BandpoWorkerExtension:
-    """Weight loading entry points for the rollout engine (CPU shared memory, GPU CUDA IPC buckets)."""
+    """Weight loading entry points for the rollout engine.
+
+    ``bandpo_load_shm``: the node-local /dev/shm file, which the trainer uses on every device.
+    ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets, reached
+    only through ``VllmEngine.update_weights`` with CUDA tensors; no production caller uses them yet.
+    """
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
         """Reload all weights from the flat ``/dev/shm`` file ``path``; returns the number of tensors loaded."""
-        from bandpo.weight_sync.flat import read_weights_shm
+        from bandpo.weight_sync.shm import read_weights_shm
 
         metas = list(wire_metas)
         self._bandpo_quiet_expected_warnings()
@@ -57,7 +62,7 @@ class BandpoWorkerExtension:
         import torch
         from vllm.config import set_current_vllm_config
 
-        from bandpo.weight_sync.flat import open_ipc_bucket
+        from bandpo.weight_sync.ipc import open_ipc_bucket
 
         weights = list(open_ipc_bucket(payload))
         with set_current_vllm_config(self.vllm_config):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     from ray.actor import ActorHandle
 
-    from bandpo.weight_sync.flat import TensorMeta
+    from bandpo.weight_sync.format import TensorMeta
 
 
 class RolloutWorker:
@@ -79,7 +79,7 @@ class RolloutWorker:
         """
         import ray
 
-        from bandpo.weight_sync.flat import write_file_bytes
+        from bandpo.weight_sync.shm import write_file_bytes
 
         return self.node_id(), write_file_bytes(ray.get(blob[0]), path)
 

@@ -73,7 +73,8 @@ def record_new_entries(
     return owned
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (it may be another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,7 +103,7 @@ def remove_dead_entries(run_dir: Path | None = None) -> list[str]:
         path
         for found in entries.values()
         for path, pids in found.items()
-        if os.path.exists(path) and not any(_alive(p) for p in pids)
+        if os.path.exists(path) and not any(alive(p) for p in pids)
     }
     if orphans:  # one pass over every process on the node: is any of them still using one?
         orphans -= set(holders(orphans, [int(p) for p in os.listdir("/proc") if p.isdigit()]))

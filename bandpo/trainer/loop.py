@@ -58,13 +58,11 @@ from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfini
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.trainer.dynamic_sampling import Rollouts, check_groups
 from bandpo.trainer.startup import (
-    SHM_PREFIX,
     Workers,
     clean_shm,
     ensure_model,
     load_training_prompts,
     placement_plan,
-    remove_stale_weight_files,
     report_startup,
     reward_scheme,
     start_workers,
@@ -72,6 +70,7 @@ from bandpo.trainer.startup import (
 )
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
 from bandpo.types import TrainBatch
+from bandpo.weight_sync.shm import SHM_PREFIX, remove_stale_weight_files
 
 
 class Trainer:

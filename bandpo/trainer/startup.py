@@ -1,43 +1,21 @@
 """What the trainer starts before its first step, and what a dead run left behind.
 
 In start-up order: the model (the tiny recipe's build, ``ensure_model``), the training prompts
-and the reward scheme from the config, cleanup of what dead runs left in /dev/shm (weight-sync
-buffers, vLLM's queues), the placement plan on the cluster's GPU shape, then the workers:
-rollout engines, actor ranks and verifier actors, started overlapped (``start_workers``).
+and the reward scheme from the config, cleanup of vLLM's queues that dead runs left in /dev/shm
+(``clean_shm``; their weight buffers are ``bandpo.weight_sync.shm``'s), the placement plan on the
+cluster's GPU shape, then the workers: rollout engines, actor ranks and verifier actors, started
+overlapped (``start_workers``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bandpo.run import shm
-
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
-
-
-def stop_engines(workers, timeout_s: float = 10.0) -> None:
-    """Shut the rollout engines down before Ray kills their processes.
-
-    vLLM removes its shared-memory message queue (a /dev/shm file per engine) only in its own
-    shutdown; a process killed by ``ray.shutdown`` leaves it behind. Best effort: a dead or
-    busy worker (Ctrl-C mid-rollout) must not hold up the exit for more than ``timeout_s``.
-    """
-    import ray
-
-    refs = [w.shutdown.remote() for w in workers]  # a dead actor's call fails at ray.get, below
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError:  # died earlier: the failure was reported then
-            pass
-        except Exception as e:  # reported, not raised: the run's result stands
-            print(f"[bandpo] a rollout engine failed to shut down cleanly: {e}", file=sys.stderr, flush=True)
 
 
 def live_shape():
@@ -54,7 +32,7 @@ def live_shape():
 def ensure_model(model_cfg) -> str:
     """The model path, building the tiny recipe's model there first when ``model.build`` asks for it.
 
-    ``model.build_args`` (optional) are fields of the recipe's ``BuildArgs`` (``sft_steps``,
+    ``model.build_args`` (optional) are fields of ``bandpo.models.tiny_arith.BuildArgs`` (``sft_steps``,
     ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's.
     """
     import dataclasses
@@ -68,38 +46,14 @@ def ensure_model(model_cfg) -> str:
     if build:  # the recipe's build is cached: it returns at once when the folder is current
         if build != "tiny_arith":
             raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
-        import importlib.util
+        from bandpo.models import tiny_arith
 
-        script = Path(__file__).resolve().parent.parent / "recipes" / "tiny_arith" / "build_model.py"
-        spec = importlib.util.spec_from_file_location("tiny_arith_build", script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses in the script look their module up here
-        spec.loader.exec_module(module)
-        valid = [f.name for f in dataclasses.fields(module.BuildArgs)]
+        valid = [f.name for f in dataclasses.fields(tiny_arith.BuildArgs)]
         unknown = sorted(set(build_args) - set(valid))
         if unknown:
             raise ValueError(f"model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
-        module.build(path, **build_args)
+        tiny_arith.build(path, **build_args)
     return path
-
-
-def remove_stale_weight_files() -> list[str]:
-    """Delete weight-sync buffers of drivers that no longer run (killed mid-sync); returns their paths.
-
-    Each holds a full copy of the weights in RAM (/dev/shm), so a run killed while syncing
-    would otherwise leak one model's worth of memory until reboot. Only this machine's files: on a
-    multi-node cluster the other nodes' are removed by ``close`` (a killed driver leaves them).
-    """
-    removed = []
-    for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
-        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
-        if pid.isdigit() and not alive(int(pid)):
-            try:
-                path.unlink()
-                removed.append(str(path))
-            except OSError:  # another user's file, or removed meanwhile
-                pass
-    return removed
 
 
 def clean_shm(run_dir: Path) -> set[str]:
@@ -108,16 +62,6 @@ def clean_shm(run_dir: Path) -> set[str]:
     if removed:
         print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
     return shm.snapshot()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def to_plain(node):

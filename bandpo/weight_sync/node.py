@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 
 def _file_bytes(path: str):
     """Ray task on the node holding ``path``: the file's bytes, mapped (the store copies them once)."""
-    from bandpo.weight_sync.flat import read_file_bytes
+    from bandpo.weight_sync.shm import read_file_bytes
 
     return read_file_bytes(path)
 
 
 def _remove_file(path: str) -> None:
-    from bandpo.weight_sync.flat import remove_shm
+    from bandpo.weight_sync.shm import remove_shm
 
     remove_shm(path)
 
@@ -77,7 +77,7 @@ class NodeWeightSync:
         self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
 
     def path(self, node_id: str) -> str:
-        from bandpo.weight_sync.flat import node_shm_path
+        from bandpo.weight_sync.shm import node_shm_path
 
         return node_shm_path(self.prefix, node_id)
 
@@ -127,7 +127,7 @@ class NodeWeightSync:
         """Remove the weight files on every node they were written on (best effort: nodes may be gone)."""
         import ray
 
-        from bandpo.weight_sync.flat import remove_shm
+        from bandpo.weight_sync.shm import remove_shm
 
         if self.actor_nodes is None:
             return

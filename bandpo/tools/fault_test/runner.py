@@ -15,12 +15,12 @@ from pathlib import Path
 
 from bandpo.tools.fault_test import checks
 from bandpo.tools.fault_test.process import Session
+from bandpo.weight_sync.shm import SHM_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ["bash", "scripts/train.sh"]
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|", re.MULTILINE)  # MetricsLogger's console line
 RESUMED = re.compile(r"\[bandpo\] resumed from (\S+) at step (\d+)")
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # bandpo.trainer.startup.SHM_PREFIX, not imported: that pulls in torch+ray
 # Overrides the fault test sets itself, or that would put workers out of its reach (an external cluster).
 RESERVED = ("trainer.output_dir", "trainer.resume", "trainer.ray_address")
 

@@ -1,0 +1,116 @@
+"""The tiny-arith warm start and its held-out check (``bandpo.models.tiny_arith`` builds the model).
+
+The prompt is the DAPO template through the chat template (``prompt_text``); the warm start
+trains on prompt -> solution pairs with the loss on the solution only
+(``supervised_warm_start``); the check samples one answer per held-out problem and counts
+exact matches on the last "Answer:" line (``sample_accuracy``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bandpo.models.tiny_arith import BuildArgs
+
+# The DAPO prompt of the paper (DAPO's answer-line format); the rollout side must use the same text.
+DAPO_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+    "{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."
+)
+
+
+def prompt_text(tok, problem: str) -> str:
+    """The rendered prompt (DAPO template through the chat template, generation prompt on)."""
+    messages = [{"role": "user", "content": DAPO_TEMPLATE.format(problem=problem)}]
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _encode_pairs(tok, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+    pairs = []
+    for r in rows:
+        prompt = tok(prompt_text(tok, r["problem"]), add_special_tokens=False)["input_ids"]
+        completion = tok(r["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        pairs.append((prompt, completion))
+    return pairs
+
+
+def supervised_warm_start(model, tok, rows: list[dict], args: BuildArgs, log) -> float:
+    """AdamW on prompt -> solution pairs, loss on solution tokens only; returns the last loss."""
+    import torch
+
+    if args.sft_steps <= 0:
+        return float("nan")
+    pairs = _encode_pairs(tok, rows)
+    gen = torch.Generator().manual_seed(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=args.weight_decay)
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        frac = (step - args.warmup_steps) / max(1, args.sft_steps - args.warmup_steps)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    ema = None
+    for step in range(args.sft_steps):
+        idx = torch.randint(len(pairs), (args.batch_size,), generator=gen).tolist()
+        input_ids, labels, attn = _collate([pairs[i] for i in idx], tok.pad_token_id)
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
+        if (step + 1) % 50 == 0 or step + 1 == args.sft_steps:
+            log(f"  sft step {step + 1}/{args.sft_steps}  loss {ema:.3f}")
+    model.eval()
+    return float(ema)
+
+
+def _collate(batch, pad_id: int):
+    import torch
+
+    width = max(len(p) + len(c) for p, c in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (p, c) in enumerate(batch):
+        seq = p + c
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(p) : len(seq)] = torch.tensor(c)
+        attn[i, : len(seq)] = 1
+    return input_ids, labels, attn
+
+
+def last_answer(text: str) -> str | None:
+    """The value on the last "Answer:" line of ``text`` (None if there is none)."""
+    found = re.findall(r"Answer:\s*(\S+)", text)
+    return found[-1].strip().rstrip(".") if found else None
+
+
+def sample_accuracy(model, tok, rows: list[dict], *, temperature: float = 1.0, max_new_tokens: int = 48,
+                    batch_size: int = 100, seed: int = 0) -> float:
+    """Fraction of ``rows`` answered exactly (one sample each; temperature 0 = greedy)."""
+    import torch
+
+    torch.manual_seed(seed)
+    correct = 0
+    tok.padding_side = "left"  # generation continues from the right end of every row
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        enc = tok([prompt_text(tok, r["problem"]) for r in chunk], return_tensors="pt", padding=True,
+                  add_special_tokens=False)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
+            dict(do_sample=False)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id, **sampling)
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        correct += sum(last_answer(t) == r["answer"] for t, r in zip(texts, chunk))
+    return correct / max(1, len(rows))

@@ -1,0 +1,96 @@
+"""The flat weight buffer every transport shares: tensors laid out back to back in one byte buffer.
+
+Each tensor starts at an ``ALIGN``-byte boundary and is described by a ``TensorMeta`` (name,
+dtype, shape, byte offset); a receiver rebuilds typed zero-copy views from the buffer and the
+metas alone. vLLM's ``collective_rpc`` turns tensors in its arguments into plain lists, so the
+metas travel as plain tuples (``metas_to_wire``), never the tensors themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+ALIGN = 64  # bytes; keeps every view cache-line aligned (and aligned for any dtype)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one tensor lies in a flat buffer: ``offset`` in bytes, ``dtype`` as in ``torch.<dtype>``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * _dtype(self.dtype).itemsize
+
+
+def _numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise TypeError(f"unknown dtype {name!r}")
+    return dt
+
+
+def align(n: int) -> int:
+    """``n`` rounded up to a multiple of ``ALIGN``."""
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], list[torch.Tensor], int]:
+    """Assign aligned offsets. Returns (metas, tensors in the same order, total bytes)."""
+    metas, tensors, offset = [], [], 0
+    for name, t in named_tensors:
+        metas.append(TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        tensors.append(t)
+        offset = align(offset + t.numel() * t.element_size())
+    return metas, tensors, offset
+
+
+def views(buf: torch.Tensor, metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Typed views into a flat uint8 buffer ``buf`` [total_bytes]."""
+    for m in metas:
+        yield m.name, buf[m.offset : m.offset + m.nbytes].view(_dtype(m.dtype)).view(m.shape)
+
+
+def metas_to_wire(metas: Iterable[TensorMeta]) -> list[tuple[str, str, list[int], int]]:
+    """Plain tuples that survive vLLM's msgpack RPC unchanged in meaning."""
+    return [(m.name, m.dtype, list(m.shape), m.offset) for m in metas]
+
+
+def metas_from_wire(items: Iterable) -> list[TensorMeta]:
+    """Inverse of ``metas_to_wire``; accepts TensorMeta objects, tuples/lists, or dicts."""
+    out = []
+    for it in items:
+        if isinstance(it, TensorMeta):
+            out.append(it)
+        elif isinstance(it, dict):
+            out.append(TensorMeta(it["name"], it["dtype"], tuple(it["shape"]), int(it["offset"])))
+        else:
+            name, dtype, shape, offset = it
+            out.append(TensorMeta(name, dtype, tuple(shape), int(offset)))
+    return out
+
+
+def copy_bytes_baseline(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy every tensor once into a fresh flat buffer in process memory (the benchmark's baseline).
+
+    Returns the bytes copied.
+    """
+    metas, tensors, total = layout(named_tensors)
+    buf = torch.empty(max(total, 1), dtype=torch.uint8)
+    for (_, view), t in zip(views(buf, metas), tensors):
+        view.copy_(t.detach())
+    return total
