@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bandpo.errors import ConfigError, check
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config value is missing or invalid; the message names the key."""
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train"):
@@ -101,8 +99,7 @@ def _get(cfg, key: str) -> Any:
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"config error: {key} {msg}, got {value!r}")
+    check(cond, key, msg, repr(value))  # the config's messages show the value's repr
 
 
 def _choice(cfg, key: str, valid: Sequence[str]) -> Any:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bandpo.eval.targets import EvalUsageError, materialize, resolve_targets
+from bandpo.errors import EvalUsageError
+from bandpo.eval.targets import materialize, resolve_targets
 from bandpo.run.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,8 +2,9 @@
 
 import pytest
 
-from bandpo.config import ConfigError, compose
+from bandpo.config import compose
 from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.errors import ConfigError
 
 
 @pytest.mark.parametrize("model", ["qwen2.5-3b", "qwen2.5-7b", "llama3-8b"])

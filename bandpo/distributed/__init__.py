@@ -11,13 +11,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from bandpo.errors import WorkerFailure
+
 # Environment every worker needs, forwarded into Ray's runtime_env.
 FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
                  "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH", "VLLM_LOGGING_LEVEL")
-
-
-class WorkerFailure(RuntimeError):
-    """A worker process died or raised; the message names the worker group and the stage."""
 
 
 def resolve_device(device: str) -> str:

@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from bandpo.config import ConfigError
+from bandpo.errors import ConfigError, check
 
 # How a bundle's one GPU is shared in the colocated layout (Ray fractions; vLLM's own memory
 # share is rollout.gpu_memory_utilization). The two add up to the bundle's 1 GPU.
@@ -113,11 +113,11 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     total = rollout_offset + rollout_gpus
     asked = ("actor.gpus + rollout.gpus" if layout == "split"
              else "actor.num_workers (= rollout.num_workers x rollout.tensor_parallel_size)")
-    _need(G >= 1, "trainer.gpus_per_node", f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
+    check(G >= 1, "trainer.gpus_per_node", f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
           f"asked, 0 found (no GPU on this machine / cluster; trainer.device=cpu runs on CPU)", G)
-    _need(tp <= G and G % tp == 0, "rollout.tensor_parallel_size",
+    check(tp <= G and G % tp == 0, "rollout.tensor_parallel_size",
           f"must divide the GPUs of a node (gpus_per_node={G}) so no engine spans two nodes", tp)
-    _need(total <= N * G, asked, f"must fit in the cluster: {total} GPUs asked, {N * G} found "
+    check(total <= N * G, asked, f"must fit in the cluster: {total} GPUs asked, {N * G} found "
           f"({N} node(s) x {G} GPUs; trainer.nnodes / trainer.gpus_per_node or --nodes / --gpus-per-node)", total)
 
     def seat(g: int) -> tuple[int, int]:
@@ -127,7 +127,7 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     for e in range(engines):
         first = rollout_offset + e * tp
         nodes = {seat(first + s)[0] for s in range(tp)}
-        _need(len(nodes) == 1, "actor.gpus", f"must leave the engines' first GPU at a multiple of "
+        check(len(nodes) == 1, "actor.gpus", f"must leave the engines' first GPU at a multiple of "
               f"rollout.tensor_parallel_size={tp} so engine {e} stays on one node", actor_gpus)
         workers += [Placement("rollout", e, s, *seat(first + s)) for s in range(tp)]
     used = [0] * N
@@ -141,7 +141,7 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
                      f"to use them)")
     if shape.cpus_per_node is not None:
         need = max(len(b) for b in bundles) * cpus + math.ceil(verifiers / N) * vcpus
-        _need(need <= shape.cpus_per_node, "trainer.verifier_workers",
+        check(need <= shape.cpus_per_node, "trainer.verifier_workers",
               f"leave room on a node of {shape.cpus_per_node} CPUs: its bundles and verifier actors need {need}",
               vcpus)
     return Plan(layout, N, G, tp, bundles, workers + verifier_seats, vcpus, notes)
@@ -152,20 +152,15 @@ def gpu_counts(cfg, layout: str) -> tuple[int, int, int]:
     ranks, engines = int(cfg.actor.num_workers), int(cfg.rollout.num_workers)
     tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
     if layout == "colocated":
-        _need(engines * tp == ranks, "rollout.num_workers x rollout.tensor_parallel_size",
+        check(engines * tp == ranks, "rollout.num_workers x rollout.tensor_parallel_size",
               f"must equal actor.num_workers={ranks} in the colocated layout (one engine shard per actor GPU)",
               f"{engines} x {tp} = {engines * tp}")
         return ranks, ranks, 0
     actor_gpus, rollout_gpus = int(cfg.actor.gpus), int(cfg.rollout.gpus)
-    _need(ranks == actor_gpus, "actor.num_workers", f"must equal actor.gpus={actor_gpus} (one GPU per rank)", ranks)
-    _need(engines * tp == rollout_gpus, "rollout.num_workers x rollout.tensor_parallel_size",
+    check(ranks == actor_gpus, "actor.num_workers", f"must equal actor.gpus={actor_gpus} (one GPU per rank)", ranks)
+    check(engines * tp == rollout_gpus, "rollout.num_workers x rollout.tensor_parallel_size",
           f"must equal rollout.gpus={rollout_gpus}", f"{engines} x {tp} = {engines * tp}")
     return actor_gpus, rollout_gpus, actor_gpus
-
-
-def _need(cond: bool, key: str, msg: str, value) -> None:
-    if not cond:
-        raise ConfigError(f"config error: {key} {msg}, got {value}")
 
 
 # ----------------------------------------------------------------------------- memory

@@ -18,7 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bandpo.eval.targets import CACHE_CHOICES, EvalUsageError, Target, materialize, resolve_targets
+from bandpo.errors import EvalUsageError
+from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, resolve_targets
 
 log = logging.getLogger("bandpo.eval.evaluate")
 

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bandpo.distributed import WorkerFailure
+from bandpo.errors import VerifierFailure
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from bandpo.reward import RewardScheme, Score
 
 MAX_ACTOR_DEATHS = 3
-
-
-class VerifierFailure(WorkerFailure):
-    """A verifier actor kept dying or could not be (re)started."""
 
 
 class VerifierActor:
