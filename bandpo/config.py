@@ -264,11 +264,11 @@ def _validate_placement(cfg) -> None:
     for key in ("actor.gpus", "rollout.gpus", "trainer.nnodes", "trainer.gpus_per_node"):
         if _get(cfg, key) is not None:
             _number(cfg, key, low=1, integer=True)
-    from bandpo.distributed.plan import gpu_counts, layout_of, make_plan, plan_device, shape_from_config
+    from bandpo.distributed.plan import decide_device, gpu_counts, layout_of, make_plan, shape_from_config
 
     layout = layout_of(cfg, "cuda")  # actor.gpus / rollout.gpus come together
     if _get(cfg, "trainer.device") == "cuda":
         gpu_counts(cfg, layout)
     shape = shape_from_config(cfg)
     if shape is not None:
-        make_plan(cfg, shape, plan_device(cfg))
+        make_plan(cfg, shape, decide_device(cfg.trainer.device, cfg.trainer.get("gpus_per_node") or 0))

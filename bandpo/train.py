@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 def dry_run(cfg) -> int:
     """Print the placement plan for the cluster this run would use; 0 if it fits, 2 (with what is missing) if not."""
     from bandpo.distributed.plan import (
+        decide_device,
         detect_shape,
         make_plan,
         memory_estimate,
@@ -60,9 +61,8 @@ def dry_run(cfg) -> int:
     from bandpo.errors import ConfigError
 
     shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
-    device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if shape.gpus_per_node else "cpu")
     try:
-        plan = make_plan(cfg, shape, device)
+        plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
     except ConfigError as e:
         print(f"[bandpo] dry run: the plan does not fit: {e}", file=sys.stderr)
         return 2
