@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.data.datasets import Example
 from bandpo.errors import EvalUsageError
 from bandpo.eval.evaluate import (
     evaluate,
@@ -30,7 +29,7 @@ from bandpo.eval.metrics import (
     summarize,
 )
 from bandpo.eval.targets import find_hf_folder, resolve_targets
-from bandpo.types import RolloutBatch, SamplingParams
+from bandpo.types import Example, RolloutBatch, SamplingParams
 
 # ---------------------------------------------------------------- pass@k
 

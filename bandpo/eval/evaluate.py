@@ -25,10 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bandpo.data.datasets import Example
 from bandpo.data.prompts import TEMPLATES, encode_examples
 from bandpo.eval.metrics import default_ks, summarize
-from bandpo.types import SamplingParams
+from bandpo.types import Example, SamplingParams
 
 log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m` too
 
