@@ -145,7 +145,7 @@ class RayScorer:
         from ray.exceptions import RayActorError
 
         from bandpo.reward.pool import check_score_inputs
-        from bandpo.rollout.worker import split_evenly
+        from bandpo.split import split_evenly
 
         n = check_score_inputs(self.scheme, responses, answers, response_lengths)
         if self.actors is None:
