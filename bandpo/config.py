@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bandpo.errors import ConfigError, check
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config value is missing or invalid; the message names the key."""
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train"):
@@ -101,8 +99,7 @@ def _get(cfg, key: str) -> Any:
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"config error: {key} {msg}, got {value!r}")
+    check(cond, key, msg, repr(value))  # the config's messages show the value's repr
 
 
 def _choice(cfg, key: str, valid: Sequence[str]) -> Any:
@@ -291,11 +288,11 @@ def _validate_placement(cfg) -> None:
     for key in ("actor.gpus", "rollout.gpus", "trainer.nnodes", "trainer.gpus_per_node"):
         if _get(cfg, key) is not None:
             _number(cfg, key, low=1, integer=True)
-    from bandpo.distributed.plan import gpu_counts, layout_of, make_plan, plan_device, shape_from_config
+    from bandpo.distributed.plan import decide_device, gpu_counts, layout_of, make_plan, shape_from_config
 
     layout = layout_of(cfg, "cuda")  # actor.gpus / rollout.gpus come together
     if _get(cfg, "trainer.device") == "cuda":
         gpu_counts(cfg, layout)
     shape = shape_from_config(cfg)
     if shape is not None:
-        make_plan(cfg, shape, plan_device(cfg))
+        make_plan(cfg, shape, decide_device(cfg.trainer.device, cfg.trainer.get("gpus_per_node") or 0))

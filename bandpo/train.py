@@ -15,7 +15,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bandpo.config import ConfigError, compose
+    from bandpo.config import compose
+    from bandpo.errors import ConfigError
 
     try:
         cfg = compose(sys.argv[1:] if argv is None else argv)
@@ -24,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.trainer.dry_run:
         return dry_run(cfg)
-    from bandpo.distributed import WorkerFailure
-    from bandpo.reward import VerifierUnavailable
+    from bandpo.errors import VerifierUnavailable, WorkerFailure
     from bandpo.trainer.loop import train
 
     try:
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def dry_run(cfg) -> int:
     """Print the placement plan for the cluster this run would use; 0 if it fits, 2 (with what is missing) if not."""
-    from bandpo.config import ConfigError
     from bandpo.distributed.plan import (
+        decide_device,
         detect_shape,
         make_plan,
         memory_estimate,
@@ -58,11 +58,11 @@ def dry_run(cfg) -> int:
         shape_from_config,
         table,
     )
+    from bandpo.errors import ConfigError
 
     shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
-    device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if shape.gpus_per_node else "cpu")
     try:
-        plan = make_plan(cfg, shape, device)
+        plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
     except ConfigError as e:
         print(f"[bandpo] dry run: the plan does not fit: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Batch records passed between stages. Shapes are stated once, here.
+"""Records passed between stages (problems, sampling settings, batches). Shapes are stated once, here.
 
 Legend
     N = B*G   rows: B prompts x G responses each, responses of one prompt contiguous
@@ -13,6 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
 import torch
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: ``answer`` is the ground truth as given by the source (the verifier normalises it)."""
+
+    id: str
+    problem: str
+    answer: str
+    source: str
 
 
 @dataclass

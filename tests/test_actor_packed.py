@@ -355,7 +355,8 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     ],
 )
 def test_actor_config_keys_are_validated(overrides, key):
-    from bandpo.config import ConfigError, compose
+    from bandpo.config import compose
+    from bandpo.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         compose(overrides)

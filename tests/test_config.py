@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.config import CONFIG_DIR, ConfigError, compose
+from bandpo.config import CONFIG_DIR, compose
+from bandpo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -87,7 +87,7 @@ def test_render_plain_text_without_chat_template(tokenizer):
 
 
 def test_encode_examples_filters_overlong(tokenizer, caplog):
-    from bandpo.data.datasets import Example
+    from bandpo.types import Example
 
     exs = [Example("short", "1+1?", "2", "t"), Example("long", "7 * 8 " * 200, "56", "t"), Example("b", "2+2?", "4", "t")]
     limit = len(render_prompt(tokenizer, "1+1?", "dapo")) + 5

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.data.datasets import Example
+from bandpo.errors import EvalUsageError
 from bandpo.eval.evaluate import (
     evaluate,
     flatten_metrics,
     load_cli_config,
     markdown_table,
     plot_pass_at_k,
-    resolve_checkpoint,
     run_eval,
 )
 from bandpo.eval.metrics import (
@@ -29,7 +28,8 @@ from bandpo.eval.metrics import (
     pass_at_k,
     summarize,
 )
-from bandpo.types import RolloutBatch, SamplingParams
+from bandpo.eval.targets import find_hf_folder, resolve_targets
+from bandpo.types import Example, RolloutBatch, SamplingParams
 
 # ---------------------------------------------------------------- pass@k
 
@@ -300,13 +300,15 @@ def test_trainer_eval_group_is_accepted():
     assert ev.template == cfg.data.template
 
 
-def test_resolve_checkpoint(tmp_path):
+def test_hf_folder_of_a_checkpoint(tmp_path):
     (tmp_path / "step_10" / "hf").mkdir(parents=True)
     (tmp_path / "step_10" / "hf" / "config.json").write_text("{}")
-    assert resolve_checkpoint(str(tmp_path / "step_10")) == str(tmp_path / "step_10" / "hf")
-    assert resolve_checkpoint("Qwen/Qwen2.5-3B-Instruct") == "Qwen/Qwen2.5-3B-Instruct"
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        resolve_checkpoint(str(tmp_path))
+    assert find_hf_folder(tmp_path / "step_10") == tmp_path / "step_10" / "hf"
+    assert find_hf_folder(tmp_path) is None
+    assert [t.hf_path for t in resolve_targets(str(tmp_path / "step_10"))] == [str(tmp_path / "step_10" / "hf")]
+    assert [t.hf_path for t in resolve_targets("Qwen/Qwen2.5-3B-Instruct")] == ["Qwen/Qwen2.5-3B-Instruct"]
+    with pytest.raises(EvalUsageError, match="config.json"):
+        resolve_targets(str(tmp_path))
 
 
 # ---------------------------------------------------------------- end to end (real engine + verifier)
@@ -323,7 +325,7 @@ FIXTURE = [
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_eval_end_to_end_tiny_model(tiny_model_dir, tmp_path, capsys, backend):
-    from bandpo.eval.evaluate import main
+    from bandpo.eval.cli import main
 
     data = tmp_path / "tiny5.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))

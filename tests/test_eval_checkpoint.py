@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bandpo.eval.targets import EvalUsageError, materialize, resolve_targets
+from bandpo.errors import EvalUsageError
+from bandpo.eval.targets import materialize, resolve_targets
 from bandpo.run.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +127,7 @@ def test_eval_all_steps_of_a_run(tiny_model_dir, tmp_path, capsys):
     """Two training checkpoints of one run, evaluated with one vLLM engine (weights reloaded for step 2)."""
     from test_actor import BANDPO, make_train_batch, new_actor
 
-    from bandpo.eval.evaluate import main
+    from bandpo.eval.cli import main
 
     actor = new_actor(tiny_model_dir, lr=1e-2)
     run = tmp_path / "runs" / "r"

@@ -1,9 +1,13 @@
 """The placement plan (pure python): layouts for the shipped models, and bad layouts naming keys."""
 
+import json
+
 import pytest
 
-from bandpo.config import ConfigError, compose
-from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.config import compose
+from bandpo.distributed.__main__ import main as plan_main
+from bandpo.distributed.plan import ClusterShape, decide_device, make_plan
+from bandpo.errors import ConfigError
 
 
 @pytest.mark.parametrize("model", ["qwen2.5-3b", "qwen2.5-7b", "llama3-8b"])
@@ -38,3 +42,16 @@ def test_two_nodes_and_split():
 def test_bad_layouts_name_keys(overrides, key):
     with pytest.raises(ConfigError, match=key.replace("(", r"\(").replace("+", r"\+")):
         compose(overrides)
+
+
+def test_auto_device_follows_the_gpu_count():
+    assert decide_device("auto", 0) == "cpu" and decide_device("auto", 8) == "cuda"
+    assert decide_device("cpu", 8) == "cpu" and decide_device("cuda", 0) == "cuda"
+
+
+def test_command_prints_the_plan_and_exits_2_naming_the_key(capsys):
+    assert plan_main(["--json", "--nodes", "1", "--gpus-per-node", "8", "model=qwen2.5-7b"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["layout"] == "colocated" and len(out["workers"]) == 8 + 8 + 1
+    assert plan_main(["--gpus-per-node", "4", "model=qwen2.5-7b"]) == 2
+    assert "8 GPUs asked, 4 found" in capsys.readouterr().err

@@ -1,13 +1,13 @@
 """Problem sets (hub ids or local files), prompt templates and the resumable index sampler.
 
-Light to import: the ``datasets`` library and ``transformers`` load only when used.
+``Example`` is defined with the other records in ``bandpo.types`` (so importing this package
+imports torch); the ``datasets`` library and ``transformers`` load only when used.
 """
 
 from bandpo.data.datasets import (
     GENERATED,
     REGISTRY,
     DatasetSpec,
-    Example,
     dataset_names,
     load_eval_sets,
     load_examples,
@@ -24,6 +24,7 @@ from bandpo.data.prompts import (
     render_prompt,
 )
 from bandpo.data.sampler import EpochSampler
+from bandpo.types import Example
 
 __all__ = [
     "GENERATED",

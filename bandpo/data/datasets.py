@@ -1,4 +1,4 @@
-"""Math problem sets as ``Example`` records: from Hugging Face hub ids or local JSONL/JSON/parquet files.
+"""Math problem sets as ``Example`` records (``bandpo.types``): from Hugging Face hub ids or local JSONL/JSON/parquet files.
 
 Every source ends up as ``list[Example]`` (id, problem, answer, source). Rows whose problem
 or answer is missing or empty are skipped; the count and the first few ids are logged.
@@ -20,21 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.data.prompts import strip_instruction
+from bandpo.types import Example
 
 log = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 MAX_LOGGED_IDS = 5
-
-
-@dataclass(frozen=True)
-class Example:
-    """One problem: ``answer`` is the ground truth as given by the source (the verifier normalises it)."""
-
-    id: str
-    problem: str
-    answer: str
-    source: str
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from bandpo.data.datasets import Example
+    from bandpo.types import Example
 
 log = logging.getLogger(__name__)
 

@@ -11,22 +11,21 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from bandpo.distributed.plan import decide_device
+from bandpo.errors import WorkerFailure
+
 # Environment every worker needs, forwarded into Ray's runtime_env.
 FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
                  "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH", "VLLM_LOGGING_LEVEL")
 
 
-class WorkerFailure(RuntimeError):
-    """A worker process died or raised; the message names the worker group and the stage."""
-
-
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    """The driver's device for ``trainer.device=device``: ``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
     if device != "auto":
-        return device
+        return device  # no torch import (and no CUDA initialisation) when the config names the device
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return decide_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def init_ray(address: str | None, device: str, logs_dir=None) -> None:

@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 from bandpo.distributed.plan import Plan
+from bandpo.errors import PlacementError
 
 UNPLACED_TIMEOUT_S = 60.0
 
@@ -139,7 +140,6 @@ def _place(plan: Plan) -> dict:
     import ray
 
     from bandpo.distributed.placement import (
-        PlacementError,
         actor_options,
         create_placement_groups,
         engine_launch,

@@ -18,10 +18,7 @@ import time
 from typing import Any
 
 from bandpo.distributed.plan import ACTOR_GPU_SHARE, ENGINE_GPU_SHARE, Plan
-
-
-class PlacementError(RuntimeError):
-    """The cluster cannot hold the plan's placement groups (names what is missing)."""
+from bandpo.errors import PlacementError
 
 
 def create_placement_groups(plan: Plan, timeout_s: float = 60.0) -> list:

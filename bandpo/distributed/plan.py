@@ -2,7 +2,10 @@
 
 Pure python (no Ray import), so it can be printed, checked and tested before anything starts::
 
-    python -m bandpo.distributed.plan [--nodes N --gpus-per-node G] [--check] [--json] OVERRIDES...
+    python -m bandpo.distributed [--nodes N --gpus-per-node G] [--check] [--json] OVERRIDES...
+
+(the command is ``bandpo.distributed.__main__``; this module takes a composed config and
+never composes one itself).
 
 Layouts (``layout_of``):
 - ``colocated`` (GPU default): one bundle per GPU ``{GPU: 1, CPU: 2}``; actor rank i and
@@ -21,14 +24,11 @@ planned as CPU-only workers spread over the nodes.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 
-from bandpo.config import ConfigError
+from bandpo.errors import ConfigError, check
 
 # How a bundle's one GPU is shared in the colocated layout (Ray fractions; vLLM's own memory
 # share is rollout.gpu_memory_utilization). The two add up to the bundle's 1 GPU.
@@ -113,11 +113,11 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     total = rollout_offset + rollout_gpus
     asked = ("actor.gpus + rollout.gpus" if layout == "split"
              else "actor.num_workers (= rollout.num_workers x rollout.tensor_parallel_size)")
-    _need(G >= 1, "trainer.gpus_per_node", f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
+    check(G >= 1, "trainer.gpus_per_node", f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
           f"asked, 0 found (no GPU on this machine / cluster; trainer.device=cpu runs on CPU)", G)
-    _need(tp <= G and G % tp == 0, "rollout.tensor_parallel_size",
+    check(tp <= G and G % tp == 0, "rollout.tensor_parallel_size",
           f"must divide the GPUs of a node (gpus_per_node={G}) so no engine spans two nodes", tp)
-    _need(total <= N * G, asked, f"must fit in the cluster: {total} GPUs asked, {N * G} found "
+    check(total <= N * G, asked, f"must fit in the cluster: {total} GPUs asked, {N * G} found "
           f"({N} node(s) x {G} GPUs; trainer.nnodes / trainer.gpus_per_node or --nodes / --gpus-per-node)", total)
 
     def seat(g: int) -> tuple[int, int]:
@@ -127,7 +127,7 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     for e in range(engines):
         first = rollout_offset + e * tp
         nodes = {seat(first + s)[0] for s in range(tp)}
-        _need(len(nodes) == 1, "actor.gpus", f"must leave the engines' first GPU at a multiple of "
+        check(len(nodes) == 1, "actor.gpus", f"must leave the engines' first GPU at a multiple of "
               f"rollout.tensor_parallel_size={tp} so engine {e} stays on one node", actor_gpus)
         workers += [Placement("rollout", e, s, *seat(first + s)) for s in range(tp)]
     used = [0] * N
@@ -141,7 +141,7 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
                      f"to use them)")
     if shape.cpus_per_node is not None:
         need = max(len(b) for b in bundles) * cpus + math.ceil(verifiers / N) * vcpus
-        _need(need <= shape.cpus_per_node, "trainer.verifier_workers",
+        check(need <= shape.cpus_per_node, "trainer.verifier_workers",
               f"leave room on a node of {shape.cpus_per_node} CPUs: its bundles and verifier actors need {need}",
               vcpus)
     return Plan(layout, N, G, tp, bundles, workers + verifier_seats, vcpus, notes)
@@ -152,20 +152,15 @@ def gpu_counts(cfg, layout: str) -> tuple[int, int, int]:
     ranks, engines = int(cfg.actor.num_workers), int(cfg.rollout.num_workers)
     tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
     if layout == "colocated":
-        _need(engines * tp == ranks, "rollout.num_workers x rollout.tensor_parallel_size",
+        check(engines * tp == ranks, "rollout.num_workers x rollout.tensor_parallel_size",
               f"must equal actor.num_workers={ranks} in the colocated layout (one engine shard per actor GPU)",
               f"{engines} x {tp} = {engines * tp}")
         return ranks, ranks, 0
     actor_gpus, rollout_gpus = int(cfg.actor.gpus), int(cfg.rollout.gpus)
-    _need(ranks == actor_gpus, "actor.num_workers", f"must equal actor.gpus={actor_gpus} (one GPU per rank)", ranks)
-    _need(engines * tp == rollout_gpus, "rollout.num_workers x rollout.tensor_parallel_size",
+    check(ranks == actor_gpus, "actor.num_workers", f"must equal actor.gpus={actor_gpus} (one GPU per rank)", ranks)
+    check(engines * tp == rollout_gpus, "rollout.num_workers x rollout.tensor_parallel_size",
           f"must equal rollout.gpus={rollout_gpus}", f"{engines} x {tp} = {engines * tp}")
     return actor_gpus, rollout_gpus, actor_gpus
-
-
-def _need(cond: bool, key: str, msg: str, value) -> None:
-    if not cond:
-        raise ConfigError(f"config error: {key} {msg}, got {value}")
 
 
 # ----------------------------------------------------------------------------- memory
@@ -280,64 +275,12 @@ def detect_shape(address: str | None) -> ClusterShape:
     return ClusterShape(1, g, os.cpu_count())
 
 
-def plan_device(cfg) -> str:
-    """The device the plan is for: ``trainer.device``, with ``auto`` -> cuda when GPUs are planned."""
-    d = cfg.trainer.device
-    return d if d != "auto" else ("cuda" if (cfg.trainer.get("gpus_per_node") or 0) > 0 else "cpu")
+def decide_device(requested: str, gpus: int) -> str:
+    """What ``trainer.device=requested`` means with ``gpus`` GPUs: ``auto`` -> ``cuda`` if there are any, else ``cpu``.
 
-
-def main(argv: list[str] | None = None) -> int:
-    from bandpo.config import compose
-
-    ap = argparse.ArgumentParser(prog="python -m bandpo.distributed.plan", description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int)
-    ap.add_argument("--gpus-per-node", type=int)
-    ap.add_argument("--cpus-per-node", type=int, help="simulated nodes' CPUs (default: what the plan needs)")
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory for the estimate")
-    ap.add_argument("--check", action="store_true", help="place stand-ins on a simulated Ray cluster")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_intermixed_args(argv)  # overrides before and after the flags
-    try:
-        cfg = compose(args.overrides)
-        shape = shape_from_config(cfg)
-        if args.nodes or args.gpus_per_node:
-            shape = ClusterShape(args.nodes or 1, args.gpus_per_node if args.gpus_per_node is not None else 8)
-        if shape is None:
-            shape = detect_shape(cfg.trainer.get("ray_address"))
-        device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if shape.gpus_per_node else "cpu")
-        plan = make_plan(cfg, shape, device)
-    except ConfigError as e:
-        print(json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e, file=sys.stdout
-              if args.json else sys.stderr)
-        return 2
-    mem = memory_estimate(cfg, plan, args.gpu_gib)
-    if not args.check:
-        if args.json:
-            print(json.dumps({"workers": planned_json(plan), "ok": True, "layout": plan.layout, "memory": mem}))
-        else:
-            print(table(plan) + "\n" + memory_table(mem))
-        return 0
-    from bandpo.distributed.check import check_plan
-
-    stdout = sys.stdout
-    if args.json:
-        # Ray's own messages (raylet warnings, started processes) go to stderr: stdout is the JSON alone.
-        sys.stdout.flush()
-        stdout = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)
-    report = check_plan(plan, cpus_per_node=args.cpus_per_node)
-    if args.json:
-        print(json.dumps({**report, "layout": plan.layout, "memory": mem}), file=stdout, flush=True)
-    else:
-        print(table(plan) + "\n" + memory_table(mem))
-        for w in report["workers"]:
-            print(f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "
-                  f"gpus {w['gpus']}  CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}")
-        print("\n".join(f"FAIL: {e}" for e in report["errors"]) or "all invariants hold")
-        print(f"check took {report['seconds']:.1f} s")
-    return 0 if report["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    The one place ``auto`` is decided; each caller counts the GPUs its own way (the config's
+    ``trainer.gpus_per_node``, the cluster shape of a plan, the driver's visible CUDA devices).
+    """
+    if requested != "auto":
+        return requested
+    return "cuda" if gpus else "cpu"

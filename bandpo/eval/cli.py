@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bandpo.eval.targets import CACHE_CHOICES, EvalUsageError, Target, materialize, resolve_targets
+from bandpo.errors import EvalUsageError
+from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, resolve_targets
 
 log = logging.getLogger("bandpo.eval.evaluate")
 
@@ -45,6 +47,9 @@ def prepare(argv: Sequence[str]):
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """CLI entry: evaluate, print the table(s), write outputs. Returns the JSON payload (per step: a list)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # vLLM logs to stdout by default; keep stdout for the table (read before vLLM is imported).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         cfg, targets, datasets = prepare(argv)

@@ -18,19 +18,16 @@ numbers as flat ``eval/<dataset>/<metric>`` scalars.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bandpo.data.datasets import Example
 from bandpo.data.prompts import TEMPLATES, encode_examples
 from bandpo.eval.metrics import default_ks, summarize
-from bandpo.types import SamplingParams
+from bandpo.types import Example, SamplingParams
 
 log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m` too
 
@@ -274,22 +271,6 @@ def plot_pass_at_k(results: Mapping[str, Mapping[str, Any]], path: str | Path, t
     return Path(path)
 
 
-def resolve_checkpoint(checkpoint: str) -> str:
-    """The Hugging Face model folder inside ``checkpoint`` (itself, or an ``hf``/``huggingface`` subfolder),
-    or ``checkpoint`` unchanged when it is not a local path (a hub id)."""
-    path = Path(checkpoint)
-    if not path.exists():
-        if "/" in checkpoint and not checkpoint.startswith((".", "/")) and checkpoint.count("/") == 1:
-            return checkpoint  # a hub id
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    for candidate in (path, path / "hf", path / "huggingface"):
-        if (candidate / "config.json").is_file():
-            return str(candidate)
-    raise FileNotFoundError(
-        f"no Hugging Face model (config.json) in {path}, {path / 'hf'} or {path / 'huggingface'}"
-    )
-
-
 def default_out_dir(checkpoint: str) -> Path:
     """``<checkpoint>/eval`` for a local checkpoint, ``outputs/eval/<owner__name>`` for a hub id."""
     path = Path(checkpoint)
@@ -316,16 +297,6 @@ def load_cli_config(argv: Sequence[str]) -> EvalCLIConfig:
     out: EvalCLIConfig = OmegaConf.to_object(cfg)
     _validate(out.eval)
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    """CLI entry (see ``bandpo.eval.cli``): evaluate, print the table, write JSON / markdown / PNG."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # vLLM logs to stdout by default; keep stdout for the table (read before vLLM is imported).
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    from bandpo.eval.cli import main as cli_main
-
-    return cli_main(sys.argv[1:] if argv is None else argv)
 
 
 def _validate(cfg: EvalConfig) -> None:

@@ -22,15 +22,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bandpo.errors import EvalUsageError
 from bandpo.run.checkpoint import STEP_RE, CheckpointManager
 
 ACTOR_DIR, DS_TAG = "actor", "state"  # step_N/actor/state/*.pt, written by DeepSpeed (bandpo.actor.worker)
 HF_NAMES = ("", "hf", "huggingface")
 CACHE_CHOICES = ("beside", "temp")
-
-
-class EvalUsageError(ValueError):
-    """A mistake in the eval command's arguments; the message names it and what would be valid."""
 
 
 @dataclass

@@ -10,8 +10,9 @@ Modules: ``extract`` (answer strings), ``verify`` (``verify_one``, the in-proces
 grader), ``scheme`` (rewards and metrics), ``pool`` (``RewardScorer``, ``score_batch``).
 """
 
+from bandpo.errors import VerifierUnavailable
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
-from bandpo.reward.pool import RewardScorer, VerifierUnavailable, check_error_share, score_batch
+from bandpo.reward.pool import RewardScorer, check_error_share, score_batch
 from bandpo.reward.scheme import RewardScheme, Score, reward_metrics
 from bandpo.reward.verify import STATUSES, verify_one
 

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bandpo.distributed import WorkerFailure
+from bandpo.errors import VerifierFailure
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from bandpo.reward import RewardScheme, Score
 
 MAX_ACTOR_DEATHS = 3
-
-
-class VerifierFailure(WorkerFailure):
-    """A verifier actor kept dying or could not be (re)started."""
 
 
 class VerifierActor:
@@ -149,7 +145,7 @@ class RayScorer:
         from ray.exceptions import RayActorError
 
         from bandpo.reward.pool import check_score_inputs
-        from bandpo.rollout.worker import split_evenly
+        from bandpo.split import split_evenly
 
         n = check_score_inputs(self.scheme, responses, answers, response_lengths)
         if self.actors is None:

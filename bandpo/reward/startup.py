@@ -15,18 +15,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from bandpo.errors import VerifierUnavailable
 from bandpo.reward.verify import verify_one
 
 STARTUP_TIMEOUT_S = 120.0  # a fresh fork server imports sympy and math-verify (~2 s; slow shared nodes)
 DEFAULT_MEMORY_CAP_GIB = 4.0  # a worker uses ~0.1-0.5 GiB of address space (sympy, ANTLR, math-verify)
-
-
-class VerifierUnavailable(RuntimeError):
-    """The reward pool's workers cannot start or run: nothing can be graded.
-
-    An infrastructure fault, never a property of the responses; the message carries the
-    cause reported by the worker (its traceback, or how it exited).
-    """
 
 
 def init_worker(memory_cap_bytes: int | None = None, log_path: str | None = None) -> str:

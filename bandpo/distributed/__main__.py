@@ -1,0 +1,86 @@
+"""``python -m bandpo.distributed [--nodes N --gpus-per-node G] [--check] [--json] OVERRIDES...``
+
+Composes the training config from ``OVERRIDES`` and prints its placement plan (node, GPU,
+actor rank, engine/TP shard of every worker) and a per-GPU memory estimate, without loading a
+model. The cluster shape is ``--nodes`` x ``--gpus-per-node``, else ``trainer.nnodes`` x
+``trainer.gpus_per_node``, else the Ray cluster at ``trainer.ray_address`` / ``$RAY_ADDRESS``,
+else this machine. ``--check`` places stand-ins with the real workers' Ray options on a
+simulated cluster of that shape (``bandpo.distributed.check``). Exit codes: 0 fits (and with
+``--check`` every invariant holds), 1 an invariant failed, 2 a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from bandpo.config import compose
+from bandpo.distributed import plan as plan_module
+from bandpo.distributed.check import check_plan
+from bandpo.distributed.plan import (
+    ClusterShape,
+    decide_device,
+    detect_shape,
+    make_plan,
+    memory_estimate,
+    memory_table,
+    planned_json,
+    shape_from_config,
+    table,
+)
+from bandpo.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bandpo.distributed",
+                                 description=plan_module.__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int)
+    ap.add_argument("--gpus-per-node", type=int)
+    ap.add_argument("--cpus-per-node", type=int, help="simulated nodes' CPUs (default: what the plan needs)")
+    ap.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory for the estimate")
+    ap.add_argument("--check", action="store_true", help="place stand-ins on a simulated Ray cluster")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_intermixed_args(argv)  # overrides before and after the flags
+    try:
+        cfg = compose(args.overrides)
+        shape = shape_from_config(cfg)
+        if args.nodes or args.gpus_per_node:
+            shape = ClusterShape(args.nodes or 1, args.gpus_per_node if args.gpus_per_node is not None else 8)
+        if shape is None:
+            shape = detect_shape(cfg.trainer.get("ray_address"))
+        plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
+    except ConfigError as e:
+        print(json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e, file=sys.stdout
+              if args.json else sys.stderr)
+        return 2
+    mem = memory_estimate(cfg, plan, args.gpu_gib)
+    if not args.check:
+        if args.json:
+            print(json.dumps({"workers": planned_json(plan), "ok": True, "layout": plan.layout, "memory": mem}))
+        else:
+            print(table(plan) + "\n" + memory_table(mem))
+        return 0
+    stdout = sys.stdout
+    if args.json:
+        # Ray's own messages (raylet warnings, started processes) go to stderr: stdout is the JSON alone.
+        sys.stdout.flush()
+        stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    report = check_plan(plan, cpus_per_node=args.cpus_per_node)
+    if args.json:
+        print(json.dumps({**report, "layout": plan.layout, "memory": mem}), file=stdout, flush=True)
+    else:
+        print(table(plan) + "\n" + memory_table(mem))
+        for w in report["workers"]:
+            print(f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "
+                  f"gpus {w['gpus']}  CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}")
+        print("\n".join(f"FAIL: {e}" for e in report["errors"]) or "all invariants hold")
+        print(f"check took {report['seconds']:.1f} s")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The project's exception types, and the config check that raises ``ConfigError``.
+
+Kept free of imports so that any module (the light ``bandpo.algo`` / ``bandpo.reward`` included)
+can raise or catch them without pulling in the module that usually raises them.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config value is missing or invalid; the message names the key."""
+
+
+class WorkerFailure(RuntimeError):
+    """A worker process died or raised; the message names the worker group and the stage."""
+
+
+class VerifierUnavailable(RuntimeError):
+    """The reward pool's workers cannot start or run: nothing can be graded.
+
+    An infrastructure fault, never a property of the responses; the message carries the
+    cause reported by the worker (its traceback, or how it exited).
+    """
+
+
+class VerifierFailure(WorkerFailure):
+    """A verifier actor kept dying or could not be (re)started."""
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the plan's placement groups (names what is missing)."""
+
+
+class EvalUsageError(ValueError):
+    """A mistake in the eval command's arguments; the message names it and what would be valid."""
+
+
+def check(cond: bool, key: str, msg: str, shown: object) -> None:
+    """Raise ``ConfigError("config error: <key> <msg>, got <shown>")`` unless ``cond``.
+
+    ``shown`` goes into the message as ``str(shown)``: a caller that wants the value's repr
+    passes ``repr(value)``, so each call site keeps the exact message its users see.
+    """
+    if not cond:
+        raise ConfigError(f"config error: {key} {msg}, got {shown}")

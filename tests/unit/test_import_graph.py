@@ -1,0 +1,126 @@
+"""The import graph of bandpo/ (read from the source, nothing imported): no cycles, and the light
+packages stay off the Ray / engine side.
+
+Every ``import bandpo...`` and ``from bandpo... import ...`` counts, at module level and inside
+functions (a function-level import still ties the two modules together: moving one breaks the
+other). ``from bandpo.x import y`` is an edge to ``bandpo.x.y`` when that is a module, else to
+``bandpo.x``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "bandpo"
+
+# bandpo.algo and bandpo.reward import without Ray, vLLM or DeepSpeed (tests/test_imports.py):
+# they must not depend on the packages that start workers.
+LIGHT = ("bandpo.algo", "bandpo.reward")
+HEAVY = ("bandpo.trainer", "bandpo.actor", "bandpo.rollout", "bandpo.distributed")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> source file, for every module under bandpo/ (packages by their __init__)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The bandpo modules one module's source imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if _ours(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in modules else node.module)
+    return out
+
+
+def _ours(name: str) -> bool:
+    return name == "bandpo" or name.startswith("bandpo.")
+
+
+@functools.cache  # parsed once for all the tests here
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported(ast.parse(path.read_text(), str(path)), modules) - {name}
+            for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as ``[a, b, ..., a]``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt) and nxt in graph:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not: module -> the module that imports it."""
+    via, todo = {}, [start]
+    while todo:
+        m = todo.pop()
+        for n in graph.get(m, ()):
+            if n not in via and n != start:
+                via[n] = m
+                todo.append(n)
+    return via
+
+
+def _in(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_graph_sees_the_package():
+    graph = import_graph()
+    assert "bandpo.config" in graph and "bandpo.distributed.plan" in graph
+    assert "bandpo.errors" in graph["bandpo.config"]
+
+
+def test_find_cycle_reports_the_loop():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_light_packages_do_not_import_worker_packages():
+    graph = import_graph()
+    bad = []
+    for name in sorted(m for m in graph if _in(m, LIGHT)):
+        via = reachable(graph, name)
+        for target in sorted(t for t in via if _in(t, HEAVY)):
+            chain = [target]
+            while chain[-1] != name and chain[-1] in via:
+                chain.append(via[chain[-1]])
+            if chain[-1] != name:
+                chain.append(name)
+            bad.append(" -> ".join(reversed(chain)))
+    assert not bad, "light package imports a worker package:\n" + "\n".join(bad)
