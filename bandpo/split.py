@@ -1,7 +1,7 @@
 """Dividing ``n`` items among ``k`` workers as contiguous, near-equal ranges.
 
-Light (no imports), so the reward package can use it without depending on the rollout
-package; ``bandpo.rollout.worker`` still carries an identical copy for its engines.
+The rollout engines' prompts and the verifier actors' responses are both split this way.
+Light (no imports), so the reward package uses it without depending on the rollout package.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ for stage in (2, 3):
                   weight_decay=0.0)
     old, ent = actor.compute_logprobs(rb, with_entropy=True)
     batch = TrainBatch.from_rollout(rb, advantages=torch.ones(8), old_logprobs=old)
-    metrics = actor.update(batch, dict(BANDPO))
+    metrics = actor.update(batch, BANDPO)
     new, _ = actor.compute_logprobs(rb)
     weights = full_weights(actor)
     out[stage] = {

@@ -63,7 +63,7 @@ def test_consolidated_checkpoint_equals_hf_export(tiny_model_dir, tmp_path, zero
     from transformers import AutoModelForCausalLM
 
     actor = new_actor(tiny_model_dir, zero_stage=zero_stage, lr=1e-2)
-    actor.update(make_train_batch(actor, 8, seed=5), dict(BANDPO))  # weights now differ from the base model
+    actor.update(make_train_batch(actor, 8, seed=5), BANDPO)  # weights now differ from the base model
     run = tmp_path / "runs" / f"z{zero_stage}"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(f"model:\n  path: {tiny_model_dir}\n")
@@ -135,7 +135,7 @@ def test_eval_all_steps_of_a_run(tiny_model_dir, tmp_path, capsys):
     (run / "config.yaml").write_text(f"model:\n  path: {tiny_model_dir}\n")
     manager = CheckpointManager(run / "checkpoints")
     for step in (1, 2):
-        actor.update(make_train_batch(actor, 8, seed=step), dict(BANDPO))
+        actor.update(make_train_batch(actor, 8, seed=step), BANDPO)
         manager.save(step, lambda p: actor.save_checkpoint(str(p)), {"step": step})
     data = tmp_path / "tiny5.jsonl"
     data.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"

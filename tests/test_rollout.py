@@ -14,7 +14,6 @@ import torch
 
 from bandpo.rollout import make_engine, remove_shm, write_weights_shm
 from bandpo.rollout.base import available_engines, check_prompts, response_budget
-from bandpo.rollout.worker import split_evenly
 from bandpo.types import SamplingParams
 
 BIG = SamplingParams(n=32, temperature=1.0, max_tokens=48, seed=7)
@@ -74,12 +73,6 @@ def test_check_prompts_and_budget():
         check_prompts([[]], max_model_len=3)
     assert response_budget(prompt_len=10, max_tokens=100, max_model_len=16) == 6
     assert response_budget(prompt_len=2, max_tokens=5, max_model_len=16) == 5
-
-
-def test_split_evenly():
-    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
-    assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
-    assert split_evenly(0, 2) == [(0, 0), (0, 0)]
 
 
 def test_only_the_expected_reload_warnings_are_dropped():

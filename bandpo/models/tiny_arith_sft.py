@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bandpo.models.tiny_arith import BuildArgs
 
 # The DAPO prompt of the paper (DAPO's answer-line format); the rollout side must use the same text.
 DAPO_TEMPLATE = (
@@ -38,8 +34,10 @@ def _encode_pairs(tok, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
     return pairs
 
 
-def supervised_warm_start(model, tok, rows: list[dict], args: BuildArgs, log) -> float:
-    """AdamW on prompt -> solution pairs, loss on solution tokens only; returns the last loss."""
+def supervised_warm_start(model, tok, rows: list[dict], args, log) -> float:
+    """AdamW on prompt -> solution pairs, loss on solution tokens only; returns the last loss.
+
+    ``args`` is the build's ``bandpo.models.tiny_arith.BuildArgs`` (steps, batch size, lr, seed)."""
     import torch
 
     if args.sft_steps <= 0:

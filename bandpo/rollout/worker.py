@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from bandpo.rollout.base import make_engine
+from bandpo.split import split_evenly
 from bandpo.types import RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -132,19 +133,6 @@ def spawn_rollout_workers(
     if wait:
         ray.get([w.ready.remote() for w in workers])
     return workers
-
-
-def split_evenly(n_items: int, k: int) -> list[tuple[int, int]]:
-    """``k`` contiguous [start, end) ranges covering ``range(n_items)``, sizes differing by at most one."""
-    if k < 1:
-        raise ValueError(f"need at least one worker, got {k}")
-    base, extra = divmod(n_items, k)
-    out, start = [], 0
-    for j in range(k):
-        end = start + base + (j < extra)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def generate_on_workers(
