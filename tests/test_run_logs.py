@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bandpo.run import worker_logs as run_logs
+from bandpo.run import worker_logs
 
 
 def test_group_output_goes_to_the_groups_file(tmp_path):
@@ -15,14 +15,14 @@ def test_group_output_goes_to_the_groups_file(tmp_path):
     # starts its engine core), whose output must follow into the group's file.
     code = (
         "import subprocess, sys\n"
-        "from bandpo.run import worker_logs as run_logs\n"
-        "run_logs.redirect_worker_output()\n"
+        "from bandpo.run import worker_logs\n"
+        "worker_logs.redirect_worker_output()\n"
         "print('before-group', flush=True)\n"
-        "run_logs.redirect_group_output('rollout')\n"
+        "worker_logs.redirect_group_output('rollout')\n"
         "print('after-group', flush=True)\n"
         "subprocess.run([sys.executable, '-c', 'print(\"grandchild\")'], check=True)\n"
     )
-    env = {**os.environ, run_logs.LOG_ENV: str(tmp_path / "ray-workers.log")}
+    env = {**os.environ, worker_logs.LOG_ENV: str(tmp_path / "ray-workers.log")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout == proc.stderr == ""
     assert (tmp_path / "ray-workers.log").read_text() == "before-group\n"
@@ -30,12 +30,12 @@ def test_group_output_goes_to_the_groups_file(tmp_path):
 
 
 def test_group_output_is_a_no_op_outside_a_ray_worker(monkeypatch, capfd):
-    monkeypatch.delenv(run_logs.LOG_ENV, raising=False)
-    run_logs.redirect_group_output("actor")
+    monkeypatch.delenv(worker_logs.LOG_ENV, raising=False)
+    worker_logs.redirect_group_output("actor")
     print("still on the console")
     assert capfd.readouterr().out == "still on the console\n"
 
 
 def test_unknown_group_is_refused():
     with pytest.raises(ValueError, match="rollout"):
-        run_logs.redirect_group_output("learner")
+        worker_logs.redirect_group_output("learner")

@@ -88,7 +88,7 @@ def _tiny_arith(split: str, size: int, seed: int) -> list[dict]:
 
 GENERATED: dict[str, GeneratedSpec] = {
     "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048),
-    # 200 held-out problems: the same set as the warm-start check of recipes/tiny_arith/build_model.py.
+    # 200 held-out problems: the same set as the warm-start check of bandpo.models.tiny_arith.
     "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200),
 }
 

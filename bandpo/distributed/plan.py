@@ -101,7 +101,7 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     G, N = shape.gpus_per_node, shape.nodes
     verifiers = cfg.trainer.get("verifier_actors", 1)
     verifiers = N if verifiers == "per_node" else int(verifiers or 0)  # per_node: one on every node
-    # verifier_workers null: the pool takes its node's CPUs and the actor reserves one (distributed.verifier)
+    # verifier_workers null: the pool takes its node's CPUs and the actor reserves one (bandpo.reward.ray_scorer)
     vcpus = int(cfg.trainer.get("verifier_workers") or 1)
     verifier_seats = [Placement("verifier", i, 0, i % max(N, 1), None) for i in range(verifiers)]
     if layout == "cpu":

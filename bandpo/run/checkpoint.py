@@ -4,7 +4,7 @@ Layout of ``<output_dir>/checkpoints``::
 
     step_000010/              complete checkpoint (renamed into place only once written)
       actor/                  DeepSpeed state of every rank (model, optimizer, scheduler, RNG)
-      trainer_state.json      step, sampler position, driver RNG, metrics-log position
+      trainer_state.json      step, sampler position, skipped-step count (the trainer's ``save``)
     latest                    text file naming the newest complete step folder
     .tmp-step_000012-<pid>/   a write in progress; never picked up, removed on the next save
                               (or resume, or when the write fails)
