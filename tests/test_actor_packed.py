@@ -26,7 +26,7 @@ from bandpo.actor.packing import (
     unpack,
 )
 from bandpo.types import RolloutBatch, TrainBatch
-from tests.test_actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
+from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
 
 
 # ---------------------------------------------------------------- chunked head vs full logits

@@ -58,8 +58,9 @@ def test_consolidated_checkpoint_equals_hf_export(tiny_model_dir, tmp_path, zero
     identical arithmetic: the 1e-6 bound (logits are O(1)) would catch any weight off by one ulp-scale
     step in a shard boundary, and a wrong or missing shard would be off by O(0.01).
     """
-    from test_actor import BANDPO, make_rollout, make_train_batch, new_actor
     from transformers import AutoModelForCausalLM
+
+    from tests.helpers.actor import BANDPO, make_rollout, make_train_batch, new_actor
 
     actor = new_actor(tiny_model_dir, zero_stage=zero_stage, lr=1e-2)
     actor.update(make_train_batch(actor, 8, seed=5), dict(BANDPO))  # weights now differ from the base model
@@ -124,9 +125,8 @@ def test_cli_user_errors_exit_2_with_one_line(tmp_path):
 @pytest.mark.integration
 def test_eval_all_steps_of_a_run(tiny_model_dir, tmp_path, capsys):
     """Two training checkpoints of one run, evaluated with one vLLM engine (weights reloaded for step 2)."""
-    from test_actor import BANDPO, make_train_batch, new_actor
-
     from bandpo.eval.evaluate import main
+    from tests.helpers.actor import BANDPO, make_train_batch, new_actor
 
     actor = new_actor(tiny_model_dir, lr=1e-2)
     run = tmp_path / "runs" / "r"

@@ -11,7 +11,8 @@ import math
 
 import pytest
 import torch
-from run_train import check_outputs, check_updated_step, train
+
+from tests.helpers.run_train import check_outputs, check_updated_step, train
 
 
 @pytest.mark.integration
