@@ -15,7 +15,7 @@ import pytest
 
 from bandpo.reward import RewardScorer, VerifierUnavailable, check_error_share
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 from bandpo.reward import score_batch
 print(sorted({s.status for s in score_batch(["Answer: 3"] * 20, ["3"] * 20, num_workers=2%s)}))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]  # the repo root: tests.helpers imports from it
+ROOT = Path(__file__).resolve().parents[3]  # the repo root: tests.helpers imports from it
 
 CHECK = r"""
 import json, sys

@@ -14,7 +14,7 @@ import torch
 from bandpo.eval.targets import EvalUsageError, materialize, resolve_targets
 from bandpo.run.checkpoint import CheckpointManager
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fake_run(tmp_path: Path, steps=(4, 8, 12)) -> Path:

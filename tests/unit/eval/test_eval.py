@@ -284,7 +284,7 @@ def test_cli_config_errors_name_the_key(argv, match):
 
 def test_trainer_eval_group_is_accepted():
     """configs/eval/default.yaml, resolved inside the training config, must fit ``EvalConfig``."""
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[3] / "configs"
     if not (configs / "train.yaml").is_file():
         pytest.skip("no configs/train.yaml")
     from hydra import compose, initialize_config_dir

@@ -11,7 +11,7 @@ import pytest
 
 from bandpo.config import CONFIG_DIR, ConfigError, compose
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _options(group: str) -> list[str]:
