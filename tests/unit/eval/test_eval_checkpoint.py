@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,12 @@ def _cases(tmp_path: Path):
 
 
 def test_cli_user_errors_exit_2_with_one_line(tmp_path):
-    """Each case fails before any engine starts (~3 s each, mostly importing torch)."""
-    for argv, expected in _cases(tmp_path):
-        proc = _run_cli(*argv, cwd=tmp_path)
+    """Each case fails before any engine starts (~3 s each, mostly importing torch), so the cases'
+    processes run side by side."""
+    cases = _cases(tmp_path)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        procs = list(pool.map(lambda case: _run_cli(*case[0], cwd=tmp_path), cases))
+    for (argv, expected), proc in zip(cases, procs):
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, (argv, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr and len(err) == 1 and err[0].startswith("eval: error:"), (argv, err)
