@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.integration, pytest.mark.gpu]
 ROOT = Path(__file__).resolve().parents[3]  # the repo root: tests.helpers imports from it
 
 CHECK = r"""
