@@ -18,7 +18,7 @@ of G p + sum r.
 writes; the model gets it as the ``bandpo_layout`` keyword. Without it, transformers
 (masking_utils.find_packed_sequence_indices) and the packed attention read the row
 boundaries from the position ids restarting (unshared rows only); the forward must get
-``use_cache=False`` (checked against the padded forward in tests/test_actor_packed.py).
+``use_cache=False`` (checked against the padded forward in tests/unit/actor/test_actor_packed.py).
 
 The hidden state predicting response token j of row i sits at offset_i + p_i - 1 + j (for a
 shared prompt: token 0 is predicted by the prompt's last position, token j > 0 by the row's

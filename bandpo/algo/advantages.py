@@ -24,13 +24,13 @@ def group_advantages(
     """Advantages for rewards laid out as consecutive groups.
 
     Args:
-        rewards: [B*G] rewards; responses of one prompt are contiguous.
+        rewards: [N] rewards (N = B*G); responses of one prompt are contiguous.
         group_size: G, responses per prompt (>= 2: a group of one has no baseline).
         norm_std: divide by the group's unbiased std (+ eps).
         eps: added to the std.
 
     Returns:
-        ``(advantages [B*G], metrics)`` with the fraction of groups that carry no signal.
+        ``(advantages [N], metrics)`` with the fraction of groups that carry no signal.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-normalised advantages, got {group_size}")

@@ -26,7 +26,7 @@ How each divergence is computed
   does). The logit variable resolves both tails: p -> 0 (t ~ log p) and p -> 1
   (t ~ -log(1-p)), where lower has a (1-p) log(1-p) term that a grid in log p cannot
   follow. Outside [-40, 40] the tables are constant, which is exact to ~1e-17.
-  Measured error vs the mpmath reference (tests/test_band.py): < 1e-9 relative in float64.
+  Measured error vs the mpmath reference (tests/unit/algo/test_band.py): < 1e-9 relative in float64.
   Per call: a handful of elementwise ops and one gather, no Python loop over tokens and no
   host synchronisation.
 - a callable ``f`` (any convex f with f(1) = 0): vectorised bisection of (1) on each side

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
-TESTS = Path(__file__).resolve().parent
+pytestmark = [pytest.mark.integration, pytest.mark.gpu]
+ROOT = Path(__file__).resolve().parents[3]  # the repo root: tests.helpers imports from it
 
 CHECK = r"""
 import json, sys
 import torch
 sys.path.insert(0, sys.argv[2])
-from test_actor import BANDPO, full_weights, make_rollout, masked_mean_per_row, plain_hf_logprobs
+from tests.helpers.actor import BANDPO, full_weights, make_rollout, masked_mean_per_row, plain_hf_logprobs
 from bandpo.actor import Actor
 from bandpo.types import TrainBatch
 
@@ -52,7 +52,7 @@ print("RESULT " + json.dumps(out))
 
 def test_bf16_actor_on_cuda_updates_under_zero2_and_zero3(tiny_model_dir):
     env = {**os.environ, "DS_ACCELERATOR": "cuda"}
-    proc = subprocess.run([sys.executable, "-c", CHECK, tiny_model_dir, str(TESTS)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", CHECK, tiny_model_dir, str(ROOT)], capture_output=True,
                           text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])

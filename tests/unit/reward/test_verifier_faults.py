@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from bandpo.reward import RewardScorer, VerifierUnavailable, check_error_share
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 from bandpo.reward import score_batch
 print(sorted({s.status for s in score_batch(["Answer: 3"] * 20, ["3"] * 20, num_workers=2%s)}))
@@ -93,9 +94,11 @@ def test_a_response_that_allocates_stays_under_the_workers_cap():
     # Uncapped, grading the response peaks at ~410 MiB of RSS (409 MiB measured here, twice):
     # above the cap, so it does try. Under the cap the allocation fails inside the grader: the
     # item is still graded and the process, by the kernel's RLIMIT_AS, never passes 256 MiB.
-    status, peak = _python(["-c", GRADE_WITH_PEAK, "0", POWER_RESPONSE]).stdout.split()
+    # Both gradings run side by side (separate processes: each peak is its own).
+    with ThreadPoolExecutor(2) as pool:
+        uncapped, out = pool.map(lambda cap: _python(["-c", GRADE_WITH_PEAK, str(cap), POWER_RESPONSE]), (0, CAP))
+    status, peak = uncapped.stdout.split()
     assert int(peak) > CAP >> 20, peak
-    out = _python(["-c", GRADE_WITH_PEAK, str(CAP), POWER_RESPONSE])
     assert out.returncode == 0, out.stderr[-2000:]
     status, peak = out.stdout.split()
     assert status in ("incorrect", "error") and int(peak) < CAP >> 20, out.stdout

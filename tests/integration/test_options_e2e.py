@@ -12,7 +12,8 @@ import json
 import math
 
 import pytest
-from run_train import check_updated_step, train
+
+from tests.helpers.run_train import check_updated_step, train
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 from bandpo.run.checkpoint import CheckpointManager
 from bandpo.tools.fault_test.process import Session
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 SMALL = ["model.build=null", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16",

@@ -6,11 +6,18 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_actor import BANDPO, assert_same_adam_weights, full_weights, make_rollout, max_diff, new_actor
 
 from bandpo.actor import ActorGroup
 from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.types import TrainBatch
+from tests.helpers.actor import (
+    BANDPO,
+    assert_same_adam_weights,
+    full_weights,
+    make_rollout,
+    max_diff,
+    new_actor,
+)
 
 pytestmark = pytest.mark.integration
 COMPARED_METRICS = ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "grad_norm", "num_tokens", "lr",

@@ -30,7 +30,8 @@ import json
 from pathlib import Path
 
 import pytest
-from run_train import check_outputs, check_updated_step, train
+
+from tests.helpers.run_train import check_outputs, check_updated_step, train
 
 pytestmark = pytest.mark.integration
 

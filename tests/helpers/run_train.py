@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The e2e runs test the loop's mechanics on the tiny recipe's short warm start (500 SFT steps,
 # ~20% held-out accuracy, ~1 min to build): test_learning's thresholds were measured on it,
 # and its build is the cheaper one for CI. The recipe's default (configs/model/tiny.yaml)

@@ -12,7 +12,7 @@ import pytest
 from bandpo.config import CONFIG_DIR, compose
 from bandpo.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _options(group: str) -> list[str]:

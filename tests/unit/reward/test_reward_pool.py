@@ -9,9 +9,9 @@ import time
 
 import psutil
 import pytest
-from test_reward import CASES
 
 from bandpo.reward import RewardScheme, RewardScorer, score_batch, verify_one
+from tests.unit.reward.test_reward import CASES
 
 pytestmark = pytest.mark.timeout(120)
 

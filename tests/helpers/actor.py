@@ -1,0 +1,104 @@
+"""Helpers shared by the actor tests (unit and DeepSpeed ones), the eval-checkpoint, node-sync and GPU tests."""
+
+from __future__ import annotations
+
+import torch
+
+from bandpo.actor import Actor
+from bandpo.algo.losses import LossOptions
+from bandpo.types import RolloutBatch, TrainBatch
+
+BANDPO = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
+
+
+def make_rollout(n: int, seed: int, *, max_prompt: int = 8, max_response: int = 12) -> RolloutBatch:
+    """Random prompts/responses of random lengths (ids from the tiny tokenizer's range), pad id 0."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(lo, hi):
+        return torch.randint(
+            3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
+        ).tolist()
+
+    prompts = [ids(1, max_prompt) for _ in range(n)]
+    responses = [ids(1, max_response) for _ in range(n)]
+    return RolloutBatch.from_lists(
+        prompts, responses, [[0.0] * len(r) for r in responses], list(range(n)), ["stop"] * n, pad_id=0
+    )
+
+
+def make_train_batch(actor: Actor, n: int, seed: int, *, noise: float = 0.3, advantages=None) -> TrainBatch:
+    """A batch whose old logprobs are the actor's own, shifted by noise so that some ratios clip."""
+    rb = make_rollout(n, seed)
+    old, _ = actor.compute_logprobs(rb)
+    g = torch.Generator().manual_seed(seed + 1)
+    old = (old + noise * torch.randn(old.shape, generator=g)).clamp(max=-1e-3) * rb.response_mask
+    adv = torch.randn(n, generator=g) if advantages is None else advantages
+    return TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old, rewards=adv.sign())
+
+
+def full_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    return {name: t for bucket in actor.named_weights() for name, t in bucket}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# Bounds for comparing the weights of two runs that did the same AdamW steps in a different
+# fp32 summation order (micro-batching, ZeRO stage, ranks). A gradient entry is a sum of K
+# per-token terms (here K <~ 16 rows x 12 tokens x 2 micro-batches ~ 400); reordering the sum
+# moves it by about K * eps_fp32 * max|term| (eps_fp32 = 1.2e-7): ~5e-5 of the terms' size.
+# AdamW's update is lr * m_hat / (sqrt(v_hat) + 1e-8), invariant to the gradient's scale, so:
+# - an entry whose gradient is well above that noise moves by the same amount up to a relative
+#   ~1e-4: far below DRIFT_OF_LR * lr;
+# - an entry whose gradient is within the noise of zero (a handful of weights that almost no
+#   token touches, or where terms cancel) can get any update in [-lr, lr] per step, so the
+#   difference is bounded only by 2 * lr per optimizer step (a sign flip).
+# Hence two checks: every entry within 2 * lr * steps (the hard bound), and at most
+# MAX_DRIFTED_FRACTION of the entries beyond DRIFT_OF_LR * lr. A real bug (ranks not
+# averaging, a rank's rows dropped or weighted differently, a wrong micro-batch split) changes
+# the direction of the gradient and moves most entries by O(lr): it fails the second check.
+# A wrongly *scaled* gradient (sum instead of mean) leaves Adam's update unchanged; the tests
+# compare the pre-clip grad norm for that.
+DRIFT_OF_LR = 0.01
+MAX_DRIFTED_FRACTION = 0.01
+
+
+def assert_same_adam_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float, steps: int) -> None:
+    """``a`` and ``b`` are the same AdamW trajectory up to fp32 summation order (bounds above)."""
+    assert a.keys() == b.keys()
+    diffs = torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
+    assert float(diffs.max()) <= 2 * lr * steps, (float(diffs.max()), 2 * lr * steps)
+    drifted = float((diffs > DRIFT_OF_LR * lr).float().mean())
+    assert drifted <= MAX_DRIFTED_FRACTION, (drifted, float(diffs.max()))
+
+
+def masked_mean_per_row(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [N]
+    return (x * mask).sum(-1) / mask.sum(-1)
+
+
+def new_actor(model_dir, **kw) -> Actor:
+    """Adam's first steps map a gradient g to about lr * g / (|g| + 1e-8): for entries with |g| near
+    1e-8, fp32 summation-order noise (~1e-10) moves the update by ~1% of lr. Equivalence tests
+    therefore use lr = 1e-4 (weights agree to ~1e-6) and also compare the pre-clip grad norm,
+    which, unlike Adam's update, would expose a wrongly scaled loss."""
+    kw = {"mini_batch_size": 8, "micro_batch_size": 2, "lr": 1e-4, "weight_decay": 0.0, **kw}
+    return Actor(model_dir, **kw)
+
+
+def plain_hf_logprobs(model_dir: str, rb: RolloutBatch) -> torch.Tensor:
+    """One unpadded row at a time through a plain transformers model: [N, R], 0 at padding."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = torch.zeros(rb.response_ids.shape)
+    prompts, responses, _ = rb.to_lists()
+    with torch.no_grad():
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids = torch.tensor([p + r])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)  # predicts ids[1:]
+            picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+            out[i, : len(r)] = picked[-len(r) :]
+    return out

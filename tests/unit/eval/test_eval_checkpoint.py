@@ -1,0 +1,87 @@
+"""Evaluating training checkpoints: target resolution, DeepSpeed consolidation == hf/ export, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bandpo.errors import EvalUsageError
+from bandpo.eval.targets import materialize, resolve_targets
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def fake_run(tmp_path: Path, steps=(4, 8, 12)) -> Path:
+    """A run folder layout (no weights): checkpoints/step_N/{actor/state, trainer_state.json}, latest."""
+    run = tmp_path / "runs" / "r"
+    for s in steps:
+        d = run / "checkpoints" / f"step_{s:06d}"
+        (d / "actor" / "state").mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"step": s}))
+    (run / "checkpoints" / "latest").write_text(f"step_{steps[-1]:06d}")
+    return run
+
+
+def test_resolve_targets_forms(tmp_path):
+    run = fake_run(tmp_path)
+    ck = run / "checkpoints"
+    assert [t.step for t in resolve_targets(str(run))] == [12]  # latest
+    assert [t.step for t in resolve_targets(str(run), step=8)] == [8]
+    assert [t.step for t in resolve_targets(str(run), steps="all")] == [4, 8, 12]
+    assert [t.step for t in resolve_targets(str(run), steps=[12, 4])] == [4, 12]
+    (t,) = resolve_targets(str(ck / "step_8"))  # typed without the zero padding
+    assert t.step_dir == ck / "step_000008" and t.run_dir == run
+    (hub,) = resolve_targets("Qwen/Qwen2.5-3B-Instruct")
+    assert hub.hf_path == "Qwen/Qwen2.5-3B-Instruct"
+    (ck / "step_000008" / "hf").mkdir()  # a cached consolidation is reused as is
+    (ck / "step_000008" / "hf" / "config.json").write_text("{}")
+    assert materialize(t, base_model=None, cache="beside", temp_root=None) == str(ck / "step_000008" / "hf")
+    for kwargs, match in [({"step": 5}, "kept steps: 4, 8, 12"), ({"steps": "some"}, "expected 'all'"),
+                          ({"steps": [3]}, r"no checkpoint for \[3\]")]:
+        with pytest.raises(EvalUsageError, match=match):
+            resolve_targets(str(run), **kwargs)
+    with pytest.raises(EvalUsageError, match="need a run folder"):
+        resolve_targets(str(ck / "step_4"), step=4)
+
+
+# ---------------------------------------------------------------- CLI errors: exit 2, one line, no traceback
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "bandpo.eval", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _cases(tmp_path: Path):
+    run = fake_run(tmp_path)
+    (tmp_path / "empty").mkdir()
+    hf = tmp_path / "model"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    return [
+        (["checkpoint=runs/nope", "eval.datasets=[amc23]"], "checkpoint not found: runs/nope"),
+        ([f"checkpoint={tmp_path / 'empty'}"], "neither Hugging Face weights"),
+        ([f"checkpoint={hf}", "eval.datasets=[no_such_set]"], "unknown dataset 'no_such_set'"),
+        ([f"checkpoint={hf}", "eval.nope=1"], "bad override"),
+        ([f"checkpoint={run}", "step=5"], "kept steps: 4, 8, 12"),
+        ([f"checkpoint={run / 'checkpoints' / 'step_9'}"], "kept steps there: 4, 8, 12"),
+    ]
+
+
+def test_cli_user_errors_exit_2_with_one_line(tmp_path):
+    """Each case fails before any engine starts (~3 s each, mostly importing torch), so the cases'
+    processes run side by side."""
+    cases = _cases(tmp_path)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        procs = list(pool.map(lambda case: _run_cli(*case[0], cwd=tmp_path), cases))
+    for (argv, expected), proc in zip(cases, procs):
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (argv, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr and len(err) == 1 and err[0].startswith("eval: error:"), (argv, err)
+        assert expected in err[0], (argv, err)
