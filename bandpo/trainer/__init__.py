@@ -1,1 +1,1 @@
-"""The training loop (``loop``) and what it starts and stops (``startup``)."""
+"""The training loop (``loop``), what it starts (``startup``), its stages 1-3 (``dynamic_sampling``) and metrics."""
