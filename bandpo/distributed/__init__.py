@@ -1,9 +1,10 @@
-"""Ray placement and failure reporting for the trainer's workers.
+"""Ray for the trainer's workers: start-up (``init_ray``), the driver's device, failure reporting (``stage``).
 
-One node with n GPUs: the actor ranks and the vLLM engines share the GPUs (colocated,
-vLLM sleeps during the update) unless the config splits them. A multi-node cluster is
-joined through ``RAY_ADDRESS`` (or ``trainer.ray_address``). On CPU everything runs in one
-local Ray instance.
+Where the workers go is ``plan`` (the placement plan, pure Python), ``placement`` (the plan as
+Ray placement groups and options) and ``check`` (the plan on a simulated cluster). One node with
+n GPUs: the actor ranks and the vLLM engines share the GPUs (colocated, vLLM sleeps during the
+update) unless the config splits them. A multi-node cluster is joined through ``RAY_ADDRESS``
+(or ``trainer.ray_address``). On CPU everything runs in one local Ray instance.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class RolloutWorker:
         return self.node_id(), write_file_bytes(ray.get(blob[0]), path)
 
     def weight_transfer(self, op: str, payload: Any = None) -> None:
-        """vLLM's own weight-transfer API (GPU NCCL / IPC backends); see ``VllmWeightSyncClient``."""
+        """vLLM's own weight-transfer API (GPU NCCL / IPC backends); see ``bandpo.weight_sync.vllm_transfer``."""
         self.engine.weight_transfer(op, payload)
 
     def sleep(self) -> None:
@@ -165,32 +165,3 @@ def sync_workers_from_shm(workers: list[ActorHandle], path: str, metas: list[Ten
     import ray
 
     ray.get([w.update_weights_from_shm.remote(path, metas) for w in workers])
-
-
-class VllmWeightSyncClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over our rollout actors.
-
-    Lets a trainer drive vLLM's own transfer engines (e.g. ``NCCLTrainerWeightTransferEngine``
-    for rollout GPUs separate from the trainer's) against ``RolloutWorker`` actors whose
-    engines were built with ``weight_transfer_config={"backend": "nccl"}``.
-    """
-
-    def __init__(self, workers: list[ActorHandle]) -> None:
-        self.workers = workers
-
-    def _all(self, op: str, payload: Any = None) -> None:
-        import ray
-
-        ray.get([w.weight_transfer.remote(op, payload) for w in self.workers])
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._all("init", init_info)
-
-    def start_weight_update(self) -> None:
-        self._all("start")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._all("update", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("finish", weight_version)

@@ -121,19 +121,24 @@ def test_missing_model_path_names_the_key():
         compose(["model.path=/nonexistent/model", "model.build=null"])
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("algorithm=foo", "algorithm"),
-    ("algorithm.band.delta=-1", "algorithm.band.delta"),
-    ("rollout.n=1", "rollout.n"),
-    ("model.path=/nonexistent/model", "model.path"),
-])
-def test_train_sh_fails_fast_on_bad_override(override, needle):
-    """The real entry point: exit 2 with a message naming the key, before any worker starts.
+def test_train_sh_fails_fast_on_bad_override():
+    """The real entry point: exit 2 with a message naming the key, before any worker starts. The cases'
+    processes (mostly importing torch) run side by side.
 
     (Its time, ~3 s on an idle 2-core machine, is measured by hand: no timed assertions here.)
     """
-    extra = ["model.build=null"] if "model.path" in override else []
-    out = subprocess.run([sys.executable, "-m", "bandpo.train", override, *extra], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.returncode == 2, out.stderr
-    assert needle in out.stderr
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [("algorithm=foo", "algorithm"), ("algorithm.band.delta=-1", "algorithm.band.delta"),
+             ("rollout.n=1", "rollout.n"), ("model.path=/nonexistent/model", "model.path")]
+
+    def run(override):
+        extra = ["model.build=null"] if "model.path" in override else []
+        return subprocess.run([sys.executable, "-m", "bandpo.train", override, *extra], capture_output=True,
+                              text=True, cwd=ROOT, timeout=120)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        outs = list(pool.map(run, [o for o, _ in cases]))
+    for (override, needle), out in zip(cases, outs):
+        assert out.returncode == 2, (override, out.stderr)
+        assert needle in out.stderr, (override, out.stderr)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,14 +73,23 @@ def _cases(tmp_path: Path):
     ]
 
 
-def test_cli_user_errors_exit_2_with_one_line(tmp_path):
-    """Each case fails before any engine starts (~3 s each, mostly importing torch), so the cases'
-    processes run side by side."""
+def test_cli_user_errors_exit_2_with_one_line(tmp_path, monkeypatch, capsys):
+    """Each case fails before any engine starts: exit 2 and one line on stderr. The cases run the CLI's
+    ``main`` in this process; one also runs as the real command (``python -m bandpo.eval``), so the
+    entry point's wiring and the absence of a traceback are checked end to end."""
+    from bandpo.eval.cli import main
+
     cases = _cases(tmp_path)
-    with ThreadPoolExecutor(len(cases)) as pool:
-        procs = list(pool.map(lambda case: _run_cli(*case[0], cwd=tmp_path), cases))
-    for (argv, expected), proc in zip(cases, procs):
-        err = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2, (argv, proc.stderr[-2000:])
-        assert "Traceback" not in proc.stderr and len(err) == 1 and err[0].startswith("eval: error:"), (argv, err)
-        assert expected in err[0], (argv, err)
+    monkeypatch.chdir(tmp_path)  # "runs/nope" is relative to the working directory
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2, (argv, err)
+        assert len(err) == 1 and err[0].startswith("eval: error:") and expected in err[0], (argv, err)
+    argv, expected = cases[0]
+    proc = _run_cli(*argv, cwd=tmp_path)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (argv, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and len(err) == 1 and err[0].startswith("eval: error:"), (argv, err)
+    assert expected in err[0], (argv, err)

@@ -158,28 +158,6 @@ def test_identical_hangs_cost_one_timeout():
     assert elapsed < timeout + 2.0
 
 
-def test_worker_killed_mid_batch_is_replaced_and_its_item_retried():
-    # Either worker may be the one killed: the one stuck on the tower or one grading the
-    # slow items. Both ways every item keeps its grade and the batch completes.
-    timeout = 2.0
-    responses, golds = _slow_items(80)
-    responses[33] = HANG
-    baseline = _descendants()
-    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
-        scorer.score(["Answer: 1"], ["1"])
-        result = {}
-        thread = threading.Thread(target=lambda: result.update(scores=scorer.score(responses, golds)))
-        thread.start()
-        killed = _kill_busy_worker(baseline)
-        thread.join(timeout=30)
-        assert not thread.is_alive()
-        assert not psutil.pid_exists(killed) or psutil.Process(killed).status() == psutil.STATUS_ZOMBIE
-        scores = result["scores"]
-        # A killed run does not count against its item: it is rerun.
-        assert [s.status for s in scores] == ["timeout" if i == 33 else "correct" for i in range(80)]
-        assert all(s.status == "correct" for s in scorer.score(*_normal_items(20)))
-
-
 def test_item_whose_worker_dies_twice_is_an_error():
     baseline = _descendants()
     with RewardScorer(num_workers=2, timeout=20.0) as scorer:
@@ -217,23 +195,6 @@ def test_batch_survives_all_workers_being_killed_repeatedly():
         assert all(s.correct for s in scorer.score(*_normal_items(10)))
 
 
-def test_wedged_pool_is_replaced(monkeypatch):
-    # Stopped (SIGSTOP) workers never pick up a task, so no per-task timeout ever starts:
-    # only the watchdog notices that nothing completes.
-    from bandpo.reward import pool
-
-    monkeypatch.setattr(pool, "STALL_GRACE_S", 1.0)
-    baseline = _descendants()
-    with RewardScorer(num_workers=2, timeout=1.0) as scorer:
-        scorer.score(["Answer: 1"], ["1"])
-        for p in _workers(baseline):
-            p.suspend()
-        start = time.monotonic()
-        scores = scorer.score(*_normal_items(10))
-        assert [s.status for s in scores] == ["correct"] * 10
-        assert time.monotonic() - start < 20
-
-
 def test_pool_recovers_when_all_workers_die_between_batches():
     baseline = _descendants()
     with RewardScorer(num_workers=2, timeout=5.0) as scorer:
@@ -241,25 +202,6 @@ def test_pool_recovers_when_all_workers_die_between_batches():
         _kill_all(_workers(baseline))
         time.sleep(0.5)
         assert all(s.correct for s in scorer.score(*_normal_items(10)))
-
-
-def test_hang_inside_a_chunk_is_isolated(monkeypatch):
-    from bandpo.reward import pool
-
-    monkeypatch.setattr(pool, "_is_simple", lambda answer: True)  # trust even the tower
-    timeout = 1.5
-    responses, golds = _normal_items(10)
-    golds = ["5"] * 10
-    responses = [f"Answer: {5 if i % 2 else 6}" for i in range(10)]
-    responses[4] = HANG
-    with RewardScorer(num_workers=2, timeout=timeout) as scorer:
-        scorer.score(["Answer: 1"], ["1"])
-        start = time.monotonic()
-        scores = scorer.score(responses, golds)
-        elapsed = time.monotonic() - start
-    expected = ["timeout" if i == 4 else ("correct" if i % 2 else "incorrect") for i in range(10)]
-    assert [s.status for s in scores] == expected
-    assert elapsed < 2 * timeout + 2.0  # the chunk's timeout, then the item's own
 
 
 def test_invalid_inputs_and_argument_errors(scorers):
