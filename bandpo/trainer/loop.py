@@ -49,7 +49,8 @@ from pathlib import Path
 from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.config import loss_options
-from bandpo.distributed import WorkerFailure, init_ray, resolve_device, stage
+from bandpo.distributed import init_ray, resolve_device, stage
+from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
 from bandpo.run import shm
 from bandpo.run.checkpoint import CheckpointManager
