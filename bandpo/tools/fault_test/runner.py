@@ -17,7 +17,7 @@ from bandpo.tools.fault_test import checks
 from bandpo.tools.fault_test.process import Session
 from bandpo.weight_sync.shm import SHM_PREFIX
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (bandpo/tools/fault_test/runner.py)
 TRAIN = ["bash", "scripts/train.sh"]
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|", re.MULTILINE)  # MetricsLogger's console line
 RESUMED = re.compile(r"\[bandpo\] resumed from (\S+) at step (\d+)")

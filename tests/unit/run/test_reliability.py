@@ -266,3 +266,10 @@ def test_fault_test_refuses_overrides_it_owns(tmp_path):
 
     assert main(["--out", str(tmp_path), "trainer.output_dir=/x"]) == 2
     assert main(["--out", str(tmp_path), "--kills", "0"]) == 2
+
+
+def test_fault_test_runs_the_repository_train_script():
+    # The harness lives three folders down (bandpo/tools/fault_test/); it drives scripts/train.sh from the root.
+    from bandpo.tools.fault_test import runner
+
+    assert (runner.ROOT / runner.TRAIN[1]).is_file() and (runner.ROOT / "pyproject.toml").is_file()
