@@ -85,6 +85,13 @@ def _dotted_keys(node, prefix: str = "") -> set[str]:
     return out
 
 
+def to_plain(node):
+    """An OmegaConf node as plain Python containers (interpolations resolved); other values unchanged."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
 def _get(cfg, key: str) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue

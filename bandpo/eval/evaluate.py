@@ -217,9 +217,10 @@ def to_eval_config(cfg: Any) -> EvalConfig:
         return cfg
     from omegaconf import OmegaConf
 
-    if OmegaConf.is_config(cfg):
-        # Resolve against its own root first: the trainer's eval node points at ${rollout.max_tokens}.
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+    from bandpo.config import to_plain
+
+    # Resolve against its own root first: the trainer's eval node points at ${rollout.max_tokens}.
+    cfg = to_plain(cfg)
     merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg)
     return OmegaConf.to_object(merged)
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
-from bandpo.config import loss_options
+from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, resolve_device, stage
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
@@ -67,7 +67,6 @@ from bandpo.trainer.startup import (
     report_startup,
     reward_scheme,
     start_workers,
-    to_plain,
 )
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
 from bandpo.types import TrainBatch

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bandpo.config import to_plain
 from bandpo.run import shm
 
 
@@ -37,12 +38,9 @@ def ensure_model(model_cfg) -> str:
     """
     import dataclasses
 
-    from omegaconf import OmegaConf
-
     path = os.path.expanduser(str(model_cfg.path))
     build = model_cfg.get("build")
-    build_args = model_cfg.get("build_args") or {}
-    build_args = OmegaConf.to_container(build_args, resolve=True) if OmegaConf.is_config(build_args) else dict(build_args)
+    build_args = dict(to_plain(model_cfg.get("build_args") or {}))
     if build:  # the recipe's build is cached: it returns at once when the folder is current
         if build != "tiny_arith":
             raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
@@ -62,13 +60,6 @@ def clean_shm(run_dir: Path) -> set[str]:
     if removed:
         print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
     return shm.snapshot()
-
-
-def to_plain(node):
-    """An OmegaConf node as plain Python containers (interpolations resolved); other values unchanged."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
 
 
 def load_training_prompts(cfg, tokenizer):
