@@ -31,6 +31,18 @@ class PlacementError(RuntimeError):
     """The cluster cannot hold the plan's placement groups (names what is missing)."""
 
 
+class InputError(ValueError):
+    """A start-up input (a data file or row, a dataset, a model) cannot be read.
+
+    The message names the input, the config key that chose it and the problem; the train and
+    eval entry points print it as one line and exit 2.
+    """
+
+
+class HubUnreachable(InputError):
+    """A dataset or model given by hub id is neither on a reachable Hub nor in the local cache."""
+
+
 class EvalUsageError(ValueError):
     """A mistake in the eval command's arguments; the message names it and what would be valid."""
 

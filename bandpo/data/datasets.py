@@ -7,6 +7,10 @@ Named sets (``REGISTRY``) carry their hub id, split and field mapping; synthetic
 (``GENERATED``, e.g. ``tiny_arith``) are built in-process. ``load_examples`` also takes a
 local file path, or any other hub id with explicit ``problem_key``/``answer_key``. Keys may
 be dotted paths into nested rows (``reward_model.ground_truth``, ``prompt.0.content``).
+
+Input that cannot be read (a missing file, a broken line, an unknown name or key, a hub set that
+is neither reachable nor cached) raises ``InputError`` naming the file, row or hub id; the
+config-level loaders (``load_source`` callers, ``load_eval_sets``) add the config key.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.data.prompts import strip_instruction
+from bandpo.errors import InputError
 from bandpo.types import Example
 
 log = logging.getLogger(__name__)
@@ -123,13 +128,14 @@ def load_examples(
     the given keys (default "problem"/"answer") and split (default "train").
     Keyword arguments override the registered field mapping and split. ``limit`` keeps
     the first ``limit`` examples after skipping bad rows.
-    Raises ``ValueError`` for an unknown name (listing the valid ones) or for ``size``/``seed``
-    given to a set that is not generated, and ``FileNotFoundError`` for a missing local file.
+    Raises ``InputError`` for an unknown name (listing the valid ones), for ``size``/``seed``
+    given to a set that is not generated, for a missing or malformed local file, and
+    (``HubUnreachable``) for a hub set that is neither reachable nor in the local cache.
     """
     keys = {"problem_key": problem_key, "answer_key": answer_key, "id_key": id_key}
     overrides = {k: v for k, v in keys.items() if v is not None}
     if (size is not None or seed is not None) and name_or_path not in GENERATED:
-        raise ValueError(
+        raise InputError(
             f"dataset {name_or_path!r}: size/seed apply only to generated sets ({', '.join(GENERATED)})"
         )
     if is_local_path(name_or_path):
@@ -165,25 +171,46 @@ SOURCE_KEYS = ("name", "path", "problem_key", "answer_key", "id_key", "split", "
 def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example]:
     """Load one entry of a data config's source list.
 
-    ``entry`` is a name / hub id / path string, or a mapping with ``name`` or ``path`` plus
+    ``entry`` is a name / hub id / path string, or a mapping with ``name`` and/or ``path`` plus
     any of ``problem_key``, ``answer_key``, ``id_key``, ``split``, ``limit``, ``size``, ``seed``
     (e.g. ``{name: tiny_arith, split: train, size: 4096}``, ``{path: /d/train.jsonl, problem_key: q}``).
-    ``defaults`` fill keys the entry does not set. Unknown keys raise ``ValueError`` naming them.
+    ``name`` and ``path`` together read a local copy of a hub set (``{name: dapo17k, path:
+    /d/dapo.jsonl}``, e.g. saved with ``Dataset.to_json`` where the Hub is reachable): with a
+    registered name's field mapping, level filter and dedup, so it gives what the hub would
+    (an unregistered hub id: the entry's keys, default problem/answer).
+    ``defaults`` fill keys the entry does not set. Unknown keys raise ``InputError`` naming them.
     """
     if isinstance(entry, str):
         return load_examples(entry, **defaults)
-    entry = dict(entry)
+    entry = {k: v for k, v in dict(entry).items() if v is not None}
     unknown = sorted(set(entry) - set(SOURCE_KEYS))
     if unknown:
-        raise ValueError(f"data source {entry}: unknown key(s) {unknown}; valid keys: {list(SOURCE_KEYS)}")
-    if ("name" in entry) == ("path" in entry):
-        raise ValueError(f"data source {entry}: give exactly one of 'name' or 'path'")
+        raise InputError(f"data source {entry}: unknown key(s) {unknown}; valid keys: {list(SOURCE_KEYS)}")
+    if "name" not in entry and "path" not in entry:
+        raise InputError(f"data source {entry}: give 'name', 'path' or both (a local copy of a registered set)")
+    if "name" in entry and "path" in entry:
+        return _load_local_copy(str(entry.pop("name")), str(entry.pop("path")), {**defaults, **entry})
     target = str(entry.pop("name", None) or entry.pop("path"))
-    return load_examples(target, **{**defaults, **{k: v for k, v in entry.items() if v is not None}})
+    return load_examples(target, **{**defaults, **entry})
+
+
+def _load_local_copy(name: str, path: str, options: dict[str, Any]) -> list[Example]:
+    """``path`` read as the hub set ``name`` (a registered name's mapping; ``options`` override the keys)."""
+    if name in GENERATED:
+        raise InputError(f"data source {{name: {name}, path: {path}}}: {name} is generated, not read from a file")
+    misplaced = sorted(set(options) & {"split", "size", "seed"})
+    if misplaced:
+        raise InputError(f"data source {{name: {name}, path: {path}}}: {misplaced} do not apply to a local file")
+    spec, limit = _resolve_spec(name), options.pop("limit", None)
+    mapping = {"problem_key": spec.problem_key, "answer_key": spec.answer_key, "id_key": spec.id_key, **options}
+    examples = load_local(path, **mapping, source=name, levels=spec.levels, level_key=spec.level_key,
+                          dedup=spec.dedup)
+    return examples[:limit] if limit is not None else examples
 
 
 def load_eval_sets(
-    names: Sequence[str] | None, paths: str | Sequence[str] | Mapping[str, str] | None = None, **kwargs: Any
+    names: Sequence[str] | None, paths: str | Sequence[str] | Mapping[str, str] | None = None, *,
+    key: str = "eval", **kwargs: Any,
 ) -> dict[str, list[Example]]:
     """Evaluation sets by display name.
 
@@ -193,29 +220,58 @@ def load_eval_sets(
       - a mapping name -> file: those names read from their files, the other ``names`` loaded by name
         (mapped names not in ``names`` are evaluated too, after them).
     Without ``paths`` (None or empty) each name is loaded with ``load_examples``.
+    An ``InputError`` names the config key (``<key>.datasets`` or ``<key>.paths...``: ``names`` and
+    ``paths`` are the eval config's ``datasets`` and ``paths``); a hub set that cannot be loaded
+    also names ``<key>.paths.<name>=<file.jsonl>``, the local copy to give instead.
     """
     if not paths:
         if not names:
-            raise ValueError("load_eval_sets: give dataset names or paths")
-        return {_display_name(n): load_examples(n, **kwargs) for n in names}
+            raise InputError(f"{key}.datasets: give dataset names or {key}.paths")
+        return {_display_name(n): _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in names}
     if isinstance(paths, Mapping):
         order = list(names or []) + [str(k) for k in paths if str(k) not in (names or [])]
-        return {n: load_examples(str(paths[n]) if n in paths else n, **kwargs) for n in order}
+        return {n: _eval_set(n, str(paths[n]), f"{key}.paths.{n}", key, kwargs) if n in paths
+                else _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in order}
     if isinstance(paths, str) and Path(paths).is_dir():
         if not names:
-            raise ValueError(f"load_eval_sets: paths={paths!r} is a directory; also give the dataset names")
-        return {n: load_examples(str(_find_in_dir(Path(paths), n)), **kwargs) for n in names}
+            raise InputError(f"{key}.paths={paths!r} is a directory; also give the dataset names ({key}.datasets)")
+        return {n: _eval_set(n, lambda n=n: str(_find_in_dir(Path(paths), n)), f"{key}.paths", key, kwargs)
+                for n in names}
     files = [paths] if isinstance(paths, str) else list(paths)
-    return {Path(f).stem: load_examples(str(f), **kwargs) for f in files}
+    return {Path(f).stem: _eval_set(Path(f).stem, str(f), f"{key}.paths", key, kwargs) for f in files}
+
+
+def _eval_set(name: str, target: str | Callable[[], str], where: str, key: str, kwargs: dict) -> list[Example]:
+    """One eval set, its ``InputError`` prefixed with the config key ``where`` (``target``: a name or file, or
+    a function finding the file)."""
+    from bandpo.hub import keyed
+
+    try:
+        return load_examples(target if isinstance(target, str) else target(), **kwargs)
+    except InputError as e:
+        raise keyed(e, where, f"{key}.paths.{name}=<file.jsonl> (rows with problem and answer)") from e
 
 
 def load_hub(spec: DatasetSpec, *, source: str | None = None, cache_dir: str | None = None) -> list[Example]:
-    """Download (or read from the HF cache) one hub set and map its rows through ``spec``."""
+    """Download (or read from the HF cache) one hub set and map its rows through ``spec``.
+
+    Offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) reads the cache only
+    (``bandpo.hub``); a set neither reachable nor cached raises ``HubUnreachable``, any
+    other failure of the hub load (unknown repo, split or subset) ``InputError``.
+    """
     from datasets import load_dataset  # heavy import, only when the hub is used
+
+    from bandpo.hub import DATASET_OFFLINE_ENV, hub_error
 
     where = f"{spec.hub_id}[{spec.config or 'default'}:{spec.split}]"
     log.info("loading %s from the hub", where)
-    ds = load_dataset(spec.hub_id, spec.config, split=spec.split, cache_dir=cache_dir)
+    try:
+        ds = load_dataset(spec.hub_id, spec.config, split=spec.split, cache_dir=cache_dir)
+    except (OSError, ValueError) as e:  # OSError: ConnectionError, DatasetNotFoundError; ValueError: split/subset
+        named = f"{source} " if source and source != spec.hub_id else ""
+        subset = f", subset {spec.config}" if spec.config else ""
+        raise hub_error(f"dataset {named}(hub id {spec.hub_id}{subset}, split {spec.split})", e,
+                        DATASET_OFFLINE_ENV) from e
     return examples_from_rows(
         ds, problem_key=spec.problem_key, answer_key=spec.answer_key, id_key=spec.id_key,
         source=source or spec.hub_id, where=where, levels=spec.levels, level_key=spec.level_key,
@@ -237,7 +293,7 @@ def load_local(
     """Read a local .jsonl / .json (a list of rows) / .parquet file into examples."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise InputError(f"dataset file not found: {path}")
     rows = read_rows(path)
     return examples_from_rows(
         rows, problem_key=problem_key, answer_key=answer_key, id_key=id_key, source=source or path.stem,
@@ -246,18 +302,24 @@ def load_local(
 
 
 def read_rows(path: Path) -> list[dict]:
-    """Rows of a .jsonl, .json or .parquet file as dicts; malformed JSON names the file and line."""
+    """Rows of a .jsonl, .json or .parquet file as dicts; malformed content is an ``InputError`` naming
+    the file (and the line of a .jsonl)."""
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json":
-        data = json.loads(text)
-        if not isinstance(data, list):
-            raise TypeError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
-        return data
+            return pq.read_table(path).to_pylist()
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".json":
+            data = json.loads(text)
+            if not isinstance(data, list):
+                raise InputError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+            return data
+    except InputError:
+        raise
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, invalid JSON, not parquet (ArrowInvalid)
+        raise InputError(f"{path}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     rows = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -265,9 +327,9 @@ def read_rows(path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+            raise InputError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
         if not isinstance(row, dict):
-            raise TypeError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            raise InputError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
         rows.append(row)
     return rows
 
@@ -288,7 +350,7 @@ def examples_from_rows(
 
     The row's problem goes through ``strip_instruction`` (chat lists and DAPO-wrapped
     prompts become the bare problem, so templates are never applied twice). Ids default
-    to ``<source>-<row index>``. Raises ``KeyError`` when no row has ``problem_key`` or
+    to ``<source>-<row index>``. Raises ``InputError`` when no row has ``problem_key`` or
     ``answer_key`` at all (a wrong mapping rather than bad rows), naming the keys present.
     """
     keep_levels = set(levels) if levels is not None else None
@@ -321,7 +383,7 @@ def examples_from_rows(
         examples.append(Example(id=ex_id, problem=problem, answer=answer, source=source))
     for key, seen in ((problem_key, seen_problem), (answer_key, seen_answer)):
         if first_keys and not seen:
-            raise KeyError(f"{where}: no row has the key {key!r}; the first row has keys {first_keys}")
+            raise InputError(f"{where}: no row has the key {key!r}; the first row has keys {first_keys}")
     if skipped:
         log.warning("%s: skipped %d row(s) with a missing or empty problem/answer (first ids: %s)",
                     where, len(skipped), ", ".join(skipped[:MAX_LOGGED_IDS]))
@@ -399,7 +461,7 @@ def _resolve_spec(name: str) -> DatasetSpec:
             return spec
     if "/" in name:  # an unregistered hub id: default mapping, overridable by the caller
         return DatasetSpec(name, "train")
-    raise ValueError(
+    raise InputError(
         f"unknown dataset {name!r}: not a local file (.jsonl/.json/.parquet), a hub id (owner/name) "
         f"or a registered name; registered names: {', '.join(dataset_names())}"
     )
@@ -421,4 +483,4 @@ def _find_in_dir(directory: Path, name: str) -> Path:
         if candidate.is_file():
             return candidate
     present = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in LOCAL_SUFFIXES)
-    raise FileNotFoundError(f"no {name}.jsonl/.json/.parquet in {directory}; files there: {present}")
+    raise InputError(f"no {name}.jsonl/.json/.parquet in {directory}; files there: {present}")

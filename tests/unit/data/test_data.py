@@ -21,6 +21,7 @@ from bandpo.data.datasets import (
 )
 from bandpo.data.prompts import encode_examples, format_user_message, render_prompt, render_prompt_text
 from bandpo.data.sampler import EpochSampler
+from bandpo.errors import InputError
 
 PAPER_DAPO = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -138,19 +139,19 @@ def test_custom_keys_and_wrong_key_error(tmp_path):
     path = write_jsonl(tmp_path / "q.jsonl", [{"question": "2+3?", "final": "5", "uid": 7}])
     [ex] = load_examples(str(path), problem_key="question", answer_key="final", id_key="uid")
     assert (ex.id, ex.problem, ex.answer) == ("7", "2+3?", "5")
-    with pytest.raises(KeyError, match=r"q.jsonl.*'problem'.*\['question', 'final', 'uid'\]"):
+    with pytest.raises(InputError, match=r"q.jsonl.*'problem'.*\['question', 'final', 'uid'\]"):
         load_examples(str(path))
 
 
 def test_invalid_json_names_file_and_line(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"problem": "a", "answer": "1"}\n{not json\n')
-    with pytest.raises(ValueError, match=r"broken.jsonl:2"):
+    with pytest.raises(InputError, match=r"broken.jsonl:2: invalid JSON"):
         load_local(path)
 
 
 def test_missing_file():
-    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+    with pytest.raises(InputError, match="dataset file not found: /nonexistent/nowhere.jsonl"):
         load_examples("/nonexistent/nowhere.jsonl")
 
 
@@ -243,8 +244,10 @@ def test_load_eval_sets_from_dir_files_and_mapping(tmp_path):
     assert list(by_files) == ["aime24"]
     by_map = load_eval_sets(None, {"x": str(tmp_path / "amc23.jsonl")})
     assert by_map["x"][0].id == "amc23-1"
-    with pytest.raises(FileNotFoundError, match=r"aime25.*amc23.jsonl"):
+    with pytest.raises(InputError, match=r"^eval.paths: no aime25.jsonl.*amc23.jsonl"):
         load_eval_sets(["aime25"], str(tmp_path))
+    with pytest.raises(InputError, match=r"^eval.paths.x: dataset file not found: .*nowhere.jsonl"):
+        load_eval_sets(None, {"x": str(tmp_path / "nowhere.jsonl")})
 
 
 def test_load_eval_sets_mapping_overrides_some_names(tmp_path, monkeypatch):
@@ -273,8 +276,10 @@ def test_load_source_entries(tmp_path):
     assert len(load_source(str(path), problem_key="q", answer_key="a")) == 2
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['sise'\]"):
         load_source({"name": "tiny_arith", "sise": 5})
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(InputError, match="tiny_arith is generated, not read from a file"):
         load_source({"name": "tiny_arith", "path": str(path)})
+    with pytest.raises(InputError, match="give 'name', 'path' or both"):
+        load_source({"problem_key": "q"})
     mixed = load_many([{"name": "tiny_arith", "size": 3}, {"path": str(path), "problem_key": "q", "answer_key": "a"}])
     assert [e.source for e in mixed] == ["tiny_arith"] * 3 + ["t"] * 2
 
