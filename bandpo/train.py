@@ -1,7 +1,9 @@
 """Training entry point: ``python -m bandpo.train [hydra overrides...]`` (what scripts/train.sh runs).
 
 The config is composed and validated before any worker starts, so a bad override fails in
-seconds naming the key (exit code 2); a worker that dies stops the run (exit code 1) with a
+seconds naming the key (exit code 2), and so does an input that cannot be read (a data file,
+a broken row, a dataset or model given by hub id that is neither reachable nor cached:
+``InputError``, read before Ray starts); a worker that dies stops the run (exit code 1) with a
 message naming the worker, the stage and the last complete checkpoint. After training it
 writes ``curves.png`` (reward, accuracy, held-out mean@n, entropy, clip fraction per step)
 into the run folder and prints a summary: the held-out metrics before the first step and
@@ -25,11 +27,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.trainer.dry_run:
         return dry_run(cfg)
-    from bandpo.errors import VerifierUnavailable, WorkerFailure
+    from bandpo.errors import InputError, VerifierUnavailable, WorkerFailure
     from bandpo.trainer.loop import train
 
     try:
         train(cfg)
+    except ConfigError as e:  # found at start-up: model.build, the placement plan on the live cluster
+        print(e, file=sys.stderr)
+        return 2
+    except InputError as e:  # names the key, the file/row or hub id, and what to give instead
+        print(f"input error: {e}", file=sys.stderr)
+        return 2
     except WorkerFailure as e:  # already names the worker, the stage and the checkpoint to resume from
         print(f"[bandpo] run stopped: {e}", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bandpo.errors import EvalUsageError
+from bandpo.errors import EvalUsageError, InputError
 from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, resolve_targets
 
 log = logging.getLogger("bandpo.eval.evaluate")
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bandpo-eval-") as tmp:
         try:
             return _run(cfg, targets, datasets, Path(tmp))
-        except EvalUsageError as e:
+        except (EvalUsageError, InputError) as e:  # found before the engine starts: the model, its tokenizer
             _usage_exit(e)
 
 
@@ -69,10 +69,9 @@ def _usage_exit(e: BaseException):
 
 
 def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
-    from transformers import AutoTokenizer
-
     from bandpo.data.prompts import answer_format_for
     from bandpo.eval.evaluate import evaluate, sampling_params
+    from bandpo.hub import load_tokenizer
     from bandpo.reward import RewardScorer
     from bandpo.rollout import make_engine
 
@@ -84,7 +83,7 @@ def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
         for i, target in enumerate(targets):
             model_path = materialize(target, base_model=cfg.base_model, cache=cfg.cache, temp_root=tmp)
             if engine is None:
-                tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_path)
+                tokenizer = load_tokenizer(cfg.tokenizer or model_path, "tokenizer" if cfg.tokenizer else "checkpoint")
                 engine = make_engine(ev.backend, model_path, **ev.engine)
             else:  # same architecture, new weights: reload instead of restarting the engine
                 engine.update_weights(_read_weights(model_path))

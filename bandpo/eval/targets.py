@@ -131,8 +131,14 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from bandpo.hub import hub_error, keyed
+
+    try:  # the run's base model: its config (and below its tokenizer), from a folder, the Hub or its cache
+        config = AutoConfig.from_pretrained(model_source)
+    except (OSError, ValueError) as e:
+        raise keyed(hub_error(f"base model {model_source}", e), "base_model (default: model.path of the run's "
+                    "config.yaml)", "base_model=<local folder>") from e
     state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
-    config = AutoConfig.from_pretrained(model_source)
     target = _target_dtype(config, dtype)
     state = {k: v.to(target) for k, v in state.items()}
     with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained

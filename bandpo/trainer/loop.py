@@ -94,16 +94,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        from transformers import AutoTokenizer
-
         from bandpo.data import EpochSampler, load_eval_sets
+        from bandpo.hub import load_tokenizer
 
         cfg = self.cfg
         t_setup = time.perf_counter()
         self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
         with self.startup_phase("model"):
             self.model_path = ensure_model(cfg.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, "model.path")  # the first read of a hub model
         encoded = load_training_prompts(cfg, self.tokenizer)
         self.examples = encoded.examples
         self.sampler = EpochSampler(len(encoded.prompt_ids), seed=cfg.data.shuffle_seed)

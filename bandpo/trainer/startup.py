@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.config import to_plain
+from bandpo.errors import ConfigError, InputError
 from bandpo.run import shm
 
 
@@ -34,7 +35,9 @@ def ensure_model(model_cfg) -> str:
     """The model path, building the tiny recipe's model there first when ``model.build`` asks for it.
 
     ``model.build_args`` (optional) are fields of ``bandpo.models.tiny_arith.BuildArgs`` (``sft_steps``,
-    ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's.
+    ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's. An unknown
+    recipe or argument is a ``ConfigError``. A hub id is returned as it is: its first read (the
+    tokenizer, ``bandpo.hub.load_tokenizer``) names ``model.path`` when it is neither reachable nor cached.
     """
     import dataclasses
 
@@ -43,13 +46,13 @@ def ensure_model(model_cfg) -> str:
     build_args = dict(to_plain(model_cfg.get("build_args") or {}))
     if build:  # the recipe's build is cached: it returns at once when the folder is current
         if build != "tiny_arith":
-            raise ValueError(f"model.build={build!r} is not a known recipe; valid: tiny_arith")
+            raise ConfigError(f"config error: model.build={build!r} is not a known recipe; valid: tiny_arith")
         from bandpo.models import tiny_arith
 
         valid = [f.name for f in dataclasses.fields(tiny_arith.BuildArgs)]
         unknown = sorted(set(build_args) - set(valid))
         if unknown:
-            raise ValueError(f"model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
+            raise ConfigError(f"config error: model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
         tiny_arith.build(path, **build_args)
     return path
 
@@ -64,13 +67,26 @@ def clean_shm(run_dir: Path) -> set[str]:
 
 def load_training_prompts(cfg, tokenizer):
     """``data.train``'s examples rendered with ``data.template`` and tokenized (``EncodedPrompts``);
-    prompts longer than ``data.max_prompt_len`` are dropped, and none left is an error naming the keys."""
-    from bandpo.data import encode_examples, load_source
+    prompts longer than ``data.max_prompt_len`` are dropped, and none left is an error naming the keys.
 
-    examples = [ex for src in cfg.data.train for ex in load_source(to_plain(src))]
+    A source that cannot be read is an ``InputError`` naming its key (``data.train.<i>``); a hub set
+    that is neither reachable nor cached also names ``data.train.<i>.path``, its local copy.
+    """
+    from bandpo.data import encode_examples, load_source
+    from bandpo.hub import keyed
+
+    examples = []
+    for i, src in enumerate(cfg.data.train):
+        src = to_plain(src)
+        try:
+            examples += load_source(src)
+        except InputError as e:
+            key = f"data.train.{i}.path" if isinstance(src, dict) and "path" in src else f"data.train.{i}"
+            local = f"data.train.{i}.path=<file.jsonl|.parquet> (a copy of that set: its field mapping applies)"
+            raise keyed(e, key, local) from e
     encoded = encode_examples(tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)
     if not encoded.prompt_ids:
-        raise ValueError(f"no training prompts left from data.train={to_plain(cfg.data.train)} "
+        raise InputError(f"no training prompts left from data.train={to_plain(cfg.data.train)} "
                          f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})")
     return encoded
 
