@@ -17,7 +17,8 @@ from bandpo.errors import WorkerFailure
 
 # Environment every worker needs, forwarded into Ray's runtime_env.
 FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
-                 "HF_HOME", "HF_HUB_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS", "PYTHONPATH", "VLLM_LOGGING_LEVEL")
+                 "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS",
+                 "PYTHONPATH", "VLLM_LOGGING_LEVEL")
 
 
 def resolve_device(device: str) -> str:
