@@ -81,7 +81,7 @@ def load_training_prompts(cfg, tokenizer):
         try:
             examples += load_source(src)
         except InputError as e:
-            key = f"data.train.{i}.path" if isinstance(src, dict) and "path" in src else f"data.train.{i}"
+            key = f"data.train.{i}.path" if isinstance(src, dict) and src.get("path") else f"data.train.{i}"
             local = f"data.train.{i}.path=<file.jsonl|.parquet> (a copy of that set: its field mapping applies)"
             raise keyed(e, key, local) from e
     encoded = encode_examples(tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)

@@ -169,3 +169,24 @@ def test_eval_hub_set_offline_is_one_error_line_and_exit_2(tmp_path):
                            "loaded: offline mode is on") and last.endswith("eval.paths.amc23=<file.jsonl> (rows with "
                                                                           "problem and answer)"), last
     assert [line.split(" ", 3)[2] for line in logs] == ["INFO"], logs
+
+
+def test_dapo_math_from_local_copies_keeps_each_sets_mapping(tmp_path, tiny_model_dir):
+    """``data=dapo_math`` with ``data.train.<i>.path``: DAPO's rows deduplicated by problem text, MATH's
+    filtered to levels 3-5, as the hub sets would be."""
+    from bandpo.config import compose
+    from bandpo.data.prompts import DAPO_PREFIX, DAPO_SUFFIX
+    from bandpo.hub import load_tokenizer
+    from bandpo.trainer.startup import load_training_prompts
+
+    dapo, math = tmp_path / "dapo.jsonl", tmp_path / "math.jsonl"
+    dapo.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],
+                                        "reward_model": {"ground_truth": a}, "extra_info": {"index": i}}) + "\n"
+                            for i, (p, a) in enumerate([("1+1?", "2"), ("1+1?", "2"), ("2+2?", "4")])))
+    math.write_text("".join(json.dumps({"problem": f"p{lvl}", "answer": str(lvl), "level": f"Level {lvl}",
+                                        "unique_id": f"u{lvl}"}) + "\n" for lvl in (1, 3, 5)))
+    cfg = compose(["data=dapo_math", f"data.train.0.path={dapo}", f"data.train.1.path={math}",
+                   f"model.path={tiny_model_dir}", "model.build=null"])
+    encoded = load_training_prompts(cfg, load_tokenizer(tiny_model_dir, "model.path"))
+    assert [(e.id, e.problem, e.answer) for e in encoded.examples] == [
+        ("0", "1+1?", "2"), ("2", "2+2?", "4"), ("u3", "p3", "3"), ("u5", "p5", "5")]
