@@ -187,7 +187,7 @@ def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example
     if unknown:
         raise InputError(f"data source {entry}: unknown key(s) {unknown}; valid keys: {list(SOURCE_KEYS)}")
     if "name" not in entry and "path" not in entry:
-        raise InputError(f"data source {entry}: give 'name', 'path' or both (a local copy of a registered set)")
+        raise InputError(f"data source {entry}: give 'name', 'path' or both (a local copy of a hub set)")
     if "name" in entry and "path" in entry:
         return _load_local_copy(str(entry.pop("name")), str(entry.pop("path")), {**defaults, **entry})
     target = str(entry.pop("name", None) or entry.pop("path"))
@@ -319,7 +319,9 @@ def read_rows(path: Path) -> list[dict]:
     except InputError:
         raise
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, invalid JSON, not parquet (ArrowInvalid)
-        raise InputError(f"{path}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+        from bandpo.hub import first_line
+
+        raise InputError(f"{path}: cannot read it ({type(e).__name__}: {first_line(e)})") from e
     rows = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

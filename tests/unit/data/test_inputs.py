@@ -115,6 +115,20 @@ def test_a_local_copy_of_a_registered_set_reads_with_its_mapping(tmp_path):
         load_source({"name": "math_l3to5", "path": str(path), "split": "test"})
 
 
+def test_unreadable_files_are_input_errors_naming_the_file(tmp_path):
+    from bandpo.data.datasets import load_local
+
+    cases = {"bad.parquet": (b"PAR1 not parquet", r"bad.parquet: cannot read it \(ArrowInvalid: "),
+             "rows.json": (b'{"problem": "p"}', r"rows.json: expected a JSON list of rows, got dict"),
+             "list.jsonl": (b'{"problem": "p", "answer": "1"}\n[1]\n', r"list.jsonl:2: expected a JSON object"),
+             "latin1.jsonl": ('{"problem": "\u00e9"}'.encode("latin-1"), r"latin1.jsonl: cannot read it "
+                                                                            r"\(UnicodeDecodeError: ")}
+    for name, (content, match) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(InputError, match=match):
+            load_local(tmp_path / name)
+
+
 # ---------------------------------------------------------------- the training entry point: one line, exit 2
 
 
