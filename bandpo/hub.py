@@ -24,9 +24,10 @@ def offline_vars(names: tuple[str, ...]) -> list[str]:
     return [k for k in names if os.environ.get(k, "").strip().upper() in _TRUE]
 
 
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def first_line(err: BaseException, limit: int = 240) -> str:
+    """``err``'s message on one line (its lines joined), cut at ``limit`` characters."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_unreachable(err: BaseException) -> bool:

@@ -96,9 +96,10 @@ def test_hub_errors_tell_a_connection_failure_from_other_failures(monkeypatch):
                                        "'a/b' on the Hub (LocalEntryNotFoundError)) and it is not in the Hugging "
                                        "Face cache (")
     assert str(unreachable).endswith("; HF_HUB_OFFLINE=1 reads a warm one without trying the network)")
-    missing = hub_error("dataset a/b", DatasetNotFoundError("Dataset 'a/b' doesn't exist on the Hub.\nmore"))
+    # the library's lines joined, cut at 240 characters: 44 of text, 193 dots, "..."
+    missing = hub_error("dataset a/b", DatasetNotFoundError("Dataset 'a/b' doesn't exist on the Hub.\n  more" + "." * 300))
     assert type(missing) is InputError
-    assert str(missing) == "dataset a/b cannot be loaded: Dataset 'a/b' doesn't exist on the Hub."
+    assert str(missing) == "dataset a/b cannot be loaded: Dataset 'a/b' doesn't exist on the Hub. more" + "." * 193 + "..."
 
 
 def test_a_local_copy_of_a_registered_set_reads_with_its_mapping(tmp_path):
