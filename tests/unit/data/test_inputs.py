@@ -17,6 +17,8 @@ from bandpo.errors import HubUnreachable, InputError
 from bandpo.hub import hub_error, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
+# The commands need ~7 s of CPU (imports); on a shared, oversubscribed machine that was 90 s of wall time.
+SUBPROCESS_TIMEOUT = 600
 
 
 @pytest.fixture
@@ -160,7 +162,7 @@ def test_train_hub_data_offline_is_one_line_and_exit_2(tmp_path, tiny_model_dir)
     """The real command (``python -m bandpo.train data=dapo_math``) on a machine without the Hub."""
     proc = subprocess.run([sys.executable, "-m", "bandpo.train", "data=dapo_math",
                            *_train_args(tmp_path, tiny_model_dir)], cwd=tmp_path, env=offline_env(tmp_path / "hf"),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         "input error: data.train.0: dataset dapo17k (hub id BytedTsinghua-SIA/DAPO-Math-17k, split train) cannot be "
@@ -177,7 +179,7 @@ def test_eval_hub_set_offline_is_one_error_line_and_exit_2(tmp_path):
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")  # the datasets are read before the model
     proc = subprocess.run([sys.executable, "-m", "bandpo.eval", "checkpoint=runs/x/hf", "eval.datasets=[amc23]"],
-                          cwd=tmp_path, env=offline_env(tmp_path / "hf"), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=offline_env(tmp_path / "hf"), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
     *logs, last = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert last.startswith("eval: error: eval.datasets: dataset amc23 (hub id math-ai/amc23, split test) cannot be "
