@@ -161,7 +161,7 @@ def _place(plan: Plan) -> dict:
         refs.append(fn.options(**opts).remote(gate, "actor", r))
     engines = sorted({w.rank for w in plan.of("rollout")})
     for e in engines:
-        opts, env, _ = engine_launch(plan, pgs, e) if gpu else ({"num_cpus": 1}, {}, {})
+        opts, env = engine_launch(plan, pgs, e) if gpu else ({"num_cpus": 1}, {})
         refs.append(fn.options(**opts).remote(gate, "rollout", e, env))
     for i in range(len(plan.of("verifier"))):
         refs.append(fn.options(**verifier_options(plan, i)).remote(gate, "verifier", i))
