@@ -55,3 +55,22 @@ def test_command_prints_the_plan_and_exits_2_naming_the_key(capsys):
     assert out["ok"] and out["layout"] == "colocated" and len(out["workers"]) == 8 + 8 + 1
     assert plan_main(["--gpus-per-node", "4", "model=qwen2.5-7b"]) == 2
     assert "8 GPUs asked, 4 found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assigned, visible, rank, count, index", [
+    ([5], "5", 3, 1, 0),  # Ray narrowed the visible devices to the assigned GPU
+    ([5], "4,5", 3, 2, 1),  # two GPUs visible (e.g. a 2-GPU worker): the assigned one's position
+    (["5"], None, 3, 8, 5),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: all visible, the id is the index
+    ([], None, 11, 8, 3),  # no Ray GPU: a launcher showing all GPUs, rank % count
+])
+def test_local_gpu_index_is_the_gpu_ray_assigned(assigned, visible, rank, count, index):
+    from bandpo.distributed import local_gpu_index
+
+    assert local_gpu_index(assigned, visible, rank, count) == index
+
+
+def test_local_gpu_index_refuses_an_assigned_gpu_it_cannot_see():
+    from bandpo.distributed import local_gpu_index
+
+    with pytest.raises(RuntimeError, match="assigned GPU 5"):
+        local_gpu_index([5], "0,1", 0, 2)
