@@ -52,8 +52,6 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
     ``ray-workers.log`` until a worker group's actor names its own file (``rollout.log``,
     ``actor.log``, ``verifier.log``; ``bandpo.run.worker_logs``).
     """
-    import logging
-
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")
@@ -63,16 +61,7 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
         device = resolve_device(device)
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    runtime_env: dict = {"env_vars": env}
-    quiet = logs_dir is not None
-    if quiet:
-        from bandpo.run.worker_logs import SETUP_HOOK, worker_log_env
-
-        env.update(worker_log_env(logs_dir))
-        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
-    kw = dict(runtime_env=runtime_env, log_to_driver=not quiet,
-              logging_level=logging.WARNING if quiet else logging.INFO)
+    kw = ray_init_options(logs_dir)
     if address:
         ray.init(address=address, **kw)
         device = cluster_device(device)
@@ -85,6 +74,22 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
         # test cluster) would otherwise be joined, with num_cpus refused.
         ray.init(address="local", num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
     return device
+
+
+def ray_init_options(logs_dir=None) -> dict:
+    """``ray.init`` options shared by both ways of starting: the job's runtime_env (``FORWARDED_ENV``
+    and, with ``logs_dir``, the worker-log hook) and how much of the workers' output reaches the console."""
+    import logging
+
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    runtime_env: dict = {"env_vars": env}
+    quiet = logs_dir is not None
+    if quiet:
+        from bandpo.run.worker_logs import SETUP_HOOK, worker_log_env
+
+        env.update(worker_log_env(logs_dir))
+        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    return dict(runtime_env=runtime_env, log_to_driver=not quiet, logging_level=logging.WARNING if quiet else logging.INFO)
 
 
 def local_gpu_index(assigned: list, visible: str | None, rank: int, device_count: int) -> int:
