@@ -7,9 +7,10 @@ GPU shares, env). A TP engine's stand-in reads ``VLLM_RAY_BUNDLE_INDICES`` /
 executor does (``vllm_ray_executor``: ``RayExecutorV2`` unless ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND``
 says otherwise, read from ``vllm.envs``): one worker per listed bundle of the current placement
 group, ``num_cpus=0``, with ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` so Ray leaves every
-GPU of the node visible. Such a worker does not compute on the GPU Ray assigned to it but on
-the one vLLM picks by local rank (``vllm_worker_devices``); the check reports both and holds the
-invariants (colocated pairs, distinct shards) on the device actually used. Each stand-in
+GPU of the node visible. Such a worker computes on the GPU vLLM picks by local rank
+(``vllm_worker_devices``), which is the one Ray assigned to it only when Ray's GPU ids grow with
+the bundle order; the check reports both and holds the invariants (colocated pairs, distinct
+shards) on the GPU actually used. Each stand-in
 reports its node id, ``ray.get_gpu_ids()`` and ``CUDA_VISIBLE_DEVICES``, then holds its seat
 until all have reported, so the check sees the whole layout at once.
 
@@ -268,7 +269,6 @@ def invariant_errors(plan: Plan, seen: list[dict]) -> list[str]:
     for w in [*actors.values(), *shards.values()]:
         if len(w["gpus"]) != 1:
             errors.append(f"{w['group']} {w['rank']}/{w['shard']} sees GPUs {w['gpus']}, expected exactly one")
-
     taken: dict = {}
     for r, w in actors.items():
         if seat(w) and seat(w) in taken:

@@ -228,7 +228,7 @@ def llm_kwargs(
 ) -> dict:
     """The ``vllm.LLM(...)`` arguments of a ``VllmEngine`` built with these options (see its docstring).
 
-    Pure (no vLLM import): the contract tests check the result against the installed vLLM.
+    No vLLM import: the contract tests check the result against the installed vLLM.
     """
     kwargs = {
         "model": model_path, "dtype": dtype, "seed": seed, "enforce_eager": enforce_eager,
