@@ -205,6 +205,11 @@ def validate(cfg) -> None:
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)
     _number(cfg, "rollout.max_tokens", low=1, integer=True)
     _number(cfg, "rollout.num_workers", low=1, integer=True)
+    tp = _get(cfg, "rollout.tensor_parallel_size")
+    _check(_get(cfg, "rollout.backend") != "hf" or tp in (None, 1), "rollout.tensor_parallel_size",
+           "must be 1 with rollout.backend=hf (transformers generate runs each engine on one device; tensor "
+           f"parallelism needs rollout.backend=vllm): add rollout.tensor_parallel_size=1 "
+           f"rollout.num_workers={_get(cfg, 'actor.num_workers')} for the colocated layout", tp)
 
     _choice(cfg, "actor.zero_stage", [2, 3])
     _number(cfg, "actor.lr", low=0, strict_low=True)

@@ -169,8 +169,8 @@ class Actor:
         self.on_cpu = accel.device_name() == "cpu"
         if bf16 and self.on_cpu:
             raise ValueError("bf16=True needs a GPU; the CPU path trains in fp32")
-        # Under Ray each rank sees only its own GPU; a launcher that shows all GPUs gets rank % count.
-        local_rank = 0 if self.on_cpu or accel.device_count() == 1 else rank % accel.device_count()
+        # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
+        local_rank = 0 if self.on_cpu else _assigned_gpu(rank, accel.device_count())
         init_distributed(
             rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl"
         )
@@ -588,3 +588,16 @@ class Actor:
     def _barrier(self) -> None:
         if self.world_size > 1:
             torch.distributed.barrier()
+
+
+def _assigned_gpu(rank: int, device_count: int) -> int:
+    """This rank's torch device index: from the GPU ids Ray assigned to it, else ``rank % device_count``."""
+    from bandpo.distributed import local_gpu_index
+
+    try:
+        import ray
+
+        assigned = ray.get_gpu_ids() if ray.is_initialized() else []
+    except ImportError:
+        assigned = []
+    return local_gpu_index(assigned, os.environ.get("CUDA_VISIBLE_DEVICES"), rank, device_count)

@@ -22,7 +22,11 @@ FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREA
 
 
 def resolve_device(device: str) -> str:
-    """The driver's device for ``trainer.device=device``: ``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    """This machine's device for ``trainer.device=device``: ``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Right for a local Ray instance (its GPUs are this machine's); a run that joins a cluster
+    takes ``cluster_device`` instead, from what the cluster has.
+    """
     if device != "auto":
         return device  # no torch import (and no CUDA initialisation) when the config names the device
     import torch
@@ -30,40 +34,83 @@ def resolve_device(device: str) -> str:
     return decide_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def init_ray(address: str | None, device: str, logs_dir=None) -> None:
-    """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine.
-
-    With ``logs_dir``, every worker's output goes to ``<logs_dir>/`` instead of the driver's
-    console: ``ray-workers.log`` until a worker group's actor names its own file
-    (``rollout.log``, ``actor.log``, ``verifier.log``; ``bandpo.run.worker_logs``).
-    """
-    import logging
-
+def cluster_device(device: str) -> str:
+    """``trainer.device=device`` on the Ray cluster this process is connected to: ``auto`` counts the
+    cluster's GPUs (``ray.cluster_resources()``), so a CPU-only head node still drives a GPU cluster."""
+    if device != "auto":
+        return device
     import ray
 
+    return decide_device(device, int(ray.cluster_resources().get("GPU", 0)))
+
+
+def init_ray(address: str | None, device: str, logs_dir=None) -> str:
+    """Join ``address`` / ``$RAY_ADDRESS`` if given, else start a local instance sized to this machine.
+
+    Returns the run's device for ``trainer.device=device`` (``auto``: ``cuda`` when the cluster
+    has GPUs, see ``cluster_device``; a local instance has this machine's). With ``logs_dir``,
+    every worker's output goes to ``<logs_dir>/`` instead of the driver's console:
+    ``ray-workers.log`` until a worker group's actor names its own file (``rollout.log``,
+    ``actor.log``, ``verifier.log``; ``bandpo.run.worker_logs``).
+    """
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
-        return
+        return cluster_device(device)
+    if not address:
+        device = resolve_device(device)
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    runtime_env: dict = {"env_vars": env}
-    quiet = logs_dir is not None
-    if quiet:
-        from bandpo.run.worker_logs import LOG_ENV, SETUP_HOOK
-
-        env[LOG_ENV] = str(os.path.join(logs_dir, "ray-workers.log"))
-        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
-    kw = dict(runtime_env=runtime_env, log_to_driver=not quiet,
-              logging_level=logging.WARNING if quiet else logging.INFO)
-    address = address or os.environ.get("RAY_ADDRESS")
+    kw = ray_init_options(logs_dir)
     if address:
         ray.init(address=address, **kw)
+        device = cluster_device(device)
+        if device == "cpu":  # the actor ranks take DS_ACCELERATOR from here (bandpo.actor.group)
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         # Logical CPUs: the workers of a tiny CPU run (rollout, actor, eval) exceed 2 cores
         # by count but take turns, so oversubscribing the scheduler is what we want.
         # address="local": a new instance even when another Ray on this machine (a `ray start`, a
         # test cluster) would otherwise be joined, with num_cpus refused.
         ray.init(address="local", num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
+    return device
+
+
+def ray_init_options(logs_dir=None) -> dict:
+    """``ray.init`` options shared by both ways of starting: the job's runtime_env (``FORWARDED_ENV``
+    and, with ``logs_dir``, the worker-log hook) and how much of the workers' output reaches the console."""
+    import logging
+
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    runtime_env: dict = {"env_vars": env}
+    quiet = logs_dir is not None
+    if quiet:
+        from bandpo.run.worker_logs import SETUP_HOOK, worker_log_env
+
+        env.update(worker_log_env(logs_dir))
+        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    return dict(runtime_env=runtime_env, log_to_driver=not quiet, logging_level=logging.WARNING if quiet else logging.INFO)
+
+
+def local_gpu_index(assigned: list, visible: str | None, rank: int, device_count: int) -> int:
+    """The torch device index of this process's GPU.
+
+    ``assigned``: the GPU ids Ray gave this worker (``ray.get_gpu_ids()``); Ray narrows
+    ``CUDA_VISIBLE_DEVICES`` (``visible``) to them, so the index is the id's position there; with
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` every GPU stays visible and the id is the index.
+    A worker with a fraction of a GPU (the colocated layout) still gets one id. Outside a Ray GPU
+    worker (a launcher that shows every GPU to every rank): ``rank % device_count``.
+    """
+    if not assigned:
+        return rank % max(device_count, 1)
+    gpu = str(assigned[0])
+    if not visible:
+        return int(gpu)
+    ids = [v.strip() for v in visible.split(",")]
+    if gpu not in ids:
+        raise RuntimeError(f"Ray assigned GPU {gpu} but CUDA_VISIBLE_DEVICES={visible} does not show it")
+    return ids.index(gpu)
 
 
 @contextmanager

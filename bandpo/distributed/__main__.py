@@ -74,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**report, "layout": plan.layout, "memory": mem}), file=stdout, flush=True)
     else:
         print(table(plan) + "\n" + memory_table(mem))
+        print(f"vLLM Ray executor modelled: {report['executor']}")
         for w in report["workers"]:
             print(f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "
-                  f"gpus {w['gpus']}  CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}")
+                  f"Ray GPUs {w['gpus']}  computes on {w.get('device')}  "
+                  f"CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}")
         print("\n".join(f"FAIL: {e}" for e in report["errors"]) or "all invariants hold")
         print(f"check took {report['seconds']:.1f} s")
     return 0 if report["ok"] else 1

@@ -59,16 +59,20 @@ def engine_gpu_share(plan: Plan) -> float:
     return ENGINE_GPU_SHARE if plan.layout == "colocated" else 1.0
 
 
-def engine_launch(plan: Plan, pgs: list, engine: int) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-    """``(ray options, env vars, engine kwargs)`` for rollout engine ``engine``."""
+def engine_launch(plan: Plan, pgs: list, engine: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(ray options, env vars)`` for rollout engine ``engine``.
+
+    TP > 1: the engine builds vLLM with its Ray executor (``distributed_executor_backend="ray"``,
+    set by ``bandpo.trainer.startup.rollout_engine_kwargs``), which reads the env vars.
+    """
     shards = plan.engine_shards(engine)
     first = shards[0]
     share = engine_gpu_share(plan)
     if plan.tp == 1:
-        return {"num_cpus": 1, "num_gpus": share, "scheduling_strategy": _strategy(pgs[first.node], first.gpu)}, {}, {}
+        return {"num_cpus": 1, "num_gpus": share, "scheduling_strategy": _strategy(pgs[first.node], first.gpu)}, {}
     env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(s.gpu) for s in shards), "VLLM_RAY_PER_WORKER_GPUS": str(share)}
     opts = {"num_cpus": 1, "num_gpus": 0, "scheduling_strategy": _strategy(pgs[first.node], first.gpu, capture=True)}
-    return opts, env, {"distributed_executor_backend": "ray"}
+    return opts, env
 
 
 def verifier_options(plan: Plan, index: int) -> dict[str, Any]:

@@ -180,13 +180,22 @@ class HfEngine:
     # ---- memory ---------------------------------------------------------------------------
 
     def sleep(self) -> None:
-        """On GPU, park the model in host memory; no-op on CPU."""
+        """On GPU, park the weights in host memory and return the freed blocks to the driver; no-op on CPU.
+
+        The colocated layout's counterpart of vLLM's sleep level 1 (``generate`` keeps no KV cache
+        between calls, so the weights are all there is to free).
+        """
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
 
-    def wake_up(self) -> None:
-        if self.device.type == "cuda":
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo ``sleep``: ``tags`` as vLLM's (``["weights"]`` moves the weights back; ``["kv_cache"]``
+        has nothing to allocate here); None wakes everything."""
+        unknown = set(tags or ()) - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"wake_up: unknown tags {sorted(unknown)}; valid: weights, kv_cache")
+        if self.device.type == "cuda" and (tags is None or "weights" in tags):
             self.model.to(self.device)
 
     def shutdown(self) -> None:

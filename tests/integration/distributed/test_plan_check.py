@@ -4,13 +4,14 @@ One simulated cluster per shape (``check_plan(reuse=True)`` places several plans
 the three shipped models (qwen2.5-7b and llama3-8b with TP=2 engines) and a split layout; 2x8
 through ``ray.cluster_utils.Cluster``; 1x4. Every invariant of ``bandpo.distributed.check`` must
 hold: each actor rank alone on its GPU, an engine's shards on distinct GPUs of one node, colocated
-pairs on the same GPU, split groups on disjoint GPUs, nothing unplaced.
+pairs on the same GPU (the GPU each process computes on: vLLM's Ray workers pick theirs by local
+rank), split groups on disjoint GPUs, nothing unplaced.
 """
 
 import pytest
 
 from bandpo.config import compose
-from bandpo.distributed.check import check_plan, cpus_needed, simulated_cluster
+from bandpo.distributed.check import check_plan, cpus_needed, simulated_cluster, vllm_ray_executor
 from bandpo.distributed.plan import ClusterShape, make_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -44,3 +45,6 @@ def test_plans_hold_on_simulated_cluster(shape):
         if plan.tp > 1:
             shards = [w for w in placed if w["group"] == "rollout"]
             assert {w["shard"] for w in shards} == set(range(plan.tp)), overrides
+            # vLLM's Ray workers keep every GPU visible and compute on the GPU vLLM picks by local rank
+            assert report["executor"] == vllm_ray_executor(), overrides
+            assert all(w["cuda_visible_devices"] is None and w["device"] is not None for w in shards), overrides

@@ -55,3 +55,50 @@ def test_command_prints_the_plan_and_exits_2_naming_the_key(capsys):
     assert out["ok"] and out["layout"] == "colocated" and len(out["workers"]) == 8 + 8 + 1
     assert plan_main(["--gpus-per-node", "4", "model=qwen2.5-7b"]) == 2
     assert "8 GPUs asked, 4 found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assigned, visible, rank, count, index", [
+    ([5], "5", 3, 1, 0),  # Ray narrowed the visible devices to the assigned GPU
+    ([5], "4,5", 3, 2, 1),  # two GPUs visible (e.g. a 2-GPU worker): the assigned one's position
+    (["5"], None, 3, 8, 5),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: all visible, the id is the index
+    ([], None, 11, 8, 3),  # no Ray GPU: a launcher showing all GPUs, rank % count
+])
+def test_local_gpu_index_is_the_gpu_ray_assigned(assigned, visible, rank, count, index):
+    from bandpo.distributed import local_gpu_index
+
+    assert local_gpu_index(assigned, visible, rank, count) == index
+
+
+def test_local_gpu_index_refuses_an_assigned_gpu_it_cannot_see():
+    from bandpo.distributed import local_gpu_index
+
+    with pytest.raises(RuntimeError, match="assigned GPU 5"):
+        local_gpu_index([5], "0,1", 0, 2)
+
+
+def _workers(*gpus, nodes=None):
+    nodes = nodes or ["n0"] * len(gpus)
+    return [{"node": n, "ip": "10.0.0." + n[1:], "gpus": [g]} for n, g in zip(nodes, gpus)]
+
+
+def test_vllm_ray_workers_compute_on_the_nodes_sorted_gpus_by_local_rank():
+    from bandpo.distributed.check import vllm_worker_devices
+
+    # Ray's GPU ids growing with the bundle order: every worker computes on its own GPU.
+    assert vllm_worker_devices("RayExecutorV2", "n0", _workers(2, 3)) == [2, 3]
+    # Not growing: rank 0 (bundle of GPU 5) takes sorted([5, 4])[0] = 4, its sibling's GPU.
+    assert vllm_worker_devices("RayExecutorV2", "n0", _workers(5, 4)) == [4, 5]
+    # Two nodes, the engine's driver on n1: V2 keeps creation order, the legacy executor puts n1's
+    # workers first; local ranks count per node either way, so the devices agree here.
+    two = _workers(1, 0, 7, 6, nodes=["n0", "n0", "n1", "n1"])
+    assert vllm_worker_devices("RayExecutorV2", "n1", two) == [0, 1, 6, 7]
+    assert vllm_worker_devices("RayDistributedExecutor", "n1", two) == [0, 1, 6, 7]
+
+
+def test_check_models_the_executor_the_installed_vllm_picks(monkeypatch):
+    from bandpo.distributed.check import vllm_ray_executor
+
+    monkeypatch.delenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", raising=False)
+    assert vllm_ray_executor() == "RayExecutorV2"  # vLLM 0.32's default
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "0")
+    assert vllm_ray_executor() == "RayDistributedExecutor"

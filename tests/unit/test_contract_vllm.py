@@ -1,0 +1,197 @@
+"""API contract with the installed vLLM: every call the GPU path makes, checked by signature, no engine built.
+
+What is checked, from bandpo's own code (nothing listed twice):
+- ``vllm.LLM(...)``: the kwargs ``llm_kwargs`` builds from ``rollout_engine_kwargs`` for each
+  shipped GPU config (and the CPU one) are ``LLM`` / ``EngineArgs`` parameters, with values their
+  annotations allow (``Literal`` choices: dtype, logprobs_mode, distributed_executor_backend);
+- every ``self.llm.<method>(...)`` in the rollout engine binds to ``LLM.<method>``; the wake-up
+  tags the rollout group sends are vLLM's memory-pool tags; each ``collective_rpc`` target is a
+  method of our worker extension and its arguments bind to it; the extension's names do not
+  clash with vLLM's worker (vLLM refuses that);
+- ``vllm.SamplingParams(**sampling_kwargs(...))`` constructs;
+- every function or class imported from vllm and called in bandpo binds (``tests.helpers.contract``);
+- the extension's ``self.model_runner.<method>(...)`` calls bind to vLLM's model runner;
+- ``VllmWeightSyncClient`` has vLLM's ``VLLMWeightSyncClient`` protocol methods and parameters;
+- the Ray executor's variables we set exist in ``vllm.envs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+
+import pytest
+
+from bandpo.config import compose
+from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.rollout.vllm_engine import EXTENSION, VllmEngine, llm_kwargs, sampling_kwargs
+from bandpo.trainer.startup import rollout_engine_kwargs
+from tests.helpers.contract import bind_errors, library_calls, method_calls, resolve
+
+GPU_CONFIGS = [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"],
+               ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]]
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    import vllm
+
+    return vllm
+
+
+def _fits(value, tp) -> bool:
+    """``value`` allowed by the annotation ``tp`` (Literal choices, unions, plain classes; generics unchecked)."""
+    origin = typing.get_origin(tp)
+    if tp is typing.Any or isinstance(tp, (str, typing.TypeVar)):
+        return True
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(tp)
+        literals = [a for a in arms if typing.get_origin(a) is typing.Literal]
+        if isinstance(value, str) and literals:  # a str next to a Literal of names: the names are the choices
+            return any(_fits(value, a) for a in literals)
+        return any(_fits(value, a) for a in arms)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp) if isinstance(tp, type) and origin is None else True
+
+
+def _llm_kwarg_errors(vllm, kwargs: dict) -> list[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    explicit = inspect.signature(vllm.LLM.__init__).parameters
+    assert any(p.kind is p.VAR_KEYWORD for p in explicit.values())  # the rest go to EngineArgs
+    fields = {f.name: f.type for f in dataclasses.fields(EngineArgs)}
+    errors = []
+    for k, v in kwargs.items():
+        if k in explicit and explicit[k].kind is not explicit[k].VAR_KEYWORD:
+            tp = explicit[k].annotation
+        elif k in fields:
+            tp = fields[k]
+        else:
+            errors.append(f"{k} is neither an LLM nor an EngineArgs parameter")
+            continue
+        if not _fits(v, tp):
+            errors.append(f"{k}={v!r} does not fit {tp}")
+    return errors
+
+
+@pytest.mark.parametrize("overrides", GPU_CONFIGS, ids=lambda o: " ".join(o))
+def test_contract_llm_kwargs_of_the_gpu_configs(vllm, overrides):
+    cfg = compose(overrides)
+    engine_kw, _ = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))
+    inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
+    kwargs = llm_kwargs(cfg.model.path, on_cpu=False, **engine_kw)
+    assert _llm_kwarg_errors(vllm, kwargs) == []
+    assert callable(resolve(kwargs["worker_extension_cls"]))
+
+
+def test_contract_llm_kwargs_on_cpu(vllm):
+    cfg = compose(["model=tiny"])
+    engine_kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
+    assert _llm_kwarg_errors(vllm, llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw)) == []
+
+
+def test_contract_vllm_functions_called_in_bandpo(vllm):
+    calls = library_calls("vllm")
+    errors, bound = bind_errors(calls)
+    assert errors == []
+    assert bound >= 5, calls  # LLM, SamplingParams, the reload functions, set_current_vllm_config, ...
+
+
+def test_contract_llm_methods_called_by_the_engine(vllm):
+    calls = method_calls("self.llm", under="bandpo/rollout")
+    assert {"generate", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "update_weights"} <= \
+        {c.target for c in calls}
+    assert bind_errors(calls, owner=vllm.LLM) == ([], len(calls))
+
+
+def test_contract_collective_rpc_targets_are_extension_methods(vllm):
+    ext = resolve(EXTENSION)
+    rpcs = [c for c in method_calls("self.llm", under="bandpo/rollout") if c.target == "collective_rpc"]
+    assert rpcs
+    for c in rpcs:
+        method = getattr(ext, c.constants[0])  # the target, a constant string
+        n_args = len(c.constants.get("args", ()))
+        inspect.signature(method).bind(object(), *[object()] * n_args)
+
+
+def test_contract_extension_names_do_not_clash_with_vllms_workers(vllm):
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+
+    ext = resolve(EXTENSION)
+    names = [n for n in dir(ext) if not n.startswith("__")]
+    assert names and all(n.startswith(("bandpo_", "_bandpo_")) for n in names)
+    assert [n for n in names if hasattr(Worker, n) or hasattr(CPUWorker, n)] == []
+
+
+def test_contract_model_runner_methods_used_by_the_extension(vllm):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    calls = method_calls("self.model_runner", under="bandpo/rollout")
+    assert {"reload_weights", "get_model"} <= {c.target for c in calls}
+    assert bind_errors(calls, owner=GPUModelRunner) == ([], len(calls))
+
+
+def test_contract_wake_up_tags_are_vllms_memory_pool_tags(vllm):
+    """The group's two-step wake (weights, then KV cache) sends tags vLLM's GPU worker allocates under."""
+    from vllm.v1.worker import gpu_worker
+
+    from bandpo.rollout.group import RolloutGroup
+
+    class Recording(RolloutGroup):
+        def __init__(self):
+            self.sleeps, self.workers, self.sent = True, ["engine"], []
+
+        def call(self, method, *args):
+            self.sent.append((method, *args))
+
+    group = Recording()
+    group.wake(lambda: None)
+    tags = {t for method, *args in group.sent if method == "wake_up" for t in args[0]}
+    source = inspect.getsource(gpu_worker.Worker)
+    assert tags == {"weights", "kv_cache"}
+    assert all(f'tag="{t}"' in source for t in tags)
+    inspect.signature(vllm.LLM.wake_up).bind(object(), sorted(tags))
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_contract_sampling_params(vllm, seed):
+    from bandpo.types import SamplingParams
+
+    kw = sampling_kwargs(SamplingParams(n=4, temperature=0.9, top_p=0.95, top_k=20, max_tokens=16, seed=seed),
+                         prompt_len=10, i=3, max_model_len=64)
+    params = vllm.SamplingParams(**kw)
+    assert (params.n, params.max_tokens, params.seed) == (4, 16, None if seed is None else seed + 3 * 4)
+
+
+def test_contract_weight_sync_client_has_vllms_protocol(vllm):
+    from vllm.distributed.weight_transfer.base import VLLMWeightSyncClient
+
+    from bandpo.weight_sync.vllm_transfer import VllmWeightSyncClient
+
+    methods = [n for n, v in vars(VLLMWeightSyncClient).items() if inspect.isfunction(v) and not n.startswith("_")]
+    assert len(methods) == 4
+    for name in methods:
+        ours, theirs = inspect.signature(getattr(VllmWeightSyncClient, name)), inspect.signature(getattr(VLLMWeightSyncClient, name))
+        assert list(ours.parameters) == list(theirs.parameters), name
+
+
+def test_contract_ray_executor_variables_exist(vllm):
+    import vllm.envs as envs
+
+    from bandpo.distributed.placement import engine_launch
+
+    cfg = compose(["model=qwen2.5-7b"])
+    plan = make_plan(cfg, ClusterShape(1, 8), "cuda")
+    _, env = engine_launch(plan, [None], 0)
+    assert set(env) == {"VLLM_RAY_BUNDLE_INDICES", "VLLM_RAY_PER_WORKER_GPUS"}
+    assert set(env) | {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND"} <= set(envs.environment_variables)

@@ -1,0 +1,74 @@
+"""The rollout engines' constructor kwargs per backend (vllm, hf) and layout (CPU, colocated, split).
+
+Each backend gets only the options its constructor has: the HF engine once raised TypeError on
+vLLM's ``distributed_executor_backend`` and never slept when colocated. The kwargs built here
+are also checked against the installed vLLM in tests/unit/test_contract_vllm.py.
+"""
+
+import inspect
+
+import pytest
+
+from bandpo.config import compose
+from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.errors import ConfigError
+from bandpo.rollout.hf_engine import VLLM_ONLY, HfEngine
+from bandpo.trainer.startup import rollout_engine_kwargs
+
+SPLIT = ["actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=4",
+         "rollout.tensor_parallel_size=1"]
+
+
+def _kwargs(overrides, device):
+    cfg = compose(overrides)
+    plan = make_plan(cfg, ClusterShape(1, 8), device) if device == "cuda" else None
+    return rollout_engine_kwargs(cfg, device, plan)
+
+
+def test_vllm_tp2_colocated_uses_the_ray_executor_and_sleeps():
+    kw, sleeps = _kwargs(["model=qwen2.5-7b"], "cuda")
+    assert sleeps and kw["enable_sleep_mode"] is True
+    assert (kw["tensor_parallel_size"], kw["distributed_executor_backend"]) == (2, "ray")
+    assert kw["gpu_memory_utilization"] == 0.5 and kw["enforce_eager"] is False
+
+
+def test_vllm_tp1_leaves_the_executor_to_vllm_and_split_does_not_sleep():
+    kw, sleeps = _kwargs(["model=qwen2.5-3b"], "cuda")
+    assert sleeps and kw["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in kw
+    kw, sleeps = _kwargs(["model=qwen2.5-7b", *SPLIT], "cuda")
+    assert not sleeps and kw["enable_sleep_mode"] is False
+
+
+def test_vllm_on_cpu_runs_in_process_with_unsplit_prefills():
+    kw, sleeps = _kwargs(["model=tiny"], "cpu")
+    assert not sleeps
+    assert (kw["distributed_executor_backend"], kw["enable_chunked_prefill"], kw["enforce_eager"]) == ("uni", False, True)
+    assert "enable_sleep_mode" not in kw and "tensor_parallel_size" not in kw
+
+
+@pytest.mark.parametrize("overrides, device, sleeps", [
+    (["model=qwen2.5-3b", "rollout=hf"], "cuda", True),  # colocated: parks its weights like vLLM level 1
+    (["model=qwen2.5-7b", "rollout=hf", *SPLIT], "cuda", False),
+    (["model=tiny", "rollout=hf"], "cpu", False),
+])
+def test_hf_gets_only_its_own_options(overrides, device, sleeps):
+    kw, asleep = _kwargs(overrides, device)
+    assert asleep == sleeps and kw["device"] == device
+    params = inspect.signature(HfEngine).parameters
+    assert set(kw) <= (set(params) - {"vllm_only"}), set(kw) - set(params)
+    assert not set(kw) & VLLM_ONLY
+
+
+def test_hf_with_tensor_parallel_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match="rollout.tensor_parallel_size must be 1 with rollout.backend=hf.*rollout.num_workers=8"):
+        compose(["model=qwen2.5-7b", "rollout=hf"])
+
+
+def test_hf_wake_up_takes_vllms_tags(tiny_model_dir):
+    engine = HfEngine(tiny_model_dir, device="cpu")
+    engine.sleep()
+    engine.wake_up(["weights"])
+    engine.wake_up(["kv_cache"])
+    engine.wake_up()
+    with pytest.raises(ValueError, match="unknown tags"):
+        engine.wake_up(["kv"])
