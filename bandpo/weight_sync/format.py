@@ -51,12 +51,20 @@ def align(n: int) -> int:
 
 def layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], list[torch.Tensor], int]:
     """Assign aligned offsets. Returns (metas, tensors in the same order, total bytes)."""
-    metas, tensors, offset = [], [], 0
-    for name, t in named_tensors:
-        metas.append(TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        tensors.append(t)
-        offset = align(offset + t.numel() * t.element_size())
-    return metas, tensors, offset
+    named = list(named_tensors)
+    metas, total = plan_layout((n, t.dtype, tuple(t.shape)) for n, t in named)
+    return metas, [t for _, t in named], total
+
+
+def plan_layout(specs: Iterable[tuple[str, torch.dtype | str, tuple[int, ...]]]) -> tuple[list[TensorMeta], int]:
+    """Offsets from ``(name, dtype, shape)`` alone, so a writer can size the buffer before holding any
+    tensor (ZeRO-3 gathers each bucket only when it is copied). Returns (metas, total bytes)."""
+    metas, offset = [], 0
+    for name, dtype, shape in specs:
+        meta = TensorMeta(name, str(dtype).removeprefix("torch."), tuple(int(s) for s in shape), offset)
+        metas.append(meta)
+        offset = align(offset + meta.nbytes)
+    return metas, offset
 
 
 def views(buf: torch.Tensor, metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
