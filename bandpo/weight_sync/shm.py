@@ -31,7 +31,7 @@ def node_shm_path(prefix: str, node_id: str) -> str:
 
 
 def write_weights_shm(named_tensors: Iterable[tuple[str, torch.Tensor]], path: str, *, reserve: int = 0,
-                      threads: int = COPY_THREADS) -> list[TensorMeta]:
+                      threads: int | None = None) -> list[TensorMeta]:
     """Write tensors (any device) into one flat file at ``path`` (use ``/dev/shm/...``); return their metas.
 
     An existing file is resized and overwritten in place, through a mapping kept from the last
@@ -52,7 +52,7 @@ def open_weights_shm(path: str, total: int, *, reserve: int = 0) -> torch.Tensor
 
 
 def copy_into(buf: torch.Tensor, metas: list[TensorMeta], tensors: list[torch.Tensor],
-              threads: int = COPY_THREADS) -> int:
+              threads: int | None = None) -> int:
     """Copy each tensor into its view of the flat buffer ``buf``; returns the bytes copied.
 
     With ``threads`` > 1 the copies run on a thread pool (``copy_`` releases the GIL), largest
@@ -60,6 +60,7 @@ def copy_into(buf: torch.Tensor, metas: list[TensorMeta], tensors: list[torch.Te
     write into fresh tmpfs pages is page-fault bound, so both scale with threads; a warm
     host -> host copy is memory-bandwidth bound and gains little (scripts/bench_rollout.py).
     """
+    threads = COPY_THREADS if threads is None else threads
     pairs = [(v, t) for (_, v), t in zip(views(buf, metas), tensors, strict=True)]
     if threads <= 1 or len(pairs) < 2:
         for v, t in pairs:
@@ -77,6 +78,10 @@ def shm_free_bytes(directory: str) -> tuple[int, int]:
     """(free, total) bytes of the file system holding ``directory`` (tmpfs: RAM it may still take)."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def _human(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def check_shm_space(path: str, nbytes: int, *, reserve: int = 0, free_total: tuple[int, int] | None = None) -> None:
@@ -100,7 +105,7 @@ def check_shm_space(path: str, nbytes: int, *, reserve: int = 0, free_total: tup
     want = -(-(nbytes + reserve + (total - free - existing)) // gib)  # GiB to ask for, rounded up
     parts = f"{nbytes} for the weight file" + (f" + {reserve} for Ray's object-store copy" if reserve else "")
     raise SharedMemoryFull(
-        f"{directory} is too small for the weight sync: it holds {total} bytes ({total / gib:.2f} GiB) with "
+        f"{directory} is too small for the weight sync: it holds {total} bytes ({_human(total)}) with "
         f"{free} free, and the sync needs {needed} more ({parts}). Give the container more shared memory "
         f"(docker run --shm-size={max(want, 1)}g, or --ipc=host), or set rollout.weight_sync to ipc / nccl on GPU")
 
