@@ -184,7 +184,7 @@ def _ipc_receiver(inbox, outbox) -> None:
         outbox.put(True)
 
 
-def ipc_round_trip(model_dir: str, bucket_bytes: int = 512 << 20) -> dict:
+def ipc_round_trip(model_dir: str, bucket_bytes: int = 256 << 20) -> dict:
     """GB/s of packing the model's weights into IPC buckets and copying them out in another process."""
     import torch
     import torch.multiprocessing as mp

@@ -25,8 +25,6 @@ from bandpo.weight_sync.format import layout, metas_from_wire, metas_to_wire, vi
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-DEFAULT_BUCKET_BYTES = 512 << 20
-
 
 def gpu_uuid(index: int | None = None) -> str:
     """The UUID of CUDA device ``index`` (default: the current one), the same in every process."""
