@@ -198,8 +198,10 @@ def validate(cfg) -> None:
     _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
 
     from bandpo.rollout.base import available_engines
+    from bandpo.weight_sync.transport import TRANSPORTS
 
     _choice(cfg, "rollout.backend", available_engines())
+    _choice(cfg, "rollout.weight_sync", TRANSPORTS)  # checked against the layout at start-up (choose_transport)
     _number(cfg, "rollout.n", low=2, integer=True)
     _number(cfg, "rollout.temperature", low=0, strict_low=True)
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)

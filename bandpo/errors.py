@@ -55,3 +55,7 @@ def check(cond: bool, key: str, msg: str, shown: object) -> None:
     """
     if not cond:
         raise ConfigError(f"config error: {key} {msg}, got {shown}")
+
+
+class SharedMemoryFull(RuntimeError):
+    """/dev/shm has too little free space for the weight sync (names its size, the bytes needed and the fix)."""

@@ -8,6 +8,8 @@ of the same bytes measured in the same run (medians of ``--reps`` interleaved re
     sync       = write_weights_shm (actor side) + update_weights_from_shm (engine side: "load"),
                  into the file (and the writer's mapping of it) kept from the last sync
     sync_new   = the same after deleting the file: fresh tmpfs pages to fault in every time
+    write shm  = the actor side alone, copies on ``shm.COPY_THREADS`` threads; "1 thread": on one
+    host MB    = bytes the writer copies into host memory per sync (``HostCopyCounter``, one thread)
     copy_fresh = one copy of every tensor into a newly allocated flat buffer
     copy_warm  = one copy of every tensor into an already touched flat buffer (memcpy speed)
 
@@ -61,7 +63,7 @@ def interleaved_medians(fns: dict, reps: int) -> dict[str, float]:
 def bench_sync(engine, weights, reps: int) -> dict:
     import torch
 
-    from bandpo.weight_sync.format import copy_bytes_baseline, layout
+    from bandpo.weight_sync.format import HostCopyCounter, copy_bytes_baseline, layout
     from bandpo.weight_sync.shm import remove_shm, write_weights_shm
 
     path = f"/dev/shm/bandpo-bench-{os.getpid()}.bin"
@@ -77,12 +79,18 @@ def bench_sync(engine, weights, reps: int) -> dict:
         "copy_fresh_s": lambda: copy_bytes_baseline(weights),
         "copy_warm_s": copy_warm,
         "write_shm_s": lambda: write_weights_shm(weights, path),
+        "write_shm_1t_s": lambda: write_weights_shm(weights, path, threads=1),
+        "sync_new_1t_s": lambda: (remove_shm(path), engine.update_weights_from_shm(
+            path, write_weights_shm(weights, path, threads=1))),
         "load_s": lambda: engine.update_weights_from_shm(path, metas),
         "sync_s": lambda: engine.update_weights_from_shm(path, write_weights_shm(weights, path)),
         "sync_new_s": lambda: (remove_shm(path), engine.update_weights_from_shm(path, write_weights_shm(weights, path))),
     }
     try:
         out = {"params": sum(t.numel() for t in tensors), "bytes": total, **interleaved_medians(fns, reps)}
+        with HostCopyCounter() as counted:
+            write_weights_shm(weights, path, threads=1)
+        out["host_bytes_write"] = counted.bytes
     finally:
         remove_shm(path)
     out["sync_over_copy_fresh"] = out["sync_s"] / out["copy_fresh_s"]
@@ -141,15 +149,18 @@ def main() -> None:
             print(f"done {name}/{backend}: {res['tokens_per_s']:.0f} tok/s, sync {res['sync_s'] * 1e3:.1f} ms", flush=True)
 
     head = (f"{'model':6} {'engine':6} {'init s':>7} {'tok/s':>8} {'MB':>7} {'copy fresh':>11} {'copy warm':>10} "
-            f"{'write shm':>10} {'load':>8} {'sync':>8} {'sync new':>9} {'sync/fresh':>11} {'sync/warm':>10} "
-            f"{'new/sync':>9}")
+            f"{'write shm':>10} {'1 thread':>9} {'load':>8} {'sync':>8} {'sync new':>9} {'1 thread':>9} "
+            f"{'sync/fresh':>11} {'sync/warm':>10} {'new/sync':>9} {'host MB':>8}")
     print(head)
     for r in rows:
         print(f"{r['model']:6} {r['backend']:6} {r['init_s']:7.1f} {r['tokens_per_s']:8.0f} {r['bytes'] / 1e6:7.1f} "
               f"{r['copy_fresh_s'] * 1e3:9.1f}ms {r['copy_warm_s'] * 1e3:8.1f}ms {r['write_shm_s'] * 1e3:8.1f}ms "
-              f"{r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms {r['sync_new_s'] * 1e3:7.1f}ms "
-              f"{r['sync_over_copy_fresh']:10.2f}x {r['sync_over_copy_warm']:9.2f}x {r['sync_new_over_sync']:8.2f}x")
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "workload": vars(args)}
+              f"{r['write_shm_1t_s'] * 1e3:7.1f}ms {r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms "
+              f"{r['sync_new_s'] * 1e3:7.1f}ms {r['sync_new_1t_s'] * 1e3:7.1f}ms "
+              f"{r['sync_over_copy_fresh']:10.2f}x {r['sync_over_copy_warm']:9.2f}x {r['sync_new_over_sync']:8.2f}x "
+              f"{r['host_bytes_write'] / 1e6:8.1f}")
+    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "workload": vars(args)}
+    print(f"load average {os.getloadavg()}")
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
     print(f"wrote {args.out}")

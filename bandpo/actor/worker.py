@@ -459,21 +459,33 @@ class Actor:
         Under ZeRO-3 each bucket is gathered on its own (never the whole model): all ranks must
         iterate to the end.
         """
+        for bucket in self.gathered_buckets(bucket_bytes):
+            yield [(name, t.to("cpu", copy=True)) for name, t in bucket]
+
+    def gathered_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters as (HF name, tensor on this rank's device) lists of about ``bucket_bytes``,
+        no copy: each list is valid only until the next is asked for (under ZeRO-3 its gather is
+        released then). Collective under ZeRO-3: all ranks must iterate to the end. Names and
+        order are ``weight_specs``'."""
         bucket: list[tuple[str, torch.nn.Parameter]] = []
         size = 0
         for name, p in self.engine.module.named_parameters():
             nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
             if bucket and size + nbytes > bucket_bytes:
-                yield self._materialize(bucket)
+                yield from self._gathered_bucket(bucket)
                 bucket, size = [], 0
             bucket.append((name, p))
             size += nbytes
         if bucket:
-            yield self._materialize(bucket)
+            yield from self._gathered_bucket(bucket)
 
-    def _materialize(self, bucket: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, torch.Tensor]]:
+    def _gathered_bucket(self, bucket: list[tuple[str, torch.nn.Parameter]]):
         with self._gathered([p for _, p in bucket]):
-            return [(name, p.detach().to("cpu", copy=True)) for name, p in bucket]
+            if not self.on_cpu:  # readers may use other streams (NCCL's, IPC's): the gather must have landed
+                torch.cuda.synchronize(self.device)
+            yield [(name, p.detach()) for name, p in bucket]
+            if not self.on_cpu:  # ... and finished reading before the gathered memory is released
+                torch.cuda.synchronize(self.device)
 
     @contextmanager
     def _gathered(self, params):
@@ -484,6 +496,11 @@ class Actor:
 
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield
+
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(HF name, dtype, full shape) of every parameter, in ``gathered_buckets``' order, without a gather."""
+        return [(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
+                for name, p in self.engine.module.named_parameters()]
 
     def state_fingerprint(self) -> float:
         """Sum of |parameter| over the full model (float64); equal fingerprints ~ equal weights."""
@@ -536,25 +553,54 @@ class Actor:
             ckpt.publish(tmp, path)
         self._barrier()
 
-    def publish_weights_shm(self, paths: dict[int, str]) -> list:
+    def publish_weights_shm(self, paths: dict[int, str], relay: bool = False) -> list:
         """Write the full weights to one shared-memory file per node for the rollout engines.
 
-        ``paths`` maps each writing rank (the lowest rank on each node) to its node's file.
+        ``paths`` maps each writing rank (the lowest rank on each node) to its node's file;
+        ``relay``: the file also goes to other nodes through Ray's object store, itself in /dev/shm,
+        so the space checked is twice the file's.
+        The file is sized from ``weight_specs`` first, then filled bucket by bucket straight from
+        the (gathered) parameters: one copy through host memory, no full CPU copy of the model.
         Under ZeRO-3 every rank must call it (each bucket's gather is a collective); under
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
-        from bandpo.weight_sync.shm import write_weights_shm
+        from bandpo.weight_sync.format import plan_layout
+        from bandpo.weight_sync.shm import copy_into, open_weights_shm
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:
             return []
-        tensors = ckpt.iter_tensors(self.named_weights())
-        if path is not None:
-            return write_weights_shm(tensors, path)
-        for _ in tensors:  # take part in the gathers
-            pass
-        return []
+        metas, total = plan_layout(self.weight_specs())
+        buf = open_weights_shm(path, total, reserve=total if relay else 0) if path is not None else None
+        by_name = {m.name: m for m in metas}
+        for bucket in self.gathered_buckets():  # non-writing ZeRO-3 ranks: take part in the gathers
+            if buf is not None:
+                copy_into(buf, [by_name[n] for n, _ in bucket], [t for _, t in bucket])
+        return metas if path is not None else []
+
+    def send_weights(self, transport: str, engines: list, engine_tp: int = 1) -> None:
+        """GPU weight sync into the engines without host memory (``bandpo.weight_sync.transport``):
+        ``ipc`` (colocated) or ``nccl`` (split). Collective: every rank calls it."""
+        if transport == "ipc":
+            from bandpo.weight_sync.ipc import send_ipc
+
+            send_ipc(self.gathered_buckets(), engines, driver=self.rank == 0, all_gather=self._all_gather_object,
+                     barrier=self._barrier)
+        elif transport == "nccl":
+            from bandpo.weight_sync.format import plan_layout
+            from bandpo.weight_sync.nccl import NcclSender
+
+            if self.rank != 0:
+                if self.zero_stage == 3:
+                    for _ in self.gathered_buckets():  # take part in the gathers
+                        pass
+                return
+            if getattr(self, "_nccl", None) is None:
+                self._nccl = NcclSender(engines, engine_tp)
+            self._nccl.send(plan_layout(self.weight_specs())[0], ckpt.iter_tensors(self.gathered_buckets()))
+        else:
+            raise ValueError(f"send_weights: transport must be ipc or nccl, got {transport!r}")
 
     def node_id(self) -> str:
         """The Ray node this rank runs on (it publishes weights for that node's engines)."""
@@ -584,6 +630,14 @@ class Actor:
             t, op=torch.distributed.ReduceOp.MAX if max_ else torch.distributed.ReduceOp.SUM
         )
         return t.cpu()
+
+    def _all_gather_object(self, obj) -> list:
+        """Every rank's ``obj``, in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
 
     def _barrier(self) -> None:
         if self.world_size > 1:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # Engine options that only mean something to vLLM; accepted so one config drives either backend.
 VLLM_ONLY = {
     "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "tensor_parallel_size", "enable_sleep_mode",
-    "sleep_level", "enable_prefix_caching", "sync_dir", "bucket_bytes",
+    "sleep_level", "enable_prefix_caching", "sync_dir",
 }
 
 

@@ -18,7 +18,6 @@ import torch
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
 from bandpo.types import RolloutBatch, SamplingParams
 from bandpo.weight_sync.format import TensorMeta, metas_to_wire
-from bandpo.weight_sync.ipc import DEFAULT_BUCKET_BYTES, iter_ipc_buckets
 from bandpo.weight_sync.shm import remove_shm, write_weights_shm
 
 if TYPE_CHECKING:
@@ -49,9 +48,9 @@ class VllmEngine:
             weight sync must then load every tensor).
         enable_prefix_caching: share the KV of a prompt across its n samples; default on.
         overlong_prompt: "error" (default) or "truncate" (keep the last max_model_len - 1 tokens).
-        sync_dir: folder for the temporary weight file of ``update_weights`` on CPU.
-        bucket_bytes: GPU IPC bucket size for ``update_weights`` with CUDA tensors.
-        **llm_kwargs_extra: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``).
+        sync_dir: folder for the temporary weight file of ``update_weights``.
+        **llm_kwargs_extra: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``, which
+            the nccl weight sync needs: ``bandpo.weight_sync.nccl.ENGINE_KWARGS``).
 
     The ``vllm.LLM`` arguments are ``llm_kwargs``'s.
     """
@@ -72,7 +71,6 @@ class VllmEngine:
         enable_prefix_caching: bool = True,
         overlong_prompt: OverlongPolicy = "error",
         sync_dir: str = "/dev/shm",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **llm_kwargs_extra,
     ) -> None:
         from bandpo.run.worker_logs import redirect_group_output
@@ -94,7 +92,6 @@ class VllmEngine:
         self.sleep_level = sleep_level
         self.overlong_prompt = overlong_prompt
         self.sync_dir = sync_dir
-        self.bucket_bytes = bucket_bytes
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.tied: bool = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -137,15 +134,9 @@ class VllmEngine:
     # ---- weight sync ----------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full HF-named tensors: CUDA tensors by IPC buckets, CPU tensors through ``/dev/shm``."""
-        it = iter((n, t) for n, t in named_tensors if not (self.tied and n == "lm_head.weight"))
-        first = next(it, None)
-        if first is None:
-            return
-        it = itertools.chain([first], it)
-        if first[1].is_cuda:
-            self._update_ipc(it)
-            return
+        """Load full HF-named tensors through a temporary ``/dev/shm`` file (evaluation, tests; the
+        trainer's transports are ``bandpo.weight_sync``'s)."""
+        it = ((n, t) for n, t in named_tensors if not (self.tied and n == "lm_head.weight"))
         path = os.path.join(self.sync_dir, f"bandpo-weights-{os.getpid()}-{next(_sync_ids)}.bin")
         try:
             metas = write_weights_shm(it, path)
@@ -158,15 +149,19 @@ class VllmEngine:
         self.llm.collective_rpc("bandpo_load_shm", args=(path, metas_to_wire(metas)))
         self.llm.reset_prefix_cache()
 
-    def _update_ipc(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """GPU: stream CUDA tensors in bounded buckets; each bucket is loaded before the next is packed."""
-        self.llm.collective_rpc("bandpo_begin_update")
-        try:
-            for payload in iter_ipc_buckets(named_tensors, self.bucket_bytes):
-                self.llm.collective_rpc("bandpo_load_ipc", args=(payload,))
-        finally:
+    def ipc_update(self, op: str, payload: dict[str, bytes] | None = None) -> None:
+        """One step of a CUDA IPC sync (``bandpo.weight_sync.ipc.send_ipc``): "begin" (layerwise reload),
+        "load" (payload: GPU UUID -> bucket; every worker maps its own GPU's), "finish" (the prefix
+        cache is reset after it)."""
+        if op == "begin":
+            self.llm.collective_rpc("bandpo_begin_update")
+        elif op == "load":
+            self.llm.collective_rpc("bandpo_load_ipc", args=(payload,))
+        elif op == "finish":
             self.llm.collective_rpc("bandpo_finish_update")
-        self.llm.reset_prefix_cache()
+            self.llm.reset_prefix_cache()
+        else:
+            raise ValueError(f"ipc_update: unknown op {op!r}; valid: begin, load, finish")
 
     def weight_transfer(self, op: str, payload=None) -> None:
         """One step of vLLM's weight-transfer handshake (needs ``weight_transfer_config`` at build).

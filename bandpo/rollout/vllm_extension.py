@@ -33,9 +33,10 @@ class _ExpectedReloadWarnings(logging.Filter):
 class BandpoWorkerExtension:
     """Weight loading entry points for the rollout engine.
 
-    ``bandpo_load_shm``: the node-local /dev/shm file, which the trainer uses on every device.
-    ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets, reached
-    only through ``VllmEngine.update_weights`` with CUDA tensors; no production caller uses them yet.
+    ``bandpo_load_shm``: the node-local /dev/shm file (``rollout.weight_sync=shm``; CPU).
+    ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets from the
+    colocated actor ranks (``rollout.weight_sync=ipc``; ``VllmEngine.ipc_update``). The nccl transport
+    goes through vLLM's own weight-transfer engine instead (``bandpo.weight_sync.nccl``).
     """
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
@@ -57,14 +58,15 @@ class BandpoWorkerExtension:
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
 
-    def bandpo_load_ipc(self, payload: bytes) -> int:
-        """Load one CUDA IPC bucket (between ``bandpo_begin_update`` and ``bandpo_finish_update``)."""
+    def bandpo_load_ipc(self, payloads: dict) -> int:
+        """Load one CUDA IPC bucket, the one packed on this worker's GPU (``payloads``: GPU UUID ->
+        payload), between ``bandpo_begin_update`` and ``bandpo_finish_update``."""
         import torch
         from vllm.config import set_current_vllm_config
 
         from bandpo.weight_sync.ipc import open_ipc_bucket
 
-        weights = list(open_ipc_bucket(payload))
+        weights = list(open_ipc_bucket(payloads))
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.get_model().load_weights(weights)
         # The sender reuses the bucket's memory once this returns: the copies must have landed.

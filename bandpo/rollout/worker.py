@@ -7,7 +7,6 @@ makes it an actor. Ray is imported only inside the functions that need it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,6 @@ from bandpo.split import split_evenly
 from bandpo.types import RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
-    import torch
     from ray.actor import ActorHandle
 
     from bandpo.weight_sync.format import TensorMeta
@@ -57,10 +55,6 @@ class RolloutWorker:
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> RolloutBatch:
         return self.engine.generate(prompt_token_ids, sampling)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Tensors through the Ray object store: fine for small models and tests; prefer shared memory."""
-        self.engine.update_weights(named_tensors)
-
     def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> tuple[str, str]:
         """Load the shared-memory weight file ``path``; returns (this worker's Ray node id, ``path``)."""
         self.engine.update_weights_from_shm(path, metas)
@@ -85,8 +79,12 @@ class RolloutWorker:
         return self.node_id(), write_file_bytes(ray.get(blob[0]), path)
 
     def weight_transfer(self, op: str, payload: Any = None) -> None:
-        """vLLM's own weight-transfer API (GPU NCCL / IPC backends); see ``bandpo.weight_sync.vllm_transfer``."""
+        """vLLM's own weight-transfer handshake (the nccl transport, ``bandpo.weight_sync.nccl``)."""
         self.engine.weight_transfer(op, payload)
+
+    def ipc_update(self, op: str, payload: Any = None) -> None:
+        """One step of a CUDA IPC sync (the ipc transport, ``bandpo.weight_sync.ipc``)."""
+        self.engine.ipc_update(op, payload)
 
     def sleep(self) -> None:
         self.engine.sleep()

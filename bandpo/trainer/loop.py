@@ -89,7 +89,7 @@ class Trainer:
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.loss = loss_options(cfg)  # the policy loss's options, validated once
         self.workers = Workers()
-        self.weight_sync = None  # NodeWeightSync, made at the first sync
+        self.weight_sync = None  # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
 
     # ------------------------------------------------------------------ setup
@@ -223,18 +223,17 @@ class Trainer:
         write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
 
     def sync_weights(self) -> None:
-        """Actor -> rollout: the lowest actor rank on each node writes one flat buffer in that node's
-        /dev/shm, and every engine loads its own node's (``bandpo.weight_sync.node``).
-
-        The files stay between syncs (``close`` removes them; a killed run's is removed by the next
-        start): rewriting one through the actor's kept mapping costs half of writing a new one
-        (no fresh tmpfs pages to fault in; scripts/bench_rollout.py, ``new/sync``).
-        """
-        from bandpo.weight_sync.node import NodeWeightSync
+        """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
+        CUDA IPC buckets (colocated GPU), NCCL broadcast (split GPU), or node-local /dev/shm files
+        (CPU; ``bandpo.weight_sync.node``: they stay between syncs, rewritten in place through the
+        actor's kept mapping, and ``close`` removes them)."""
+        from bandpo.trainer.startup import weight_transport
+        from bandpo.weight_sync.transport import make_weight_sync
 
         if self.weight_sync is None:
-            self.weight_sync = NodeWeightSync(self.workers.actor.workers, self.workers.rollout.workers,
-                                              f"{SHM_PREFIX}{os.getpid()}")
+            self.weight_sync = make_weight_sync(
+                weight_transport(self.cfg, self.plan), self.workers.actor.workers, self.workers.rollout.workers,
+                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size))
         self.weight_sync.sync()
 
     def evaluate(self) -> dict:

@@ -114,6 +114,13 @@ def placement_plan(cfg, device: str):
     return make_plan(cfg, shape_from_config(cfg) or live_shape(), "cuda")
 
 
+def weight_transport(cfg, plan) -> str:
+    """``rollout.weight_sync`` resolved for the plan's layout (``bandpo.weight_sync.transport``): ipc, nccl or shm."""
+    from bandpo.weight_sync.transport import choose_transport
+
+    return choose_transport(cfg.rollout.weight_sync, plan.layout if plan is not None else "cpu", cfg.rollout.backend)
+
+
 def verifier_strategies(cfg, plan) -> list | None:
     """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
     if plan is None or cfg.trainer.verifier_actors == "per_node":
@@ -133,7 +140,8 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
     Generator does not use offset"). ``hf``: one device per engine (the config refuses TP > 1);
     in the colocated GPU layout it sleeps as vLLM does (weights parked in host memory during
     the actor's stages). Engines sleep only when colocated on GPU (``rollout.enable_sleep_mode``:
-    auto) or when the config asks for it on GPU.
+    auto) or when the config asks for it on GPU. With the nccl weight sync the vLLM engines
+    also get vLLM's weight-transfer config (``bandpo.weight_sync.nccl.ENGINE_KWARGS``).
     """
     ro = cfg.rollout
     gpu = device == "cuda"
@@ -147,6 +155,10 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
                       enable_sleep_mode=sleeps)
             if tp > 1:
                 kw["distributed_executor_backend"] = "ray"
+            if weight_transport(cfg, plan) == "nccl":  # the engines join actor rank 0's broadcast group
+                from bandpo.weight_sync.nccl import ENGINE_KWARGS
+
+                kw.update(ENGINE_KWARGS)
         else:
             kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False, distributed_executor_backend="uni",
                       max_num_batched_tokens=max(8192, cfg.model.max_model_len))

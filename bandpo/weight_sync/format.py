@@ -51,12 +51,20 @@ def align(n: int) -> int:
 
 def layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], list[torch.Tensor], int]:
     """Assign aligned offsets. Returns (metas, tensors in the same order, total bytes)."""
-    metas, tensors, offset = [], [], 0
-    for name, t in named_tensors:
-        metas.append(TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        tensors.append(t)
-        offset = align(offset + t.numel() * t.element_size())
-    return metas, tensors, offset
+    named = list(named_tensors)
+    metas, total = plan_layout((n, t.dtype, tuple(t.shape)) for n, t in named)
+    return metas, [t for _, t in named], total
+
+
+def plan_layout(specs: Iterable[tuple[str, torch.dtype | str, tuple[int, ...]]]) -> tuple[list[TensorMeta], int]:
+    """Offsets from ``(name, dtype, shape)`` alone, so a writer can size the buffer before holding any
+    tensor (ZeRO-3 gathers each bucket only when it is copied). Returns (metas, total bytes)."""
+    metas, offset = [], 0
+    for name, dtype, shape in specs:
+        meta = TensorMeta(name, str(dtype).removeprefix("torch."), tuple(int(s) for s in shape), offset)
+        metas.append(meta)
+        offset = align(offset + meta.nbytes)
+    return metas, offset
 
 
 def views(buf: torch.Tensor, metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -94,3 +102,39 @@ def copy_bytes_baseline(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> in
     for (_, view), t in zip(views(buf, metas), tensors):
         view.copy_(t.detach())
     return total
+
+
+class HostCopyCounter:
+    """Counts the bytes torch copies INTO host (CPU) memory while active: ``copy_`` into a CPU tensor,
+    ``.to("cpu")`` / ``clone`` producing one. A dispatch mode, so thread-local: copies on other
+    threads (``shm.copy_into`` with threads > 1) are not seen. For benchmarks and tests.
+
+        with HostCopyCounter() as c:
+            ...
+        c.bytes
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._mode = None
+
+    def __enter__(self) -> HostCopyCounter:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = func.overloadpacket.__name__
+                dst = args[0] if name == "copy_" else out if name in ("_to_copy", "clone") else None
+                if isinstance(dst, torch.Tensor) and dst.device.type == "cpu":
+                    counter.bytes += dst.numel() * dst.element_size()
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)

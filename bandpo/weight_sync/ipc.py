@@ -1,76 +1,96 @@
-"""CUDA IPC buckets: tensors on one GPU shared with another process by IPC handle, bucket by bucket.
+"""CUDA IPC buckets: the colocated layout's transport (``rollout.weight_sync=ipc``).
 
-Tensors are packed into bounded-size CUDA buffers (the flat format of ``bandpo.weight_sync.format``)
-whose IPC handles travel pickled; the receiver maps each buffer and loads views of it. Peak extra
-memory is one bucket. No trainer path uses this yet (see the package docstring).
+Per bucket of parameters (gathered bucket by bucket under ZeRO-3), every actor rank copies the
+bucket into one CUDA buffer on its own GPU (the flat format of ``bandpo.weight_sync.format``) and
+shares it by IPC handle; rank 0 collects every rank's handle, keyed by GPU UUID, and hands them
+to each engine, whose workers each map the buffer on their own GPU and load views of it
+(``open_ipc_bucket``). The weights never pass through host memory: a GPU -> GPU copy into the
+bucket and the engine's load from it. Extra GPU memory: one bucket per rank. Every rank keeps
+its bucket alive until rank 0 has seen every engine load it (a barrier).
+
+GPUs are matched by UUID because CUDA_VISIBLE_DEVICES (set per Ray actor) gives one GPU
+different indices in different processes.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
-from bandpo.weight_sync.format import align, layout, metas_from_wire, metas_to_wire, views
+from bandpo.weight_sync.format import layout, metas_from_wire, metas_to_wire, views
 
-DEFAULT_BUCKET_BYTES = 512 << 20
-
-
-def iter_ipc_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-) -> Iterator[bytes]:
-    """GPU: pack CUDA tensors into buckets of at most ``bucket_bytes`` and yield one pickled IPC payload each.
-
-    A bucket's memory stays valid until the generator is resumed, so the consumer must finish
-    loading a payload (``open_ipc_bucket``) before asking for the next one. A single tensor
-    larger than ``bucket_bytes`` gets a bucket of its own.
-    """
-    pending: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    held = None  # the last bucket's buffer: alive until the consumer resumes the generator
-    for name, t in named_tensors:
-        nbytes = align(t.numel() * t.element_size())
-        if pending and size + nbytes > bucket_bytes:
-            payload, held = _pack_ipc(pending)
-            yield payload
-            pending, size = [], 0
-        pending.append((name, t))
-        size += nbytes
-    if pending:
-        payload, held = _pack_ipc(pending)
-        yield payload
-    del held
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
-def _pack_ipc(named: list[tuple[str, torch.Tensor]]) -> tuple[bytes, torch.Tensor]:
-    """Copy tensors into one CUDA buffer; return (pickled IPC handle + metas, the buffer to keep alive)."""
+def gpu_uuid(index: int | None = None) -> str:
+    """The UUID of CUDA device ``index`` (default: the current one), the same in every process."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
+
+
+def pack_ipc_bucket(named: list[tuple[str, torch.Tensor]]) -> tuple[str, bytes, torch.Tensor]:
+    """Copy CUDA tensors into one buffer on their GPU; return (GPU UUID, pickled IPC handle + metas,
+    the buffer, which the caller keeps alive until every reader has loaded it)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     metas, tensors, total = layout(named)
     buf = torch.empty(max(total, 1), dtype=torch.uint8, device=tensors[0].device)
     for (_, view), t in zip(views(buf, metas), tensors):
         view.copy_(t.detach())
-    # The consumer reads on its own stream in another process: the copies must be done first.
+    # The reader works on its own stream in another process: the copies must have landed.
     torch.cuda.current_stream(buf.device).synchronize()
     _, args = reduce_tensor(buf)
-    uuid = str(torch.cuda.get_device_properties(buf.device).uuid)
-    return pickle.dumps({"uuid": uuid, "args": args, "metas": metas_to_wire(metas)}), buf
+    return gpu_uuid(buf.device.index), pickle.dumps({"args": args, "metas": metas_to_wire(metas)}), buf
 
 
-def open_ipc_bucket(payload: bytes) -> Iterator[tuple[str, torch.Tensor]]:
-    """GPU, receiving side: rebuild a bucket from ``iter_ipc_buckets`` and yield ``(name, tensor)`` views.
+def open_ipc_bucket(payloads: dict[str, bytes]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receiving side: map the bucket packed on this process's current GPU and yield ``(name, view)``.
 
-    The sender is found by GPU UUID, because CUDA_VISIBLE_DEVICES (set per Ray actor) makes
-    device indices differ between processes.
+    ``payloads``: GPU UUID -> payload of ``pack_ipc_bucket`` (one per actor rank).
     """
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    msg = pickle.loads(payload)  # payload comes from our own trainer process, never from users
-    local = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
-    if msg["uuid"] not in local:
-        raise RuntimeError(f"IPC bucket lives on GPU {msg['uuid']}, which this process cannot see")
+    here = torch.cuda.current_device()
+    uuid = gpu_uuid(here)
+    if uuid not in payloads:
+        raise RuntimeError(f"no actor rank packed a weight bucket on this engine's GPU {uuid} (ranks' GPUs: "
+                           f"{sorted(payloads)}); rollout.weight_sync=ipc needs the colocated layout")
+    msg = pickle.loads(payloads[uuid])  # payload comes from our own actor ranks, never from users
     args = list(msg["args"])
-    args[6] = local[msg["uuid"]]  # reduce_tensor's args: index 6 is the storage's device index
+    args[6] = here  # reduce_tensor's args: index 6 is the storage's device index, local to the sender
     buf = rebuild_cuda_tensor(*args)
     yield from views(buf, metas_from_wire(msg["metas"]))
+
+
+def send_ipc(
+    buckets: Iterable[list[tuple[str, torch.Tensor]]],
+    engines: list[ActorHandle],
+    *,
+    driver: bool,
+    all_gather: Callable[[object], list],
+    barrier: Callable[[], None],
+) -> int:
+    """One actor rank's side of an IPC sync: every rank packs each bucket, ``driver`` (rank 0) loads
+    it into every engine (``RolloutWorker.ipc_update``). Collective: all ranks call it with the same
+    buckets. ``all_gather`` / ``barrier``: the ranks' collectives. Returns the bucket count."""
+    import ray
+
+    if driver:
+        ray.get([e.ipc_update.remote("begin") for e in engines])
+    count = 0
+    try:
+        for bucket in buckets:
+            uuid, payload, buf = pack_ipc_bucket(bucket)
+            by_gpu = dict(all_gather((uuid, payload)))
+            if driver:
+                ray.get([e.ipc_update.remote("load", by_gpu) for e in engines])
+            barrier()  # every rank's buffer stays alive until all engines have loaded this bucket
+            del buf
+            count += 1
+    finally:
+        if driver:
+            ray.get([e.ipc_update.remote("finish") for e in engines])
+    return count

@@ -5,7 +5,8 @@ Per sync (``NodeWeightSync.sync``):
 
 1. publish  every actor rank runs ``publish_weights_shm`` (under ZeRO-3 each bucket's gather is
             a collective, so all ranks take part); the lowest rank on each node that holds actor
-            ranks writes that node's file;
+            ranks writes that node's file, after checking /dev/shm has room for it (and for the
+            object store's copy when there is a relay: ``bandpo.weight_sync.shm.check_shm_space``);
 2. relay    each node with engines but no actor rank (split layouts) gets the bytes of rank 0's
             file through Ray's object store: a task pinned to rank 0's node maps the file into
             the store, and one rollout worker on each such node writes its node's file;
@@ -105,8 +106,8 @@ class NodeWeightSync:
 
         if self.actor_nodes is None:
             self._locate()
-        metas = ray.get([a.publish_weights_shm.remote(self.publishers()) for a in self.actors])[0]
         relay = self.relay_nodes()
+        metas = ray.get([a.publish_weights_shm.remote(self.publishers(), bool(relay)) for a in self.actors])[0]
         if relay:
             source = self.path(self.actor_nodes[0])
             blob = _on_node(_file_bytes, self.actor_nodes[0]).remote(source)

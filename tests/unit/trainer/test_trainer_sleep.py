@@ -65,3 +65,38 @@ def test_spawn_rollout_workers_refuses_options_of_the_wrong_length():
 
     with pytest.raises(ValueError, match="options_per_worker has 1 entries for 2 workers"):
         spawn_rollout_workers(2, "hf", "unused", options_per_worker=[{}])
+
+
+@pytest.mark.parametrize("overrides, transport", [
+    ([], "ipc"),  # colocated
+    (["actor.gpus=4", "actor.num_workers=4", "rollout.gpus=4", "rollout.num_workers=2"], "nccl"),  # split
+    (["rollout.weight_sync=shm"], "shm"),
+])
+def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the_kv_cache_wake(
+        monkeypatch, overrides, transport):
+    from types import SimpleNamespace
+
+    from bandpo.config import compose
+    from bandpo.trainer.loop import Trainer
+    from bandpo.weight_sync import transport as transports
+
+    g = _RecordingGroup(sleeps=True)
+    made = []
+
+    def fake_make(name, actors, engines, **kw):  # the real sync needs Ray and engines; the order does not
+        made.append(name)
+        return SimpleNamespace(sync=lambda: g.log.append(("actor", f"sync:{name}")))
+
+    monkeypatch.setattr(transports, "make_weight_sync", fake_make)
+    trainer = Trainer.__new__(Trainer)  # no run folder, no Ray: only what sync_weights reads
+    trainer.cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", *overrides])
+    trainer.plan, trainer.weight_sync = placement_plan(trainer.cfg, "cuda"), None
+    trainer.workers = SimpleNamespace(actor=SimpleNamespace(workers=["rank0"]), rollout=g)
+    g.sleep()
+    g.wake(trainer.sync_weights)
+    g.wake(trainer.sync_weights)  # the sync object is made once per run
+    assert made == [transport]
+    assert g.log[:7] == [("engine0", "sleep"), ("engine1", "sleep"),
+                         ("engine0", "wake_up", ("weights",)), ("engine1", "wake_up", ("weights",)),
+                         ("actor", f"sync:{transport}"),
+                         ("engine0", "wake_up", ("kv_cache",)), ("engine1", "wake_up", ("kv_cache",))]

@@ -1,4 +1,4 @@
-"""Flat /dev/shm weight files (the trainer's transport) and CUDA IPC buckets (no trainer caller yet); no engine needed."""
+"""Flat /dev/shm weight files (the CPU transport) and CUDA IPC buckets (the colocated GPU one); no engine needed."""
 
 from __future__ import annotations
 
@@ -91,33 +91,39 @@ def test_copy_baseline_counts_bytes():
     assert copy_bytes_baseline(src) == 64 + 64  # 40 and 24 bytes, each padded to a 64-byte line
 
 
-def _receive(payload: bytes, queue) -> None:
+def _receive(payloads: dict, queue) -> None:
     from bandpo.weight_sync.ipc import open_ipc_bucket
 
-    queue.put({name: t.double().sum().item() for name, t in open_ipc_bucket(payload)})
+    queue.put({name: t.double().sum().item() for name, t in open_ipc_bucket(payloads)})
 
 
 @pytest.mark.gpu
 def test_ipc_buckets_roundtrip_across_processes():
     import torch.multiprocessing as mp
 
-    from bandpo.weight_sync.ipc import iter_ipc_buckets
+    from bandpo.weight_sync.ipc import pack_ipc_bucket
 
     src = [(f"w{i}", torch.randn(256, 256, device="cuda")) for i in range(5)]
     ctx = mp.get_context("spawn")
     got: dict[str, float] = {}
-    buckets = 0
-    # Bucket of 600 KiB holds two 256 KiB tensors, so 5 tensors make 3 buckets.
-    for payload in iter_ipc_buckets(src, bucket_bytes=600 << 10):
+    for bucket in (src[:2], src[2:]):
+        uuid, payload, buf = pack_ipc_bucket(bucket)  # buf stays alive until the reader is done
         q = ctx.Queue()
-        p = ctx.Process(target=_receive, args=(payload, q))
+        p = ctx.Process(target=_receive, args=({uuid: payload}, q))
         p.start()
         got.update(q.get(timeout=120))
         p.join()
-        buckets += 1
-    assert buckets == 3
-    for name, t in src:
+        del buf
+    for name, t in src:  # the reader's sums of the same float32 values, in float64: exact up to ordering
         assert got[name] == pytest.approx(t.double().sum().item(), rel=1e-9)
+
+
+@pytest.mark.gpu
+def test_ipc_bucket_on_another_gpu_is_refused():
+    from bandpo.weight_sync.ipc import open_ipc_bucket
+
+    with pytest.raises(RuntimeError, match="colocated"):
+        list(open_ipc_bucket({"GPU-not-this-one": b""}))
 
 
 def test_node_plan_lowest_rank_per_node_publishes_and_engine_only_nodes_get_a_relay():

@@ -1,0 +1,81 @@
+"""NCCL broadcast from actor rank 0 to every engine worker: the split layout's transport
+(``rollout.weight_sync=nccl``, one node or many), on vLLM's weight-transfer engine.
+
+The engines are built with ``weight_transfer_config={"backend": "nccl"}``
+(``ENGINE_KWARGS``). At the first sync actor rank 0 opens a NCCL group of its own with every
+engine worker (vLLM's stateless group over a TCP rendezvous on rank 0's node: rank 0 is the
+actor, engine i's TP workers are ranks 1 + i * tp ..., independent of the actor's DeepSpeed
+group). Per sync the engines start a layerwise reload, receive the metadata, and take part in
+vLLM's packed broadcast (tensors packed into double-buffered ~1 GB GPU buffers) while rank 0
+sends; then they finish the reload. The weights never pass through host memory.
+
+Under ZeRO-3 every actor rank iterates the buckets (each bucket's gather is a collective);
+only rank 0 sends. Under ZeRO-2 rank 0 holds the full weights and the other ranks return at once.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+from bandpo.weight_sync.format import TensorMeta
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+ENGINE_KWARGS = {"weight_transfer_config": {"backend": "nccl"}}  # vllm.LLM kwargs of an nccl-synced engine
+
+
+def update_info(metas: Iterable[TensorMeta]) -> dict:
+    """vLLM's ``NCCLWeightTransferUpdateInfo`` as a plain dict: names, dtype names, shapes, in send order."""
+    metas = list(metas)
+    return {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
+            "shapes": [list(m.shape) for m in metas]}
+
+
+def worker_init_infos(address: str, port: int, engines: int, tp: int) -> list[dict]:
+    """Per engine, the init info its workers join the group with: engine i's workers are ranks
+    ``1 + i * tp + (TP rank)`` of ``1 + engines * tp`` (rank 0: the actor)."""
+    world = 1 + engines * tp
+    return [{"master_address": address, "master_port": port, "rank_offset": 1 + i * tp, "world_size": world,
+             "packed": True} for i in range(engines)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class NcclSender:
+    """Actor rank 0's end of the broadcast group; made at the first sync, kept for the run."""
+
+    def __init__(self, engines: list[ActorHandle], tp: int) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        self.engines = engines
+        address, port = ray.util.get_node_ip_address(), _free_port()
+        infos = worker_init_infos(address, port, len(engines), tp)
+        # The workers block in the rendezvous until rank 0 joins: their calls run while it does.
+        refs = [e.weight_transfer.remote("init", info) for e, info in zip(engines, infos)]
+        self.group = trainer_init({"master_address": address, "master_port": port,
+                                   "world_size": infos[0]["world_size"]})
+        ray.get(refs)
+
+    def send(self, metas: list[TensorMeta], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Broadcast ``named_tensors`` (in ``metas``' order, CUDA) into every engine."""
+        import ray
+        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+
+        ray.get([e.weight_transfer.remote("start") for e in self.engines])
+        info = update_info(metas)
+        receiving = [e.weight_transfer.remote("update", info) for e in self.engines]  # they wait in NCCL
+        packed_nccl_broadcast_producer(iterator=iter(named_tensors), group=self.group, src=0,
+                                       post_iter_func=lambda item: item[1])
+        torch.cuda.current_stream().synchronize()
+        ray.get(receiving)
+        ray.get([e.weight_transfer.remote("finish") for e in self.engines])

@@ -1,0 +1,89 @@
+"""Which transport carries the actor's weights to the engines (``rollout.weight_sync``), and its driver.
+
+    auto  ipc on GPU when the engines share the actor's GPUs (colocated), nccl when they run
+          on GPUs of their own (split, one node or many), shm on CPU or with the HF engine
+    ipc   CUDA IPC handles, bucket by bucket: each engine worker maps the bucket its own GPU's
+          actor rank packed (``bandpo.weight_sync.ipc``); no byte goes through host memory
+    nccl  NCCL broadcast from actor rank 0 to every engine worker, through vLLM's weight-transfer
+          engine (``bandpo.weight_sync.nccl``); no byte goes through host memory
+    shm   a flat file in each node's /dev/shm (``bandpo.weight_sync.shm`` / ``node``): the only
+          transport on CPU, and the one an engine without CUDA-side loading (HF) takes
+
+An explicit choice the layout cannot carry is a ``ConfigError`` naming ``rollout.weight_sync``:
+ipc needs an actor rank on every engine GPU (colocated); nccl needs the engines on GPUs the
+actor does not use (NCCL refuses two ranks of one communicator on one GPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bandpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+TRANSPORTS = ("auto", "ipc", "nccl", "shm")
+KEY = "rollout.weight_sync"
+
+
+def choose_transport(choice: str, layout: str, backend: str = "vllm") -> str:
+    """The transport for ``choice`` in ``layout`` ("cpu" | "colocated" | "split") with ``backend``'s engines."""
+    if choice not in TRANSPORTS:
+        raise ConfigError(f"config error: {KEY} must be one of {', '.join(TRANSPORTS)}, got {choice!r}")
+    if choice == "auto":
+        if layout == "cpu" or backend != "vllm":
+            return "shm"
+        return "ipc" if layout == "colocated" else "nccl"
+    if choice == "shm":
+        return "shm"
+    if layout == "cpu":
+        raise ConfigError(f"config error: {KEY}={choice} moves CUDA tensors and the run is on CPU; "
+                          f"use shm or auto, got {choice!r}")
+    if backend != "vllm":
+        raise ConfigError(f"config error: {KEY}={choice} needs rollout.backend=vllm (the {backend} engine "
+                          f"loads weights from /dev/shm only); use shm or auto, got {choice!r}")
+    if choice == "ipc" and layout != "colocated":
+        raise ConfigError(f"config error: {KEY}=ipc needs the engines on the actor's GPUs (the colocated "
+                          f"layout: actor.gpus and rollout.gpus null); the {layout} layout takes nccl or shm, "
+                          f"got {choice!r}")
+    if choice == "nccl" and layout != "split":
+        raise ConfigError(f"config error: {KEY}=nccl needs the engines on GPUs of their own (the split layout: "
+                          f"actor.gpus and rollout.gpus set); the {layout} layout takes ipc or shm, got {choice!r}")
+    return choice
+
+
+def make_weight_sync(transport: str, actors: list[ActorHandle], engines: list[ActorHandle], *, prefix: str,
+                     engine_tp: int = 1):
+    """The sync object of a resolved ``transport``: ``sync()`` loads the actor's weights into every
+    engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``)."""
+    if transport == "shm":
+        from bandpo.weight_sync.node import NodeWeightSync
+
+        return NodeWeightSync(actors, engines, prefix)
+    return DeviceWeightSync(transport, actors, engines, engine_tp)
+
+
+class DeviceWeightSync:
+    """ipc / nccl: every actor rank runs ``send_weights`` (ZeRO-3's per-bucket gathers are
+    collectives); rank 0 drives the engines' side of each bucket. Returns when all engines hold
+    the new weights.
+
+    Args:
+        transport: "ipc" or "nccl".
+        actors: the actor ranks' handles in rank order; engines: the rollout workers' handles.
+        engine_tp: GPUs per engine (nccl: engine i's workers take ranks 1 + i * tp ...).
+    """
+
+    def __init__(self, transport: str, actors: list[ActorHandle], engines: list[ActorHandle], engine_tp: int = 1):
+        if transport not in ("ipc", "nccl"):
+            raise ValueError(f"DeviceWeightSync: transport must be ipc or nccl, got {transport!r}")
+        self.transport, self.actors, self.engines, self.engine_tp = transport, actors, engines, engine_tp
+
+    def sync(self) -> None:
+        import ray
+
+        ray.get([a.send_weights.remote(self.transport, self.engines, self.engine_tp) for a in self.actors])
+
+    def close(self) -> None:
+        """Nothing to remove: the buckets live only during a sync, the NCCL group dies with its processes."""

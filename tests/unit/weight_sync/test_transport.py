@@ -1,0 +1,181 @@
+"""The transport per layout (``rollout.weight_sync``), the IPC driver's protocol, the NCCL group's
+ranks, the /dev/shm space check, and the bytes a sync copies through host memory; no engine, no GPU."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from bandpo.errors import ConfigError, SharedMemoryFull
+from bandpo.weight_sync.transport import DeviceWeightSync, choose_transport, make_weight_sync
+
+
+@pytest.mark.parametrize("choice, layout, backend, want", [
+    ("auto", "cpu", "vllm", "shm"),
+    ("auto", "colocated", "vllm", "ipc"),
+    ("auto", "split", "vllm", "nccl"),
+    ("auto", "colocated", "hf", "shm"),  # the HF engine loads from /dev/shm only
+    ("shm", "colocated", "vllm", "shm"),
+    ("shm", "split", "vllm", "shm"),
+    ("ipc", "colocated", "vllm", "ipc"),
+    ("nccl", "split", "vllm", "nccl"),
+])
+def test_transport_per_layout(choice, layout, backend, want):
+    assert choose_transport(choice, layout, backend) == want
+
+
+@pytest.mark.parametrize("choice, layout, backend, why", [
+    ("ipc", "cpu", "vllm", "on CPU"),
+    ("nccl", "cpu", "vllm", "on CPU"),
+    ("ipc", "split", "vllm", "colocated"),
+    ("nccl", "colocated", "vllm", "split"),
+    ("ipc", "colocated", "hf", "rollout.backend=vllm"),
+    ("grpc", "colocated", "vllm", "one of auto, ipc, nccl, shm"),
+])
+def test_a_transport_the_layout_cannot_carry_is_a_config_error_naming_the_key(choice, layout, backend, why):
+    with pytest.raises(ConfigError, match="rollout.weight_sync") as e:
+        choose_transport(choice, layout, backend)
+    assert why in str(e.value)
+
+
+def test_the_trainer_resolves_the_transport_from_config_and_plan():
+    from bandpo.config import compose
+    from bandpo.trainer.startup import placement_plan, weight_transport
+
+    colocated = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8"])
+    assert weight_transport(colocated, placement_plan(colocated, "cuda")) == "ipc"
+    assert weight_transport(colocated, None) == "shm"  # CPU: no plan
+    split = compose(["model=qwen2.5-7b", "trainer.nnodes=2", "trainer.gpus_per_node=8", "actor.gpus=8",
+                     "actor.num_workers=8", "rollout.gpus=8", "rollout.num_workers=4"])
+    assert weight_transport(split, placement_plan(split, "cuda")) == "nccl"
+    bad = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "rollout.weight_sync=nccl"])
+    with pytest.raises(ConfigError, match="rollout.weight_sync=nccl"):
+        weight_transport(bad, placement_plan(bad, "cuda"))
+
+
+def test_make_weight_sync_per_transport():
+    from bandpo.weight_sync.node import NodeWeightSync
+
+    assert isinstance(make_weight_sync("shm", [], [], prefix="/dev/shm/x"), NodeWeightSync)
+    sync = make_weight_sync("nccl", ["a0"], ["e0"], prefix="/dev/shm/x", engine_tp=2)
+    assert isinstance(sync, DeviceWeightSync) and (sync.transport, sync.engine_tp) == ("nccl", 2)
+    with pytest.raises(ValueError, match="ipc or nccl"):
+        DeviceWeightSync("shm", [], [])
+
+
+def test_nccl_group_ranks_and_update_info():
+    from bandpo.weight_sync.format import plan_layout
+    from bandpo.weight_sync.nccl import update_info, worker_init_infos
+
+    infos = worker_init_infos("10.0.0.1", 29500, engines=3, tp=2)
+    # rank 0 is the actor; engine i's TP workers follow at 1 + 2i, 2 + 2i (vLLM adds the TP rank).
+    assert [i["rank_offset"] for i in infos] == [1, 3, 5]
+    assert {i["world_size"] for i in infos} == {7} and all(i["packed"] for i in infos)
+    metas, _ = plan_layout([("a", torch.bfloat16, (2, 3)), ("b", torch.float32, (4,))])
+    assert update_info(metas) == {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"],
+                                  "shapes": [[2, 3], [4]]}
+
+
+class _Engine:
+    """Records ``ipc_update`` calls; ``.remote`` returns the value ``ray.get`` (faked) hands back."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.ipc_update = types.SimpleNamespace(remote=lambda op, payload=None: log.append((name, op, payload)))
+
+
+@pytest.mark.parametrize("driver", [True, False])
+def test_ipc_driver_begins_loads_each_bucket_with_every_rank_s_handle_then_finishes(monkeypatch, driver):
+    from bandpo.weight_sync import ipc
+
+    log: list = []
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get=lambda refs: refs))
+    # Packing needs CUDA; the protocol does not: a bucket "packs" to (this rank's GPU, its names).
+    monkeypatch.setattr(ipc, "pack_ipc_bucket", lambda b: ("gpu0", ",".join(n for n, _ in b), object()))
+    other_rank = ("gpu1", "other")
+    engines = [_Engine("e0", log), _Engine("e1", log)]
+    buckets = [[("a", None), ("b", None)], [("c", None)]]
+    n = ipc.send_ipc(buckets, engines, driver=driver, all_gather=lambda mine: [mine, other_rank],
+                     barrier=lambda: log.append(("barrier",)))
+    assert n == 2
+    loads = [("e0", "load", {"gpu0": "a,b", "gpu1": "other"}), ("e1", "load", {"gpu0": "a,b", "gpu1": "other"}),
+             ("barrier",),
+             ("e0", "load", {"gpu0": "c", "gpu1": "other"}), ("e1", "load", {"gpu0": "c", "gpu1": "other"}),
+             ("barrier",)]
+    if driver:
+        assert log == [("e0", "begin", None), ("e1", "begin", None), *loads,
+                       ("e0", "finish", None), ("e1", "finish", None)]
+    else:  # other ranks only pack, gather and wait at the barrier: rank 0 drives the engines
+        assert log == [("barrier",), ("barrier",)]
+
+
+def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
+    from bandpo.weight_sync.shm import check_shm_space
+
+    path = str(tmp_path / "w.bin")
+    mb = 1 << 20
+    check_shm_space(path, 10 * mb, free_total=(10 * mb, 64 * mb))  # fits exactly
+    with pytest.raises(SharedMemoryFull) as e:
+        check_shm_space(path, 10 * mb, reserve=10 * mb, free_total=(15 * mb, 64 * mb))
+    msg = str(e.value)
+    for part in (f"holds {64 * mb} bytes", f"with {15 * mb} free", f"needs {20 * mb} more",
+                 "Ray's object-store copy", "--shm-size=1g", "--ipc=host"):
+        assert part in msg, part
+    path_obj = tmp_path / "w.bin"
+    path_obj.write_bytes(b"\0" * (4 * mb))  # rewritten in place: its 4 MB already count as used
+    check_shm_space(path, 10 * mb, free_total=(6 * mb, 64 * mb))
+
+
+def test_a_write_that_would_not_fit_fails_before_touching_the_file(tmp_path, monkeypatch):
+    from bandpo.weight_sync import shm
+
+    monkeypatch.setattr(shm, "shm_free_bytes", lambda d: (1000, 64 << 20))  # Docker's default 64 MB, nearly full
+    path = str(tmp_path / "w.bin")
+    with pytest.raises(SharedMemoryFull, match=r"\(64.0 MiB\) with 1000 free"):
+        shm.write_weights_shm([("w", torch.zeros(1000))], path)
+    assert not os.path.exists(path)
+
+
+class _CpuActor:
+    """The actor's weight methods on a plain module (ZeRO-2, CPU, rank 0): no DeepSpeed needed."""
+
+    rank, zero_stage, on_cpu = 0, 2, True
+
+    def __init__(self, module):
+        self.engine = types.SimpleNamespace(module=module)
+
+
+def _bind_actor_methods():
+    from bandpo.actor.worker import Actor
+
+    for name in ("gathered_buckets", "_gathered_bucket", "_gathered", "weight_specs", "named_weights",
+                 "publish_weights_shm"):
+        setattr(_CpuActor, name, getattr(Actor, name))
+
+
+def test_publish_streams_parameters_into_the_file_with_one_host_copy(tmp_path, monkeypatch):
+    from bandpo.actor.checkpoint import iter_tensors
+    from bandpo.weight_sync import shm
+    from bandpo.weight_sync.format import HostCopyCounter
+
+    _bind_actor_methods()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 50))
+    actor = _CpuActor(model)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(shm, "COPY_THREADS", 1)  # the counter sees this thread's copies only
+    path = str(tmp_path / "w.bin")
+    with HostCopyCounter() as after:
+        metas = actor.publish_weights_shm({0: path})
+    got = dict(shm.read_weights_shm(path, metas))
+    for name, p in model.named_parameters():
+        assert torch.equal(got[name], p.detach()), name
+    # The former path: a full CPU copy of every bucket (named_weights), then the file write.
+    with HostCopyCounter() as before:
+        shm.write_weights_shm(iter_tensors(actor.named_weights()), path)
+    assert (after.bytes, before.bytes) == (weight_bytes, 2 * weight_bytes)
+    assert actor.publish_weights_shm({1: path}) == []  # ZeRO-2: a rank that writes nothing returns at once
