@@ -8,6 +8,8 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped;
        ``bandpo.trainer.dynamic_sampling``)
        sleep       colocated GPU layout only: the vLLM engines sleep (level 1) until stage 7
+       reload      with actor.offload_during_rollout: the actor's states back from host memory
+                   (``offload`` sends them there again before stage 7; ``bandpo.actor.offload``)
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
        trace       every trainer.trace_every steps: the groups with texts, grades and advantages
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
@@ -161,6 +163,9 @@ class Trainer:
         if rollout.sleeps:  # colocated GPU layout: free the GPUs for the actor's stages
             with self.timed("sleep"), stage("sleep", "rollout"):
                 rollout.sleep()
+        if actor.offloads:  # the actor's states come back from host memory for stages 5-6
+            with self.timed("reload"), stage("reload", "actor"):
+                actor.reload()
         with self.timed("advantages"):  # 4
             check_groups(batch.prompt_index, len(drawn.round.idx), n)
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, n, cfg.algorithm.advantage)  # [N]
@@ -187,6 +192,9 @@ class Trainer:
             if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
                 self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
                                             f"{result.optimizer_steps} optimizer steps (those were not applied)")
+        if actor.offloads:  # ... and wait there while the engines wake and generate
+            with self.timed("offload"), stage("offload", "actor"):
+                actor.offload()
         if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
                 rollout.wake(self.sync_weights if updated else None)

@@ -131,6 +131,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     from bandpo.actor.setup import cpu_threads_per_rank
     from bandpo.config import reuse_old_logprobs
     from bandpo.distributed import stage
+    from bandpo.distributed.memory import offload_during_rollout
     from bandpo.reward.ray_scorer import RayScorer
     from bandpo.rollout.group import RolloutGroup
 
@@ -185,7 +186,8 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
             max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
             logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
             ref_model=cfg.algorithm.kl_coef > 0,
-            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
+            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False,
+            offload_during_rollout=plan is not None and offload_during_rollout(cfg, plan.layout))
     with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
         into.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
                                 num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
