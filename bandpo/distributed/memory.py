@@ -8,7 +8,11 @@ Colocated layout (an actor rank and an engine shard on every GPU), two phases pe
   weights, activations, KV cache) while the actor's residue stays on the GPU;
 - train (log-probs and update): the actor at its peak while vLLM sleeps (level 1: weights
   copied to host memory, KV cache discarded, CUDA graph pools released; what stays is the
-  memory vLLM allocated outside its sleep-mode pool, ``VLLM_ASLEEP_GIB``).
+  memory vLLM allocated outside its sleep-mode pool, ``VLLM_ASLEEP_GIB``);
+and once, at start-up (and on resume, when a checkpoint loads into the states), the actor holds
+every state it keeps between stages: with offload the actor starts first and offloads before the
+engines start (``bandpo.trainer.startup``), and a resume loads while they sleep; without, the
+engines hold their share meanwhile.
 Every GPU also holds one CUDA context per process on it (``CUDA_CONTEXT_GIB``).
 
 The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master copy):
@@ -56,6 +60,7 @@ ZERO_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size
 ZERO3_PREFETCH_ELEMENTS = 5e7  # DeepSpeed's default stage3_prefetch_bucket_size
 
 
+PHASES = ("startup", "rollout", "train")
 Terms = list[tuple[str, float | None]]  # (what, GiB) adding up to a phase on one kind of GPU
 
 
@@ -92,14 +97,15 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> float | None:
-        r, t = self.rollout, self.train
-        return None if r is None or t is None else max(r, t)
+        phases = [self.phase(p) for p in PHASES]
+        return None if None in phases else max(phases)
 
     def as_json(self) -> dict[str, float | None]:
         def r(v):
             return None if v is None else round(v, 2)
 
-        return {"rollout": r(self.rollout), "train": r(self.train), "peak": r(self.peak), "capacity": r(self.capacity)}
+        return {"rollout": r(self.rollout), "train": r(self.train), "startup": r(self.phase("startup")),
+                "peak": r(self.peak), "capacity": r(self.capacity)}
 
 
 def offload_during_rollout(cfg, layout: str) -> bool:
@@ -162,7 +168,8 @@ def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
     if parts is None:
         return None
     offload = offload_during_rollout(cfg, plan.layout)
-    peak = sum(parts.get(k, 0.0) for k in RESIDENT + TRANSIENT)
+    resident = sum(parts.get(k, 0.0) for k in RESIDENT)
+    peak = resident + sum(parts.get(k, 0.0) for k in TRANSIENT)
     residue = actor_residue(parts, offload, int(cfg.actor.zero_stage))
     share = None if capacity_gib is None else float(cfg.rollout.gpu_memory_utilization) * capacity_gib
     parts = {**parts, "actor_peak": peak, "actor_residue": residue}
@@ -172,17 +179,22 @@ def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
     actor_left = (f"actor residue (actor.offload_during_rollout={str(offload).lower()})", residue)
     if plan.layout == "colocated":
         ctx = ("CUDA contexts (actor + vLLM)", 2 * CUDA_CONTEXT_GIB)
-        gpus = {"colocated": {"rollout": [actor_left, vllm, ctx],
+        before = [("vLLM asleep or not started", VLLM_ASLEEP_GIB)] if offload else [vllm]
+        gpus = {"colocated": {"startup": [("actor's states as built or loaded", resident), *before, ctx],
+                              "rollout": [actor_left, vllm, ctx],
                               "train": [("actor peak", peak), ("vLLM asleep", VLLM_ASLEEP_GIB), ctx]}}
     else:
         ctx = ("CUDA context", CUDA_CONTEXT_GIB)
-        gpus = {"actor": {"rollout": [actor_left, ctx], "train": [("actor peak", peak), ctx]},
-                "engine": {"rollout": [vllm, ctx], "train": [vllm, ctx]}}
+        gpus = {"actor": {"startup": [("actor's states as built or loaded", resident), ctx], "rollout": [actor_left, ctx],
+                          "train": [("actor peak", peak), ctx]},
+                "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]}}
     return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from)
 
 
 # What shrinks each phase, named in the message when it does not fit.
 REMEDIES = {
+    "startup": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.zero_stage=3 (weights sharded)",
+                "actor.num_workers (more ranks shard the states)"),
     "rollout": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.offload_during_rollout=true",
                 "actor.zero_stage=3 (the actor's residue)"),
     "train": ("actor.max_tokens_per_micro_batch (activations)", "actor.zero_stage=3 (weights sharded)",
@@ -220,7 +232,7 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
     lines = [f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
              + "  ".join(f"{k} {p[k]:.1f}" for k in keys)]
     for gpu in est.gpus:
-        shown = [(ph, est.on(gpu, ph)) for ph in ("rollout", "train")]
+        shown = [(ph, est.on(gpu, ph)) for ph in PHASES]
         lines.append(f"  {gpu} GPU: " + "  ".join(f"{ph} {'?' if v is None else f'{v:.1f}'}" for ph, v in shown))
     if est.capacity is None:
         lines.append("  GPU memory unknown: vLLM's share (rollout.gpu_memory_utilization x the GPU's memory) and the "

@@ -279,9 +279,10 @@ class Trainer:
             self.logger.truncate_after(-1)
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
-        with stage("resume", "actor"):
+        with stage("resume", "actor"):  # colocated: the engines sleep while the states load (offload: and go back)
+            self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
-            self.sync_weights()
+            self.workers.rollout.wake(self.sync_weights)
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)

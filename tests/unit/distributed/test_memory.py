@@ -46,9 +46,12 @@ def test_small_shape_without_offload_does_not_fit_and_names_the_keys():
     est = _estimate(SMALL + ["actor.offload_during_rollout=false"], 16.0)
     resident = (2 * 2**30 + 2 * 2**30 + 4 * 2**30 + 2 * 2**30 + 1e9) / GIB  # weights, master, Adam, grads, bucket
     assert est.rollout == pytest.approx(resident + 8.0 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)  # 20.13 GiB > 16
-    (err,) = memory_errors(est)
-    assert "rollout phase needs 20.1 GiB" in err and "16.0 GiB (trainer.gpu_memory_gib)" in err
-    assert "rollout.gpu_memory_utilization" in err and "actor.offload_during_rollout=true" in err
+    # Without offload the engines start first and hold their share while the actor builds: the same sum.
+    assert est.phase("startup") == est.rollout
+    startup, rollout = memory_errors(est)
+    assert "startup phase needs 20.1 GiB" in startup and "actor.zero_stage=3" in startup
+    assert "rollout phase needs 20.1 GiB" in rollout and "16.0 GiB (trainer.gpu_memory_gib)" in rollout
+    assert "rollout.gpu_memory_utilization" in rollout and "actor.offload_during_rollout=true" in rollout
 
 
 def test_qwen25_7b_on_8_gpus_by_hand():
@@ -65,7 +68,9 @@ def test_qwen25_7b_on_8_gpus_by_hand():
     assert est.train == pytest.approx(peak + 1.0 + 1.2, rel=1e-12)  # 30.81 GiB
     # Offload on: ZeRO-3 keeps its bf16 weight partition (1.77 GiB) next to vLLM's 0.5 x 80.
     assert est.rollout == pytest.approx(2 * P / W / GIB + 40.0 + 1.2, rel=1e-12)  # 42.97 GiB
-    assert est.as_json() == {"rollout": 42.97, "train": 30.81, "peak": 42.97, "capacity": 80.0}
+    resident = peak - (want["live_params"] + want["head"] + want["activations"]) / GIB  # 18.66 GiB
+    assert est.phase("startup") == pytest.approx(resident + 1.0 + 1.2, rel=1e-12)
+    assert est.as_json() == {"rollout": 42.97, "train": 30.81, "startup": 20.86, "peak": 42.97, "capacity": 80.0}
 
 
 def test_split_layout_reports_actor_and_engine_gpus():
@@ -81,11 +86,11 @@ def test_command_json_carries_memory_gib_and_exits_2_when_a_phase_does_not_fit(c
     args = ["--json", "--nodes", "1", "--gpus-per-node", "8", "model=qwen2.5-7b"]
     assert plan_main(args + ["trainer.gpu_memory_gib=80"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["memory_gib"] == {"rollout": 42.97, "train": 30.81, "peak": 42.97, "capacity": 80.0}
+    assert out["memory_gib"] == {"rollout": 42.97, "train": 30.81, "startup": 20.86, "peak": 42.97, "capacity": 80.0}
     assert plan_main(args[1:] + ["--gpu-gib", "40", "rollout.gpu_memory_utilization=0.95"]) == 2
     captured = capsys.readouterr()
     assert "rollout phase needs" in captured.err and "(--gpu-gib)" in captured.err
-    assert "rollout.gpu_memory_utilization" in captured.err and "colocated GPU: rollout" in captured.out
+    assert "rollout.gpu_memory_utilization" in captured.err and "colocated GPU: startup" in captured.out
 
 
 def test_unknown_gpu_memory_is_said_and_not_a_failure(capsys):
@@ -100,7 +105,7 @@ def test_unknown_gpu_memory_is_said_and_not_a_failure(capsys):
 def test_dry_run_prints_the_same_and_exits_2(capsys):
     base = ["model=qwen2.5-7b", "trainer.dry_run=true", "trainer.nnodes=1", "trainer.gpus_per_node=8"]
     assert train_main(base + ["trainer.gpu_memory_gib=80"]) == 0
-    assert "colocated GPU: rollout 43.0  train 30.8" in capsys.readouterr().out
+    assert "colocated GPU: startup 20.9  rollout 43.0  train 30.8" in capsys.readouterr().out
     assert train_main(base + ["trainer.gpu_memory_gib=24"]) == 2  # rollout 1.8 + 0.5 x 24 + 1.2 fits; train not
     err = capsys.readouterr().err
     assert "train phase needs 30.8 GiB" in err and "actor.max_tokens_per_micro_batch" in err

@@ -2,6 +2,8 @@
 actor's states come back, log-probs and update run, the states go to host memory, then the engines
 wake for the weight sync and the next rollout."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -86,3 +88,18 @@ def test_states_leave_the_gpu_before_the_engines_wake_and_return_once_they_sleep
     assert log == ["engines.generate", "engines.sleep", *moves[:1], "actor.old_logprobs", "actor.train", *moves[1:],
                    "engines.wake_up(weights)", "actor->engines weight sync", "engines.wake_up(kv_cache)"]
     assert ("time/reload" in metrics and "time/offload" in metrics) is offloads
+
+
+def test_resume_loads_the_states_while_the_engines_sleep(tmp_path):
+    trainer, log = _trainer(offloads=True)
+    trainer.workers.actor.call = lambda method, *args: log.append(f"actor.{method}")
+    trainer.ckpt = SimpleNamespace(remove_stale=lambda: None, latest=lambda: tmp_path,
+                                   load_state=lambda folder, required: {"step": 3, "sampler": {}})
+    trainer.sampler = SimpleNamespace(load_state_dict=lambda state: None)
+    trainer.logger = SimpleNamespace(truncate_after=lambda step: None)
+    trainer.guard = NonfiniteGuard("skip", 5)
+    trainer._resume()
+    # load_checkpoint brings an offloaded rank's states back, loads, and offloads them again (Actor).
+    assert log == ["engines.sleep", "actor.load_checkpoint", "engines.wake_up(weights)",
+                   "actor->engines weight sync", "engines.wake_up(kv_cache)"]
+    assert trainer.step == 3
