@@ -13,7 +13,7 @@ and sets ``zero_allow_untested_optimizer`` so ZeRO accepts the client optimizer.
 With bf16 the gradients are accumulated in fp32 (``data_types.grad_accum_dtype``): DeepSpeed's
 default is the model's dtype, and summing tens of packed micro-batches per optimizer step in
 bf16 (8 mantissa bits) loses the small contributions of the later ones. The price is the ZeRO
-gradient partition in 4 instead of 2 bytes per parameter (``bandpo.distributed.plan``).
+gradient partition in 4 instead of 2 bytes per parameter (``bandpo.distributed.memory``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """``python -m bandpo.distributed [--nodes N --gpus-per-node G] [--check] [--json] OVERRIDES...``
 
 Composes the training config from ``OVERRIDES`` and prints its placement plan (node, GPU,
-actor rank, engine/TP shard of every worker) and the per-GPU memory of its rollout and train
-phases (``bandpo.distributed.memory``), without loading a model. The cluster shape is
+actor rank, engine/TP shard of every worker) and the per-GPU memory of its start-up, rollout
+and train phases (``bandpo.distributed.memory``), without loading a model. The cluster shape is
 ``--nodes`` x ``--gpus-per-node``, else ``trainer.nnodes`` x ``trainer.gpus_per_node``, else
-the Ray cluster at ``trainer.ray_address`` / ``$RAY_ADDRESS``, else this machine. ``--check`` places stand-ins with the real workers' Ray options on a
-simulated cluster of that shape (``bandpo.distributed.check``). The GPU's memory is ``--gpu-gib``,
+the Ray cluster at ``trainer.ray_address`` / ``$RAY_ADDRESS``, else this machine. ``--check``
+places stand-ins with the real workers' Ray options on a simulated cluster of that shape
+(``bandpo.distributed.check``). The GPU's memory is ``--gpu-gib``,
 else ``trainer.gpu_memory_gib``, else what this machine's GPU reports; unknown, the fit is not
 checked. Exit codes: 0 fits (and with ``--check`` every invariant holds), 1 an invariant failed,
 2 a config error or a phase that does not fit the GPU's memory (``--json``: ``"memory_gib"``).

@@ -33,10 +33,10 @@ Tokens per update forward: ``actor.max_tokens_per_micro_batch`` packed (padding-
 ``actor.micro_batch_size`` x ``model.max_model_len``.
 
 What stays on the GPU while vLLM generates (the residue): with ``actor.offload_during_rollout``
-(``bandpo.actor.offload``) the master weights, Adam's state, the gradients and the reference
-model go to host memory; ZeRO-2 keeps its reduce bucket, ZeRO-3 its bf16 weight partition
-(the weight sync gathers it on the GPU). Without, every state above but the activations and
-the head stays. The actor empties PyTorch's cache after each stage, so no reserved peak blocks
+(``bandpo.actor.offload``) the master weights, Adam's state, the gradients, the reference
+model and, under ZeRO-2, the bf16 weights go to host memory; ZeRO-2 keeps its reduce bucket,
+ZeRO-3 its bf16 weight partition (the weight sync gathers it on the GPU). Without, every state
+but the transient ones (live_params, activations, head) stays. The actor empties PyTorch's cache after each stage, so no reserved peak blocks
 stay behind either way.
 
 Split layout: the actor's GPUs hold the actor (its peak in the train phase, its residue in the
