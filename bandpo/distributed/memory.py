@@ -69,8 +69,8 @@ class MemoryEstimate:
     """GiB per GPU: the actor's ``parts``, and for each kind of GPU (``colocated``, or ``actor`` and
     ``engine`` in the split layout) the terms each phase adds up (``gpus[kind][phase]``).
 
-    A phase's figure is its worst GPU; ``rollout`` and ``peak`` are None when the GPU's memory is
-    unknown (vLLM's share is a fraction of it). ``capacity_from`` says where the capacity came from.
+    A phase's figure is its worst GPU; a phase with vLLM's share in it (and ``peak``) is None when
+    the GPU's memory is unknown (the share is a fraction of it). ``capacity_from`` says where the capacity came from.
     """
 
     parts: dict[str, float]
