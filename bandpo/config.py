@@ -214,6 +214,7 @@ def validate(cfg) -> None:
            f"rollout.num_workers={_get(cfg, 'actor.num_workers')} for the colocated layout", tp)
 
     _choice(cfg, "actor.zero_stage", [2, 3])
+    _choice(cfg, "actor.offload_during_rollout", [None, True, False])
     _number(cfg, "actor.lr", low=0, strict_low=True)
     _number(cfg, "actor.num_workers", low=1, integer=True)
     _number(cfg, "actor.micro_batch_size", low=1, integer=True)
@@ -302,6 +303,8 @@ def _validate_placement(cfg) -> None:
     for key in ("actor.gpus", "rollout.gpus", "trainer.nnodes", "trainer.gpus_per_node"):
         if _get(cfg, key) is not None:
             _number(cfg, key, low=1, integer=True)
+    if _get(cfg, "trainer.gpu_memory_gib") is not None:
+        _number(cfg, "trainer.gpu_memory_gib", low=0, strict_low=True)
     from bandpo.distributed.plan import decide_device, gpu_counts, layout_of, make_plan, shape_from_config
 
     layout = layout_of(cfg, "cuda")  # actor.gpus / rollout.gpus come together

@@ -56,16 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dry_run(cfg) -> int:
-    """Print the placement plan for the cluster this run would use; 0 if it fits, 2 (with what is missing) if not."""
-    from bandpo.distributed.plan import (
-        decide_device,
-        detect_shape,
-        make_plan,
-        memory_estimate,
-        memory_table,
-        shape_from_config,
-        table,
-    )
+    """Print the placement plan and its per-GPU memory by phase for the cluster this run would use;
+    0 if it fits, 2 (with what is missing) if not."""
+    from bandpo.distributed.memory import estimate_for, memory_errors, memory_table
+    from bandpo.distributed.plan import decide_device, detect_shape, make_plan, shape_from_config, table
     from bandpo.errors import ConfigError
 
     shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
@@ -74,7 +68,12 @@ def dry_run(cfg) -> int:
     except ConfigError as e:
         print(f"[bandpo] dry run: the plan does not fit: {e}", file=sys.stderr)
         return 2
-    print(table(plan) + "\n" + memory_table(memory_estimate(cfg, plan)))
+    est = estimate_for(cfg, plan, shape)
+    print(table(plan) + "\n" + memory_table(est, plan))
+    too_big = memory_errors(est)
+    if too_big:
+        print("[bandpo] dry run: the plan does not fit: " + "\n".join(too_big), file=sys.stderr)
+        return 2
     return 0
 
 

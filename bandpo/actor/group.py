@@ -80,6 +80,7 @@ class ActorGroup:
     then no group of its own is made and ``num_*_per_rank`` are unused. With ``wait=False``
     the ranks build in the background until ``wait_ready()`` (the trainer starts the rollout
     engines and the verifier meanwhile). ``reuse_old_logprobs``: see the module docstring.
+    ``offloads``: the ranks were built with ``offload_during_rollout`` (``offload`` / ``reload``).
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class ActorGroup:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.reuse_old = reuse_old_logprobs
+        self.offloads = bool(actor_kwargs.get("offload_during_rollout"))
         self.first_rows = actor_kwargs.get("mini_batch_size")  # rows of the first optimizer step
         if options_per_rank is not None:
             if len(options_per_rank) != world_size:
@@ -154,6 +156,18 @@ class ActorGroup:
         import ray
 
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def offload(self) -> None:
+        """Before the engines wake: every rank's states to host memory (``bandpo.actor.offload``)."""
+        self.call("offload")
+
+    def offload_weights(self) -> None:
+        """Once the weight sync has read them: the bf16 weights too (ZeRO-2; ``bandpo.actor.offload``)."""
+        self.call("offload_weights")
+
+    def reload(self) -> None:
+        """Once the engines sleep: every rank's states back on its GPU, before stage 5."""
+        self.call("reload")
 
     def old_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """Stage 5: ``batch.old_logprobs`` [N, R] = log pi_old; returns pi_old's entropy [N, R].

@@ -106,6 +106,11 @@ class Actor:
             Ray sets OMP_NUM_THREADS to an actor's ``num_cpus`` (1), which would run every
             forward and backward on one core; the CPU layout's stages run one after another
             (rollout, then the actor), so a rank may use its share of all cores. Ignored on GPU.
+        offload_during_rollout: GPU: the states wait in host memory between ``offload`` and
+            ``reload`` (``bandpo.actor.offload``), starting offloaded; ignored on CPU.
+
+    On GPU each stage ends by returning PyTorch's cached free blocks to the device, so a colocated
+    vLLM engine waking up finds the memory the actor's peak reserved.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class Actor:
         temperature: float = 1.0,
         seed: int = 0,
         cpu_threads: int | None = None,
+        offload_during_rollout: bool = False,
     ):
         from bandpo.run.worker_logs import redirect_group_output
 
@@ -217,6 +223,13 @@ class Actor:
                 ref = ref.to(self.device)
             ref.eval()  # DeepSpeedEngine.eval() returns None, so not chained
             self.ref = ref
+        self.offloader = None
+        if offload_during_rollout and not self.on_cpu:
+            from bandpo.actor.offload import ActorOffload
+
+            self.offloader = ActorOffload(self.engine, self.ref, zero_stage, self.device)
+            self.offload()  # the engines generate first (and load their weights from the model's files)
+            self.offload_weights()
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -250,6 +263,7 @@ class Actor:
             if entropy is not None:
                 entropy[rows, :r] = ent.cpu()
         self._pad_zero3_passes(model, len(chunks))
+        self._release_cache()
         return logprobs, entropy
 
     def _forward(self, model, mb: TrainBatch, *, with_entropy: bool = True, entropy_grad: bool = False):
@@ -387,6 +401,7 @@ class Actor:
             bad = self._discarded_nonfinite_step(bool(finite), grad_norm)
             acc.add_step(grad_norm=None if bad else grad_norm, lr=lr, nonfinite=bad)
         out = acc.reduce(self._all_reduce)
+        self._release_cache()
         out["time_s"] = time.perf_counter() - start
         out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
         return out, old_out, ent_out
@@ -528,6 +543,8 @@ class Actor:
             raise FileNotFoundError(
                 f"load_checkpoint: {path!r} is not an actor checkpoint (no {CKPT_TAG}/ inside)"
             )
+        offloaded = self.offloader is not None and self.offloader.offloaded
+        self.reload()  # DeepSpeed loads into the states where it made them
         try:
             load_path, client = self.engine.load_checkpoint(
                 path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
@@ -535,6 +552,8 @@ class Actor:
         except Exception as e:  # DeepSpeed's own errors do not say which file is damaged
             ckpt.raise_naming_unreadable_file(os.path.join(path, CKPT_TAG), e)
             raise
+        if offloaded:  # the weights stay for the sync that follows a resume
+            self.offload()
         if load_path is None:
             raise FileNotFoundError(f"load_checkpoint: DeepSpeed found no checkpoint in {path!r}")
         ckpt.load_rng(path, self.rank)
@@ -607,6 +626,28 @@ class Actor:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    # ------------------------------------------------------------------ offload
+    def offload(self) -> None:
+        """Before the engines wake: the states to host memory (``bandpo.actor.offload``); else nothing."""
+        if self.offloader is not None:
+            self.offloader.offload()
+
+    def offload_weights(self) -> None:
+        """Once the weight sync has read them: the bf16 weights DeepSpeed can move; else nothing."""
+        if self.offloader is not None:
+            self.offloader.offload_weights()
+
+    def reload(self) -> None:
+        """Once the engines sleep: the states back on the GPU; else nothing."""
+        if self.offloader is not None:
+            self.offloader.reload()
+
+    def _release_cache(self) -> None:
+        if not self.on_cpu:
+            from deepspeed.accelerator import get_accelerator
+
+            get_accelerator().empty_cache()
 
     # ------------------------------------------------------------------ misc
     def info(self) -> dict:

@@ -1,12 +1,15 @@
 """``python -m bandpo.distributed [--nodes N --gpus-per-node G] [--check] [--json] OVERRIDES...``
 
 Composes the training config from ``OVERRIDES`` and prints its placement plan (node, GPU,
-actor rank, engine/TP shard of every worker) and a per-GPU memory estimate, without loading a
-model. The cluster shape is ``--nodes`` x ``--gpus-per-node``, else ``trainer.nnodes`` x
-``trainer.gpus_per_node``, else the Ray cluster at ``trainer.ray_address`` / ``$RAY_ADDRESS``,
-else this machine. ``--check`` places stand-ins with the real workers' Ray options on a
-simulated cluster of that shape (``bandpo.distributed.check``). Exit codes: 0 fits (and with
-``--check`` every invariant holds), 1 an invariant failed, 2 a config error.
+actor rank, engine/TP shard of every worker) and the per-GPU memory of its start-up, rollout
+and train phases (``bandpo.distributed.memory``), without loading a model. The cluster shape is
+``--nodes`` x ``--gpus-per-node``, else ``trainer.nnodes`` x ``trainer.gpus_per_node``, else
+the Ray cluster at ``trainer.ray_address`` / ``$RAY_ADDRESS``, else this machine. ``--check``
+places stand-ins with the real workers' Ray options on a simulated cluster of that shape
+(``bandpo.distributed.check``). The GPU's memory is ``--gpu-gib``,
+else ``trainer.gpu_memory_gib``, else what this machine's GPU reports; unknown, the fit is not
+checked. Exit codes: 0 fits (and with ``--check`` every invariant holds), 1 an invariant failed,
+2 a config error or a phase that does not fit the GPU's memory (``--json``: ``"memory_gib"``).
 """
 
 from __future__ import annotations
@@ -19,13 +22,12 @@ import sys
 from bandpo.config import compose
 from bandpo.distributed import plan as plan_module
 from bandpo.distributed.check import check_plan
+from bandpo.distributed.memory import estimate_for, memory_errors, memory_table
 from bandpo.distributed.plan import (
     ClusterShape,
     decide_device,
     detect_shape,
     make_plan,
-    memory_estimate,
-    memory_table,
     planned_json,
     shape_from_config,
     table,
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--gpus-per-node", type=int)
     ap.add_argument("--cpus-per-node", type=int, help="simulated nodes' CPUs (default: what the plan needs)")
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory for the estimate")
+    ap.add_argument("--gpu-gib", type=float, help="one GPU's memory in GiB (default: trainer.gpu_memory_gib, "
+                                                  "else what this machine's GPU reports)")
     ap.add_argument("--check", action="store_true", help="place stand-ins on a simulated Ray cluster")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("overrides", nargs="*")
@@ -56,12 +59,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e, file=sys.stdout
               if args.json else sys.stderr)
         return 2
-    mem = memory_estimate(cfg, plan, args.gpu_gib)
+    est = estimate_for(cfg, plan, shape, args.gpu_gib)
+    too_big = memory_errors(est)
+    memory = {"memory": None if est is None else est.parts, "memory_gib": None if est is None else est.as_json()}
+    if too_big:  # a phase does not fit the GPU's memory: the plan, then what is missing
+        if args.json:
+            print(json.dumps({"workers": planned_json(plan), "ok": False, "layout": plan.layout, **memory,
+                              "error": "\n".join(too_big)}))
+        else:
+            print(table(plan) + "\n" + memory_table(est, plan))
+            print("\n".join(too_big), file=sys.stderr)
+        return 2
     if not args.check:
         if args.json:
-            print(json.dumps({"workers": planned_json(plan), "ok": True, "layout": plan.layout, "memory": mem}))
+            print(json.dumps({"workers": planned_json(plan), "ok": True, "layout": plan.layout, **memory}))
         else:
-            print(table(plan) + "\n" + memory_table(mem))
+            print(table(plan) + "\n" + memory_table(est, plan))
         return 0
     stdout = sys.stdout
     if args.json:
@@ -71,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(2, 1)
     report = check_plan(plan, cpus_per_node=args.cpus_per_node)
     if args.json:
-        print(json.dumps({**report, "layout": plan.layout, "memory": mem}), file=stdout, flush=True)
+        print(json.dumps({**report, "layout": plan.layout, **memory}), file=stdout, flush=True)
     else:
-        print(table(plan) + "\n" + memory_table(mem))
+        print(table(plan) + "\n" + memory_table(est, plan))
         print(f"vLLM Ray executor modelled: {report['executor']}")
         for w in report["workers"]:
             print(f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "

@@ -80,6 +80,7 @@ class ClusterShape:
     nodes: int
     gpus_per_node: int
     cpus_per_node: int | None = None  # None: not known / not checked
+    gpu_gib: float | None = None  # memory of one GPU; None: not known
 
 
 def layout_of(cfg, device: str) -> str:
@@ -163,51 +164,6 @@ def gpu_counts(cfg, layout: str) -> tuple[int, int, int]:
     return actor_gpus, rollout_gpus, actor_gpus
 
 
-# ----------------------------------------------------------------------------- memory
-def memory_estimate(cfg, plan: Plan, gpu_gib: float = 80.0) -> dict[str, float] | None:
-    """Per-GPU memory in GiB of one actor rank's GPU (and its engine share); None without model sizes.
-
-    Mixed-precision Adam: bf16 weights (2 B/param), bf16 grads (2), fp32 master + m + v (12).
-    ZeRO-2 shards grads and optimizer states over the W ranks; ZeRO-3 also the weights (+ the
-    reference model when kl_coef > 0). Activations: with gradient checkpointing one hidden
-    state per layer per token in bf16; the padded path adds the fp32 logits and their softmax of
-    a whole micro-batch (dominant at 150k vocabularies), the padding-free one a single chunk's.
-    """
-    m = cfg.model
-    if m.get("num_params") is None:
-        return None
-    P, H, L, V = float(m.num_params), int(m.hidden_size), int(m.num_layers), int(m.vocab_size)
-    W = max(1, len(plan.of("actor")))
-    z3 = int(cfg.actor.zero_stage) == 3
-    gib = 1 << 30
-    out = {
-        "weights": 2 * P / (W if z3 else 1) / gib,
-        "grads": 2 * P / W / gib,
-        "optimizer": 12 * P / W / gib,
-    }
-    if float(cfg.algorithm.kl_coef) > 0:
-        out["ref_weights"] = 2 * P / (W if z3 else 1) / gib
-    ckpt = bool(cfg.actor.get("gradient_checkpointing") or m.get("gradient_checkpointing"))
-    layers = 2 * H * L if ckpt else 34 * H * L  # bytes per token: checkpoints (or full layers)
-    if cfg.actor.get("padding_free") and cfg.actor.get("max_tokens_per_micro_batch"):
-        # Packed micro-batches of a token budget; the chunked head (bandpo.actor.chunked) holds one
-        # chunk's fp32 logits, probabilities and their gradient, not [tokens, V].
-        tokens = int(cfg.actor.max_tokens_per_micro_batch)
-        head = 3 * 4 * int(cfg.actor.get("logits_chunk_tokens") or 512) * V
-        out["activations"] = (tokens * (layers + 8) + head) / gib
-    else:
-        tokens = int(cfg.actor.micro_batch_size) * int(m.max_model_len)
-        out["activations"] = tokens * (layers + 8 * V) / gib  # + fp32 logits and softmax per token
-    out["actor_total"] = sum(out.values())
-    if plan.layout != "cpu":
-        out["vllm_share"] = float(cfg.rollout.gpu_memory_utilization) * gpu_gib
-        # Colocated: vLLM sleeps (weights to CPU, KV cache freed) while the actor runs; split:
-        # separate GPUs. Either way a GPU holds one of the two at a time.
-        out["peak"] = max(out["actor_total"], out["vllm_share"])
-    out["gpu_gib"] = gpu_gib
-    return out
-
-
 # ----------------------------------------------------------------------------- printing
 def table(plan: Plan) -> str:
     """One line per GPU (node, GPU, actor rank, engine/TP shard), then the CPU-only workers."""
@@ -227,14 +183,6 @@ def table(plan: Plan) -> str:
     lines.append(f"verifier actors: {len(v)} x {plan.verifier_cpus} CPUs (CPU-only, spread over nodes)")
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
-
-
-def memory_table(mem: dict[str, float] | None) -> str:
-    if mem is None:
-        return "memory: no model sizes (model.num_params / hidden_size / num_layers / vocab_size) in the config"
-    keys = [k for k in ("weights", "ref_weights", "grads", "optimizer", "activations", "actor_total",
-                        "vllm_share", "peak") if k in mem]
-    return f"memory per GPU (GiB of {mem['gpu_gib']:.0f}): " + "  ".join(f"{k} {mem[k]:.1f}" for k in keys)
 
 
 def planned_json(plan: Plan) -> list[dict]:
@@ -266,13 +214,16 @@ def detect_shape(address: str | None) -> ClusterShape:
             ray.shutdown()
         gpu_nodes = [g for g in gpus if g] or [0]
         return ClusterShape(len(gpu_nodes), min(gpu_nodes), min(cpus) if cpus else None)
+    gib = None
     try:
         import torch
 
         g = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if g:
+            gib = torch.cuda.get_device_properties(0).total_memory / (1 << 30)
     except Exception:  # a broken CUDA install counts as no GPU
         g = 0
-    return ClusterShape(1, g, os.cpu_count())
+    return ClusterShape(1, g, os.cpu_count(), gib)
 
 
 def decide_device(requested: str, gpus: int) -> str:

@@ -8,6 +8,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped;
        ``bandpo.trainer.dynamic_sampling``)
        sleep       colocated GPU layout only: the vLLM engines sleep (level 1) until stage 7
+       reload      with actor.offload_during_rollout: the actor's states back from host memory
+                   (``offload`` sends them there again before stage 7, the weights the sync reads
+                   once it has read them; ``bandpo.actor.offload``)
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
        trace       every trainer.trace_every steps: the groups with texts, grades and advantages
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
@@ -160,6 +163,9 @@ class Trainer:
         if rollout.sleeps:  # colocated GPU layout: free the GPUs for the actor's stages
             with self.timed("sleep"), stage("sleep", "rollout"):
                 rollout.sleep()
+        if actor.offloads:  # the actor's states come back from host memory for stages 5-6
+            with self.timed("reload"), stage("reload", "actor"):
+                actor.reload()
         with self.timed("advantages"):  # 4
             check_groups(batch.prompt_index, len(drawn.round.idx), n)
             batch.advantages, adv_metrics = compute_advantages(batch.rewards, n, cfg.algorithm.advantage)  # [N]
@@ -186,9 +192,12 @@ class Trainer:
             if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
                 self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
                                             f"{result.optimizer_steps} optimizer steps (those were not applied)")
+        if actor.offloads:  # ... and wait there while the engines wake and generate
+            with self.timed("offload"), stage("offload", "actor"):
+                actor.offload()
         if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                rollout.wake(self.sync_weights if updated else None)
+                rollout.wake(lambda: self.load_engines(updated))
         metrics["trainer/skipped_steps"] = self.guard.skipped
         return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, drawn.gen_tokens,
                                             last_checkpoint)}
@@ -221,6 +230,15 @@ class Trainer:
             b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons,
             self.cfg.trainer.trace_max_chars)
         write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
+
+    def load_engines(self, updated: bool) -> None:
+        """Stage 7 between the engines' weights and their KV cache: the actor's weights into them (when
+        the step updated), then, with offload, the actor's own weights the transport read (ZeRO-2's
+        bf16 copy) to host memory before vLLM reallocates its KV cache."""
+        if updated:
+            self.sync_weights()
+        if self.workers.actor.offloads:
+            self.workers.actor.offload_weights()
 
     def sync_weights(self) -> None:
         """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
@@ -269,9 +287,10 @@ class Trainer:
             self.logger.truncate_after(-1)
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
-        with stage("resume", "actor"):
+        with stage("resume", "actor"):  # colocated: the engines sleep while the states load (offload: and go back)
+            self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
-            self.sync_weights()
+            self.workers.rollout.wake(lambda: self.load_engines(True))
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)

@@ -183,14 +183,16 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     Ray builds actors in the background: the engines and the actor ranks are launched
     first, the verifier starts while they load, then each group is waited for under its
     own stage, so a failure names its group (and the trainer's ``close`` tears the others
-    down). One exception: in the colocated GPU layout vLLM sizes its KV cache from the GPU
-    memory free when it starts, so the actor ranks are launched only once the engines are up.
-    ``phase(name)`` times a start-up phase.
+    down). One exception, the colocated GPU layout, where vLLM sizes its KV cache from the GPU
+    memory free when it starts: there the actor ranks are launched only once the engines are
+    up, or, with ``actor.offload_during_rollout``, first, and the engines once the ranks have
+    built and offloaded their states. ``phase(name)`` times a start-up phase.
     """
     from bandpo.actor import ActorGroup
     from bandpo.actor.setup import cpu_threads_per_rank
     from bandpo.config import reuse_old_logprobs
     from bandpo.distributed import stage
+    from bandpo.distributed.memory import offload_during_rollout
     from bandpo.reward.ray_scorer import RayScorer
     from bandpo.rollout.group import RolloutGroup
 
@@ -212,27 +214,42 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
         launches = [engine_launch(plan, into.pgs, e) for e in range(ro.num_workers)]
         placed = dict(options_per_worker=[o for o, _ in launches], env_per_worker=[v for _, v in launches])
         actor_opts = [actor_options(plan, into.pgs, r) for r in range(ac.num_workers)]
+
+    def start_actor() -> None:
+        with stage("start", "actor"):
+            bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
+            into.actor = ActorGroup(
+                model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
+                options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),
+                zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
+                warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
+                gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
+                mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
+                logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
+                max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
+                logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
+                ref_model=cfg.algorithm.kl_coef > 0,
+                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False,
+                offload_during_rollout=offload)
+
+    # Colocated with offload: the actor ranks build (every state on the GPU at once) and offload
+    # before the engines take their share, so the two never peak together; vLLM 0.32 checks at
+    # start that its share is free.
+    offload = plan is not None and offload_during_rollout(cfg, plan.layout)
+    actor_first = offload and plan.sleeps
+    if actor_first:
+        start_actor()
+        with phase("actor"), stage("start", "actor"):
+            into.actor.wait_ready()
     with stage("start", "rollout"):
         engine_kw, sleeps = rollout_engine_kwargs(cfg, device, plan)
         into.rollout = RolloutGroup(ro.num_workers, ro.backend, model_path, sleeps=sleeps, num_cpus=1, num_gpus=0,
                                     env=env, **placed, **engine_kw)
-    if plan is not None and plan.sleeps:
+    if plan is not None and plan.sleeps and not actor_first:
         with phase("rollout"), stage("start", "rollout"):
             into.rollout.wait_ready()
-    with stage("start", "actor"):
-        bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
-        into.actor = ActorGroup(
-            model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
-            options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),
-            zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
-            warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
-            gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
-            mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
-            logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
-            max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
-            logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
-            ref_model=cfg.algorithm.kl_coef > 0,
-            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
+    if not actor_first:
+        start_actor()
     with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
         into.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
                                 num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,

@@ -56,6 +56,9 @@ def _fits(value, tp) -> bool:
         return any(_fits(value, a) for a in arms)
     if tp is type(None):
         return value is None
+    if isinstance(value, dict) and dataclasses.is_dataclass(tp):
+        tp(**value)  # EngineArgs.__post_init__ turns a dict into its config dataclass; a bad field raises
+        return True
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:
@@ -173,16 +176,21 @@ def test_contract_sampling_params(vllm, seed):
     assert (params.n, params.max_tokens, params.seed) == (4, 16, None if seed is None else seed + 3 * 4)
 
 
-def test_contract_weight_sync_client_has_vllms_protocol(vllm):
-    from vllm.distributed.weight_transfer.base import VLLMWeightSyncClient
+def test_contract_nccl_weight_sync_infos_are_vllms_dataclasses(vllm):
+    """The dicts bandpo.weight_sync.nccl hands vLLM's NCCL weight-transfer engine build its own info
+    types (a renamed or new required field fails here), and the engines' build option is a valid
+    ``WeightTransferConfig``."""
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
-    from bandpo.weight_sync.vllm_transfer import VllmWeightSyncClient
+    from bandpo.weight_sync.format import TensorMeta
+    from bandpo.weight_sync.nccl import ENGINE_KWARGS, update_info, worker_init_infos
 
-    methods = [n for n, v in vars(VLLMWeightSyncClient).items() if inspect.isfunction(v) and not n.startswith("_")]
-    assert len(methods) == 4
-    for name in methods:
-        ours, theirs = inspect.signature(getattr(VllmWeightSyncClient, name)), inspect.signature(getattr(VLLMWeightSyncClient, name))
-        assert list(ours.parameters) == list(theirs.parameters), name
+    for info in worker_init_infos("10.0.0.1", 29500, engines=2, tp=2):
+        NCCLWeightTransferInitInfo(**info)
+    NCCLWeightTransferUpdateInfo(**update_info([TensorMeta("w", "bfloat16", (2, 3), 0)]))
+    WeightTransferConfig(**ENGINE_KWARGS["weight_transfer_config"])
 
 
 def test_contract_ray_executor_variables_exist(vllm):

@@ -1,0 +1,253 @@
+"""Per-GPU memory of a placement plan, phase by phase, from the model's sizes in the config.
+
+Pure arithmetic (no torch, no Ray): what ``python -m bandpo.distributed`` and the dry run print,
+and what they refuse (exit 2) when a phase does not fit the GPU.
+
+Colocated layout (an actor rank and an engine shard on every GPU), two phases per step:
+- rollout: vLLM generates with its share (``rollout.gpu_memory_utilization`` x the GPU's memory:
+  weights, activations, KV cache) while the actor's residue stays on the GPU;
+- train (log-probs and update): the actor at its peak while vLLM sleeps (level 1: weights
+  copied to host memory, KV cache discarded, CUDA graph pools released; what stays is the
+  memory vLLM allocated outside its sleep-mode pool, ``VLLM_ASLEEP_GIB``);
+and once, at start-up (and on resume, when a checkpoint loads into the states), the actor holds
+every state it keeps between stages: with offload the actor starts first and offloads before the
+engines start (``bandpo.trainer.startup``), and a resume loads while they sleep; without, the
+engines hold their share meanwhile.
+Every GPU also holds one CUDA context per process on it (``CUDA_CONTEXT_GIB``).
+
+The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master copy):
+    weights      2P (ZeRO-2) or 2P/W (ZeRO-3)     bf16
+    ref_weights  as the weights, when algorithm.kl_coef > 0 (frozen reference model)
+    master       4P/W    fp32 master weights
+    optimizer    8P/W    Adam's m and v in fp32
+    grads        4P/W    the gradient partition, accumulated in fp32 (bandpo.actor.ds_config)
+    bucket       2 x 5e8  ZeRO's reduce bucket (DeepSpeed's default reduce_bucket_size, bf16 staging)
+    live_params  ZeRO-3: the largest gathered module (the [V, H] lm_head) + the 5e7-element prefetch bucket
+    activations  with gradient checkpointing one bf16 hidden state per layer per token, plus one
+                 layer recomputed in backward (34 H bytes per token, Korthikanti et al. 2022 without
+                 the attention-score term, which flash/SDPA kernels never store); without, 34 H L per token
+    head         padding-free: the chunked lm_head's fp32 [chunk, V] logits, probabilities and gradient
+                 (3 x 4 x chunk x V) and its weight gradient: an fp32 [V, H] accumulator and its bf16
+                 copy (6 V H, bandpo.actor.chunked); padded: fp32 logits and softmax per token (8 V)
+Tokens per update forward: ``actor.max_tokens_per_micro_batch`` packed (padding-free), else
+``actor.micro_batch_size`` x ``model.max_model_len``.
+
+What stays on the GPU while vLLM generates (the residue): with ``actor.offload_during_rollout``
+(``bandpo.actor.offload``) the master weights, Adam's state, the gradients, the reference
+model and, under ZeRO-2, the bf16 weights go to host memory; ZeRO-2 keeps its reduce bucket,
+ZeRO-3 its bf16 weight partition (the weight sync gathers it on the GPU). Without, every state
+but the transient ones (live_params, activations, head) stays. The actor empties PyTorch's cache after each stage, so no reserved peak blocks
+stay behind either way.
+
+Split layout: the actor's GPUs hold the actor (its peak in the train phase, its residue in the
+rollout phase), the engines' GPUs vLLM's share in both. Figures are allocated bytes; the caching
+allocator's fragmentation comes on top (typically a few percent), which is why a phase within a
+GiB or two of the capacity is worth a margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bandpo.distributed.plan import Plan
+
+GIB = float(1 << 30)
+# Per process on a GPU: the CUDA context, cuBLAS/cuDNN workspaces and NCCL's communicator buffers.
+CUDA_CONTEXT_GIB = 0.6
+# vLLM asleep (level 1): NCCL buffers and tensors allocated outside its sleep-mode pool.
+VLLM_ASLEEP_GIB = 1.0
+ZERO_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size
+ZERO3_PREFETCH_ELEMENTS = 5e7  # DeepSpeed's default stage3_prefetch_bucket_size
+
+
+PHASES = ("startup", "rollout", "train")
+Terms = list[tuple[str, float | None]]  # (what, GiB) adding up to a phase on one kind of GPU
+
+
+@dataclass
+class MemoryEstimate:
+    """GiB per GPU: the actor's ``parts``, and for each kind of GPU (``colocated``, or ``actor`` and
+    ``engine`` in the split layout) the terms each phase adds up (``gpus[kind][phase]``).
+
+    A phase's figure is its worst GPU; a phase with vLLM's share in it (and ``peak``) is None when
+    the GPU's memory is unknown (the share is a fraction of it). ``capacity_from`` says where the capacity came from.
+    """
+
+    parts: dict[str, float]
+    offload: bool
+    capacity: float | None
+    gpus: dict[str, dict[str, Terms]]
+    capacity_from: str = "trainer.gpu_memory_gib"
+
+    def on(self, gpu: str, phase: str) -> float | None:
+        terms = self.gpus[gpu][phase]
+        return None if any(v is None for _, v in terms) else sum(v for _, v in terms)
+
+    def phase(self, name: str) -> float | None:
+        values = [self.on(g, name) for g in self.gpus]
+        return None if any(v is None for v in values) else max(values)
+
+    @property
+    def rollout(self) -> float | None:
+        return self.phase("rollout")
+
+    @property
+    def train(self) -> float | None:
+        return self.phase("train")
+
+    @property
+    def peak(self) -> float | None:
+        phases = [self.phase(p) for p in PHASES]
+        return None if None in phases else max(phases)
+
+    def as_json(self) -> dict[str, float | None]:
+        def r(v):
+            return None if v is None else round(v, 2)
+
+        return {"rollout": r(self.rollout), "train": r(self.train), "startup": r(self.phase("startup")),
+                "peak": r(self.peak), "capacity": r(self.capacity)}
+
+
+def offload_during_rollout(cfg, layout: str) -> bool:
+    """``actor.offload_during_rollout``: null (auto) = on in the colocated GPU layout only; never on CPU."""
+    value = cfg.actor.get("offload_during_rollout")
+    if layout == "cpu":
+        return False
+    return layout == "colocated" if value is None else bool(value)
+
+
+def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
+    """The actor's memory in GiB on one of ``world`` ranks; None without model sizes in the config."""
+    m, a = cfg.model, cfg.actor
+    if m.get("num_params") is None:
+        return None
+    P, H, L, V = float(m.num_params), int(m.hidden_size), int(m.num_layers), int(m.vocab_size)
+    W = max(1, world)
+    z3 = int(a.zero_stage) == 3
+    lp = 2 if bf16 else 4  # bytes per weight as the model computes
+    parts = {"weights": lp * P / (W if z3 else 1), "master": 4 * P / W, "optimizer": 8 * P / W,
+             "grads": 4 * P / W, "bucket": lp * ZERO_BUCKET_ELEMENTS}
+    if float(cfg.algorithm.kl_coef) > 0:
+        parts["ref_weights"] = parts["weights"]
+    if z3:
+        parts["live_params"] = lp * (V * H + ZERO3_PREFETCH_ELEMENTS)
+    ckpt = bool(a.get("gradient_checkpointing") or m.get("gradient_checkpointing"))
+    if a.get("padding_free") and a.get("max_tokens_per_micro_batch"):
+        tokens = int(a.max_tokens_per_micro_batch)
+        chunk = int(a.get("logits_chunk_tokens") or 512)
+        parts["head"] = 3 * 4 * chunk * V + (4 + lp) * V * H
+        per_token = 8  # fp32 log-prob and entropy per token
+    else:
+        tokens = int(a.micro_batch_size) * int(m.max_model_len)
+        parts["head"] = 0.0
+        per_token = 8 * V  # fp32 logits and their softmax per token
+    layers = (2 * H * L + 34 * H) if ckpt else 34 * H * L  # bytes per token
+    parts["activations"] = tokens * (layers + per_token)
+    return {k: v / GIB for k, v in parts.items()}
+
+
+RESIDENT = ("weights", "ref_weights", "master", "optimizer", "grads", "bucket")  # between the actor's stages
+TRANSIENT = ("live_params", "activations", "head")  # during a forward/backward only
+
+
+def actor_residue(parts: dict[str, float], offload: bool, zero_stage: int) -> float:
+    """GiB the actor leaves on its GPU while vLLM generates (module docstring)."""
+    if not offload:
+        return sum(parts.get(k, 0.0) for k in RESIDENT)
+    return parts["weights"] if zero_stage == 3 else parts["bucket"]
+
+
+def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
+                    capacity_from: str = "trainer.gpu_memory_gib") -> MemoryEstimate | None:
+    """Per-GPU memory by phase for ``cfg`` laid out as ``plan`` on GPUs of ``capacity_gib`` (None:
+    unknown); None on CPU or without model sizes in the config."""
+    if plan.layout == "cpu":
+        return None
+    bf16 = True if cfg.actor.get("bf16", "auto") == "auto" else bool(cfg.actor.bf16)
+    parts = actor_parts(cfg, len(plan.of("actor")), bf16)
+    if parts is None:
+        return None
+    offload = offload_during_rollout(cfg, plan.layout)
+    resident = sum(parts.get(k, 0.0) for k in RESIDENT)
+    peak = resident + sum(parts.get(k, 0.0) for k in TRANSIENT)
+    residue = actor_residue(parts, offload, int(cfg.actor.zero_stage))
+    share = None if capacity_gib is None else float(cfg.rollout.gpu_memory_utilization) * capacity_gib
+    parts = {**parts, "actor_peak": peak, "actor_residue": residue}
+    if share is not None:
+        parts["vllm_share"] = share
+    vllm = ("vLLM's share (rollout.gpu_memory_utilization x GPU memory)", share)
+    actor_left = (f"actor residue (actor.offload_during_rollout={str(offload).lower()})", residue)
+    if plan.layout == "colocated":
+        ctx = ("CUDA contexts (actor + vLLM)", 2 * CUDA_CONTEXT_GIB)
+        before = [("vLLM asleep or not started", VLLM_ASLEEP_GIB)] if offload else [vllm]
+        gpus = {"colocated": {"startup": [("actor's states as built or loaded", resident), *before, ctx],
+                              "rollout": [actor_left, vllm, ctx],
+                              "train": [("actor peak", peak), ("vLLM asleep", VLLM_ASLEEP_GIB), ctx]}}
+    else:
+        ctx = ("CUDA context", CUDA_CONTEXT_GIB)
+        gpus = {"actor": {"startup": [("actor's states as built or loaded", resident), ctx], "rollout": [actor_left, ctx],
+                          "train": [("actor peak", peak), ctx]},
+                "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]}}
+    return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from)
+
+
+# What shrinks each phase, named in the message when it does not fit.
+REMEDIES = {
+    "startup": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.zero_stage=3 (weights sharded)",
+                "actor.num_workers (more ranks shard the states)"),
+    "rollout": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.offload_during_rollout=true",
+                "actor.zero_stage=3 (the actor's residue)"),
+    "train": ("actor.max_tokens_per_micro_batch (activations)", "actor.zero_stage=3 (weights sharded)",
+              "actor.num_workers (more ranks shard the states)", "actor.gradient_checkpointing=true",
+              "actor.logits_chunk_tokens"),
+}
+
+
+def memory_errors(est: MemoryEstimate | None) -> list[str]:
+    """One line per GPU kind and phase that does not fit ``est.capacity`` (none when it is unknown)."""
+    if est is None or est.capacity is None:
+        return []
+    out = []
+    for gpu, phases in est.gpus.items():
+        for phase, terms in phases.items():
+            need = est.on(gpu, phase)
+            if need is not None and need > est.capacity:
+                sums = " + ".join(f"{name} {v:.1f}" for name, v in terms)
+                out.append(f"memory: the {phase} phase needs {need:.1f} GiB on a{'n' if gpu[0] in 'aeiou' else ''} "
+                           f"{gpu} GPU, more than its {est.capacity:.1f} GiB ({est.capacity_from}): {sums}; "
+                           f"shrink it with {', '.join(REMEDIES[phase])}")
+    return out
+
+
+def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
+    """The estimate as printed by the plan command and the dry run."""
+    if plan.layout == "cpu":
+        return "memory: CPU layout (no GPU estimate)"
+    if est is None:
+        return "memory: no model sizes (model.num_params / hidden_size / num_layers / vocab_size) in the config"
+    p = est.parts
+    keys = [k for k in ("weights", "ref_weights", "master", "optimizer", "grads", "bucket", "live_params",
+                        "activations", "head", "actor_peak", "actor_residue", "vllm_share") if k in p]
+    cap = "unknown" if est.capacity is None else f"{est.capacity:.1f}"
+    lines = [f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
+             + "  ".join(f"{k} {p[k]:.1f}" for k in keys)]
+    for gpu in est.gpus:
+        shown = [(ph, est.on(gpu, ph)) for ph in PHASES]
+        lines.append(f"  {gpu} GPU: " + "  ".join(f"{ph} {'?' if v is None else f'{v:.1f}'}" for ph, v in shown))
+    if est.capacity is None:
+        lines.append("  GPU memory unknown: vLLM's share (rollout.gpu_memory_utilization x the GPU's memory) and the "
+                     "rollout phase are not computed; set trainer.gpu_memory_gib (or --gpu-gib) to check the fit")
+    else:
+        lines.append(f"  peak {est.peak:.1f} of {est.capacity:.1f} GiB")
+    return "\n".join(lines)
+
+
+def estimate_for(cfg, plan: Plan, shape, gpu_gib: float | None = None) -> MemoryEstimate | None:
+    """``memory_estimate`` on GPUs of ``gpu_gib`` (the command's flag) if given, else
+    ``trainer.gpu_memory_gib``, else the memory the cluster shape reports, else unknown."""
+    if gpu_gib is not None:
+        return memory_estimate(cfg, plan, float(gpu_gib), "--gpu-gib")
+    if cfg.trainer.get("gpu_memory_gib") is not None:
+        return memory_estimate(cfg, plan, float(cfg.trainer.gpu_memory_gib), "trainer.gpu_memory_gib")
+    found = getattr(shape, "gpu_gib", None)
+    return memory_estimate(cfg, plan, found, "reported by the GPU") if found else memory_estimate(cfg, plan)

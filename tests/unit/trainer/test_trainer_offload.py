@@ -1,0 +1,111 @@
+"""The trainer's step with offload during rollout (stand-in workers, no Ray): the engines sleep, the
+actor's states come back, log-probs and update run, the states go to host memory, then the engines
+wake for the weight sync, after which the weights the sync read go to host memory too, before the
+engines' KV cache returns."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bandpo.actor.group import UpdateResult
+from bandpo.config import compose, loss_options
+from bandpo.run.nonfinite import NonfiniteGuard
+from bandpo.trainer import loop
+from bandpo.trainer.dynamic_sampling import Drawn, Round
+from bandpo.trainer.startup import Workers
+from bandpo.types import TrainBatch
+from tests.helpers.actor import make_rollout
+
+
+class _Actor:
+    reuse_old = False
+
+    def __init__(self, log, offloads):
+        self.log, self.offloads = log, offloads
+
+    def offload(self):
+        self.log.append("actor.offload")
+
+    def offload_weights(self):
+        self.log.append("actor.offload_weights")
+
+    def reload(self):
+        self.log.append("actor.reload")
+
+    def old_logprobs(self, batch):
+        self.log.append("actor.old_logprobs")
+        batch.old_logprobs = torch.zeros(batch.response_ids.shape)  # [N, R]
+        return torch.zeros(batch.response_ids.shape)  # [N, R]
+
+    def train(self, batch, options, epochs, entropy):
+        self.log.append("actor.train")
+        return UpdateResult({"loss": 0.0}, 0, 1, None)
+
+
+class _Rollout:
+    sleeps = True
+
+    def __init__(self, log):
+        self.log = log
+
+    def sleep(self):
+        self.log.append("engines.sleep")
+
+    def wake(self, load_weights):
+        self.log.append("engines.wake_up(weights)")
+        load_weights()
+        self.log.append("engines.wake_up(kv_cache)")
+
+
+class _Rollouts:
+    def __init__(self, trainer, log):
+        self.trainer, self.log = trainer, log
+
+    def draw(self, step):
+        self.log.append("engines.generate")
+        self.trainer.timings["rollout"] = 1.0
+        rb = make_rollout(4, step)
+        batch = TrainBatch.from_rollout(rb, rewards=torch.tensor([1.0, -1.0, 1.0, -1.0]))
+        batch.prompt_index = torch.tensor([0, 0, 1, 1])  # [N]: two groups of n = 2
+        return Drawn(Round([0, 1], batch, ["a"] * 4, []), {}, [], int(rb.response_mask.sum()))
+
+
+def _trainer(offloads):
+    cfg = compose(["rollout.n=2", "algorithm.kl_coef=0", "actor.micro_batch_size=2"])
+    trainer = loop.Trainer.__new__(loop.Trainer)
+    log = []
+    trainer.cfg, trainer.step, trainer.timings = cfg, 1, {}
+    trainer.guard, trainer.loss = NonfiniteGuard("skip", 5), loss_options(cfg)
+    trainer.workers = Workers(rollout=_Rollout(log), actor=_Actor(log, offloads))
+    trainer.rollouts = _Rollouts(trainer, log)
+    trainer.sync_weights = lambda: log.append("actor->engines weight sync")
+    return trainer, log
+
+
+@pytest.mark.parametrize("offloads", [True, False])
+def test_states_leave_the_gpu_before_the_engines_wake_and_return_once_they_sleep(monkeypatch, offloads):
+    monkeypatch.setattr(loop, "reward_metrics", lambda scores: {})
+    trainer, log = _trainer(offloads)
+    metrics = trainer.train_step()
+    moves = ["actor.reload", "actor.offload"] if offloads else []
+    weights = ["actor.offload_weights"] if offloads else []  # the IPC / NCCL transports read them on the GPU
+    assert log == ["engines.generate", "engines.sleep", *moves[:1], "actor.old_logprobs", "actor.train", *moves[1:],
+                   "engines.wake_up(weights)", "actor->engines weight sync", *weights, "engines.wake_up(kv_cache)"]
+    assert ("time/reload" in metrics and "time/offload" in metrics) is offloads
+
+
+def test_resume_loads_the_states_while_the_engines_sleep(tmp_path):
+    trainer, log = _trainer(offloads=True)
+    trainer.workers.actor.call = lambda method, *args: log.append(f"actor.{method}")
+    trainer.ckpt = SimpleNamespace(remove_stale=lambda: None, latest=lambda: tmp_path,
+                                   load_state=lambda folder, required: {"step": 3, "sampler": {}})
+    trainer.sampler = SimpleNamespace(load_state_dict=lambda state: None)
+    trainer.logger = SimpleNamespace(truncate_after=lambda step: None)
+    trainer.guard = NonfiniteGuard("skip", 5)
+    trainer._resume()
+    # load_checkpoint brings an offloaded rank's states back, loads, and offloads them again (Actor),
+    # all but the weights, which leave once the engines have them.
+    assert log == ["engines.sleep", "actor.load_checkpoint", "engines.wake_up(weights)",
+                   "actor->engines weight sync", "actor.offload_weights", "engines.wake_up(kv_cache)"]
+    assert trainer.step == 3
