@@ -268,7 +268,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k2":
         return 0.5 * diff.square()
     if estimator == "k3":
-        # exp(d) - d - 1 >= 0, unbiased and low variance; clamped as in the recipe.
+        # exp(d) - d - 1 >= 0, unbiased and low variance; clamped as in the recipe. d is clamped to
+        # [-20, 20] first: the result is 10 beyond |d| = 20 either way, but exp(d) overflows float32
+        # at d ~ 88.7 and inf * 0 in the backward pass of the outer clamp makes the gradient NaN.
+        diff = diff.clamp(-20.0, 20.0)
         return (torch.exp(diff) - diff - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
