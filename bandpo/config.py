@@ -152,12 +152,11 @@ def loss_options(cfg):
     from bandpo.algo.losses import LossOptions
 
     a = cfg.algorithm
-    mismatch = a.get("mismatch") or {}
     opts = LossOptions(algorithm=a.name, eps_low=_float(a.eps_low), eps_high=_float(a.eps_high),
                        dual_clip=a.dual_clip, agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens),
                        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                       tis_cap=_float(a.get("tis_cap")), mismatch=mismatch.get("mode", "none"),
-                       mismatch_cap=float(mismatch.get("cap", 2.0)), ratio_cap=_float(a.get("ratio_cap")),
+                       tis_cap=_float(a.get("tis_cap")), mismatch=a.mismatch.mode,
+                       mismatch_cap=float(a.mismatch.cap), ratio_cap=_float(a.get("ratio_cap")),
                        tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")))
     if a.name != "bandpo":
         return opts

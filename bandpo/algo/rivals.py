@@ -73,11 +73,13 @@ def dppo_loss(
             up, down = (d > eps_high) & rose, (d > eps_low) & fell
         else:
             raise ValueError(f"unknown DPPO divergence {divergence!r}; valid: tv, kl")
+        # The loss masks A <= 0 with the lower test (A = 0 carries no gradient either way); the
+        # fractions count A < 0 only, like the clip's, so that zero-advantage groups do not inflate them.
         positive = advantages > 0
         up, down = up & positive, down & ~positive
         weight = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
         weight = weight * ~(up | down)
-    return -advantages * weight * _score(logprobs), up, down
+    return -advantages * weight * _score(logprobs), up, down & (advantages < 0)
 
 
 def gspo_loss(
@@ -127,15 +129,16 @@ def cispo_loss(
         w = sg(clip(r, 1 - eps_low, 1 + eps_high))
         L = -A w (1 + log pi - sg(log pi))                gradient -A w grad log pi
 
-    Every token keeps a gradient (scaled by w); ``up`` / ``down`` mark the tokens whose weight was
-    clipped (r > 1 + eps_high, r < 1 - eps_low), whatever the sign of A. The paper sets no lower
+    Every token keeps a gradient (scaled by w); ``up`` / ``down`` mark the tokens with A != 0 whose
+    weight was clipped (r > 1 + eps_high, r < 1 - eps_low), whatever the sign of A. The paper sets no lower
     bound (eps_low = 1: 1 - eps_low = 0) and tunes eps_high; it does not publish the value.
     Shapes: every tensor [N, R].
     """
     with torch.no_grad():
         ratio = _ratio(logprobs.detach(), old_logprobs)
         lo, hi = 1.0 - eps_low, 1.0 + eps_high
-        up, down = ratio > hi, ratio < lo
+        moved = advantages != 0
+        up, down = (ratio > hi) & moved, (ratio < lo) & moved
         weight = ratio.clamp(lo, hi)
     return -advantages * weight * _score(logprobs), up, down
 

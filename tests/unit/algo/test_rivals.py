@@ -159,3 +159,13 @@ def test_each_rival_is_one_override_away(name):
 def test_inapplicable_options_are_refused_by_name(kw, message):
     with pytest.raises(ValueError, match=message):
         LossOptions(**kw)
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "gspo", "cispo"])
+def test_zero_advantage_tokens_are_not_counted_as_cut(name):
+    # An all-equal group has A = 0: no gradient, and no share in the cut fractions (as for the clip),
+    # although (0,0) and (1,0) moved past DPPO's regions and the ratio 10 token past CISPO's bound.
+    logp, old = _probs(DPPO_OLD, DPPO_NEW)
+    opts = LossOptions(algorithm=name, dual_clip=None)
+    loss, m = policy_loss(logp, old, torch.zeros(2, dtype=torch.float64), MASK, opts)
+    assert loss.item() == 0.0 and m["clip_frac_up"].item() == m["clip_frac_down"].item() == 0.0
