@@ -1,4 +1,4 @@
-"""Benchmark: Band bounds and the policy loss on the paper's mini-batch (64 x 8192 tokens).
+"""Benchmark: Band bounds and every algorithm's policy loss on the paper's mini-batch (64 x 8192 tokens).
 
 Prints a table and writes JSON. Timings are medians over interleaved repetitions (variants
 take turns, so machine noise hits all of them alike); compare ratios within one run.
@@ -16,7 +16,14 @@ import time
 
 import torch
 
-from bandpo.algo import LossOptions, adaptive_delta, band_bounds, band_bounds_per_token, policy_loss
+from bandpo.algo import (
+    MISMATCH_MODES,
+    LossOptions,
+    adaptive_delta,
+    band_bounds,
+    band_bounds_per_token,
+    policy_loss,
+)
 from bandpo.algo.band import chi2_generator, kl_roots_logit, tv_generator
 
 
@@ -96,13 +103,17 @@ def main() -> None:
     bound_fns.update({f"{div}-adaptive": (lambda d=div: band_bounds_per_token(old, d, delta_t, d_range))
                       for div in ("kl", "tv", "chi2")})
 
+    # The rollout engine's logprobs for the mismatch corrections: pi_old with bf16-sized noise.
+    rollout = old + 0.01 * torch.randn_like(old)  # [rows, cols]
+
     def loss_fn(algorithm: str, divergence: str = "kl", old_entropy=None, **extra):
         opts = LossOptions(algorithm=algorithm, divergence=divergence, delta=args.delta, agg="seq-mean-token-mean",
                            **extra)
 
         def run():
             logp = logp0.clone().requires_grad_()
-            loss, metrics = policy_loss(logp, old, adv, mask, opts, old_entropy=old_entropy)
+            loss, metrics = policy_loss(logp, old, adv, mask, opts, old_entropy=old_entropy,
+                                        rollout_logprobs=rollout)
             loss.backward()
             return loss
         return run
@@ -112,6 +123,10 @@ def main() -> None:
     # Adaptive: the radius is computed inside the loss from the entropy (counted in its time).
     loss_fns["bandpo-kl-adaptive"] = loss_fn("bandpo", "kl", band_adaptive="entropy", delta_min=d_range[0],
                                              delta_max=d_range[1], entropy_scale=0.5, old_entropy=entropy)
+    # The rivals (their own surrogate, no dual clip) and the mismatch corrections on top of grpo.
+    loss_fns.update({name: loss_fn(name, dual_clip=None)
+                     for name in ("dppo_tv", "dppo_kl", "gspo", "cispo", "sapo")})
+    loss_fns.update({f"grpo+{mode}": loss_fn("grpo", mismatch=mode) for mode in MISMATCH_MODES[1:]})
     bounds_ms = median_ms(bound_fns, args.reps, args.device)
     loss_ms = median_ms(loss_fns, args.reps, args.device)
     errors = bounds_error(old_cpu, args.delta)
@@ -122,17 +137,18 @@ def main() -> None:
     print("\n| bounds only | median ms | x fixed delta |\n|---|---|---|")
     for k, v in bounds_ms.items():
         print(f"| {k} | {v:.2f} | {v / bounds_ms[k.removesuffix('-adaptive')]:.2f} |")
-    base = loss_ms["clip_higher"]
-    print("\n| policy loss fwd+bwd | median ms | x clip_higher |\n|---|---|---|")
+    base, grpo = loss_ms["clip_higher"], loss_ms["grpo"]
+    print("\n| policy loss fwd+bwd | median ms | x grpo | x clip_higher |\n|---|---|---|---|")
     for k, v in loss_ms.items():
-        print(f"| {k} | {v:.2f} | {v / base:.2f} |")
+        print(f"| {k} | {v:.2f} | {v / grpo:.2f} | {v / base:.2f} |")
     print("\n| bounds error vs float64 reference | lower max rel | upper max rel |\n|---|---|---|")
     for k, e in errors.items():
         print(f"| {k} | {e['lower_max_rel']:.2e} | {e['upper_max_rel']:.2e} |")
     print(f"load average: {os.getloadavg()}")
     result = {"tokens": tokens, "delta": args.delta, "device": where, "loadavg": os.getloadavg(),
               "bounds_ms": bounds_ms, "loss_fwd_bwd_ms": loss_ms,
-              "ratio_vs_clip_higher": {k: v / base for k, v in loss_ms.items()}, "bounds_error": errors}
+              "ratio_vs_clip_higher": {k: v / base for k, v in loss_ms.items()},
+              "ratio_vs_grpo": {k: v / grpo for k, v in loss_ms.items()}, "bounds_error": errors}
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"\nwrote {args.out}")

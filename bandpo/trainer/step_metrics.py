@@ -7,12 +7,14 @@ from contextlib import contextmanager
 
 import torch
 
+from bandpo.algo.mismatch import mismatch_stats
 from bandpo.types import TrainBatch
 
 
 def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:
     """Response lengths; with the actor's old logprobs and entropy [N, R] also their health metrics
-    (absent until the update's forward made them, with reuse_old_logprobs)."""
+    and the rollout/actor mismatch's ``mismatch/log_ratio_*`` (absent until the update's forward
+    made them, with reuse_old_logprobs)."""
     mask = batch.response_mask.bool()  # [N, R]
     lengths = batch.response_lengths.float()  # [N]
     out = {
@@ -28,6 +30,7 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
         "health/rollout_actor_abs_diff": diff.abs().mean().item(),
         # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
         "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
+        **mismatch_stats(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask),
     }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.config import CONFIG_DIR, compose
+from bandpo.config import CONFIG_DIR, compose, loss_options
 from bandpo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,29 @@ def test_new_options_default_off_and_validate_together():
             with pytest.raises(ConfigError, match="apply to algorithm=bandpo only"):
                 compose([f"algorithm={algo}", f"{form}algorithm.band.adaptive=entropy"])
         compose([f"algorithm={algo}", "algorithm.tis_cap=2", "algorithm.filter_groups.enable=true"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm=dppo_tv", "algorithm.dual_clip=3"], r"algorithm\.dual_clip does not apply to algorithm=dppo_tv"),
+    (["algorithm=grpo", "algorithm.ratio_cap=20"], r"algorithm\.ratio_cap does not apply to algorithm=grpo"),
+    (["algorithm=cispo", "algorithm.tau_pos=1"], r"algorithm\.tau_pos does not apply to algorithm=cispo"),
+    (["algorithm=sapo", "algorithm.eps_low=0.2"], r"algorithm\.eps_low does not apply to algorithm=sapo"),
+    (["algorithm=sapo", "algorithm.tau_neg=0"], r"algorithm\.tau_neg must be > 0"),
+    (["algorithm=gspo", "algorithm.loss_agg=token-mean"], r"algorithm\.loss_agg must be seq-mean-token-mean"),
+    (["algorithm.mismatch.mode=seq"], r"algorithm\.mismatch\.mode must be one of none, token_tis"),
+    (["algorithm.mismatch.cap=0.5"], r"algorithm\.mismatch\.cap must be >= 1"),
+    (["algorithm.mismatch.mode=icepop", "algorithm.tis_cap=2"], r"algorithm\.tis_cap is token-level TIS"),
+])
+def test_rival_and_mismatch_options_are_refused_by_name(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose(overrides)
+
+
+def test_mismatch_options_reach_the_loss():
+    o = loss_options(compose(["algorithm=dppo_kl", "algorithm.mismatch.mode=seq_mis", "algorithm.mismatch.cap=3",
+                              "algorithm.ratio_cap=20"]))
+    assert (o.algorithm, o.mismatch, o.mismatch_cap, o.ratio_cap, o.tis_cap) == ("dppo_kl", "seq_mis", 3.0, 20.0, None)
+    assert loss_options(compose(["algorithm=sapo"])).tau_neg == 1.05
 
 
 @pytest.mark.parametrize("override", ["trainer.verifier_timout=3", "+trainer.verifier_timout=3",
