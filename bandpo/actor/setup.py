@@ -1,4 +1,4 @@
-"""Building blocks of an actor rank: seeding, process group, model loading, LR schedule."""
+"""Building blocks of an actor rank: seeding, process group, LR schedule (the model: ``bandpo.actor.loading``)."""
 
 from __future__ import annotations
 
@@ -67,20 +67,3 @@ def init_distributed(
         MASTER_PORT=str(port),
     )
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-
-
-def load_model(path: str, dtype: torch.dtype):
-    """HF causal LM with dropout off (the ratio must be exactly 1 before the first step).
-
-    Loaded whole on every rank; under ZeRO-3, ``deepspeed.initialize`` partitions it
-    afterwards. Building it already partitioned (less host memory per rank for large models)
-    goes through transformers' ``HfDeepSpeedConfig``, which needs the ``accelerate`` package.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    for key, value in list(vars(config).items()):
-        if "dropout" in key and isinstance(value, float):
-            setattr(config, key, 0.0)
-    config.use_cache = False
-    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)

@@ -48,6 +48,7 @@ from bandpo.actor import checkpoint as ckpt
 from bandpo.actor.attention import use_packed_attention
 from bandpo.actor.chunked import DEFAULT_CHUNK
 from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
+from bandpo.actor.loading import load_model
 from bandpo.actor.logprobs import (
     budget_chunks,
     check_padding,
@@ -63,7 +64,6 @@ from bandpo.actor.setup import (
     LinearWarmup,
     cpu_threads_per_rank,
     init_distributed,
-    load_model,
     seed_everything,
 )
 from bandpo.algo.losses import LossOptions, policy_loss
@@ -189,7 +189,8 @@ class Actor:
             bf16=bf16,
         )
         dtype = torch.bfloat16 if bf16 else torch.float32
-        model = load_model(model_path, dtype)
+        # Built where it lives: partitioned under ZeRO-3, else on this rank's device (bandpo.actor.loading)
+        model = load_model(model_path, dtype, self.device, ds_config if zero_stage == 3 else None)
         packed_attention = padding_free and use_packed_attention(model)
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
@@ -208,7 +209,8 @@ class Actor:
         self.ref = None
         if ref_model:
             inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
-            ref = load_model(model_path, dtype).requires_grad_(False)
+            ref = load_model(model_path, dtype, self.device, inf_config if zero_stage == 3 else None)
+            ref.requires_grad_(False)
             if padding_free and use_packed_attention(ref) != packed_attention:
                 raise RuntimeError("the reference model loaded with another attention implementation than the actor")
             if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward

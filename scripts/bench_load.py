@@ -1,0 +1,137 @@
+"""Host memory of actor start-up: data-parallel ranks on one node building their models.
+
+Starts ``--ranks`` actor ranks as separate processes (torch.distributed over gloo, like the
+CPU layout; no Ray, so nothing else shares their memory), each building ``bandpo.actor.Actor``
+(model, DeepSpeed engine and, with ``--ref``, the reference model) from a random Qwen2 of
+about 100M parameters, then exiting. The parent samples every rank's memory every 10 ms from
+/proc and reports the peak of the sum over ranks of
+
+* RSS: resident pages, file-backed ones included (a memory-mapped checkpoint read by every
+  rank counts once per rank here, although the page cache holds it once);
+* anon: RSS minus file-backed and shared pages, i.e. the memory the ranks own: what N
+  simultaneous full copies of a model cost.
+
+      DS_ACCELERATOR=cpu python scripts/bench_load.py --zero-stage 3 --ref --out load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mib(pages: int) -> float:
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _memory(pid: int) -> tuple[float, float] | None:
+    """(RSS MiB, anonymous MiB) of ``pid`` from /proc/<pid>/statm (resident, shared pages)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            fields = f.read().split()
+    except OSError:
+        return None
+    rss, shared = int(fields[1]), int(fields[2])
+    return _mib(rss), _mib(rss - shared)
+
+
+def rank_main(args) -> None:
+    """One rank: build the actor, then exit (the parent measures)."""
+    import torch
+
+    from bandpo.actor import Actor
+
+    t0 = time.perf_counter()
+    actor = Actor(args.model, rank=args.rank, world_size=args.ranks, master_port=args.port,
+                  zero_stage=args.zero_stage, ref_model=args.ref, mini_batch_size=args.ranks, micro_batch_size=1,
+                  cpu_threads=1)
+    seconds = time.perf_counter() - t0
+    if args.ranks > 1:
+        torch.distributed.barrier()
+    print(json.dumps({"rank": args.rank, "build_s": seconds, "steps": actor.info()["global_steps"]}), flush=True)
+
+
+def measure(model: str, args) -> dict:
+    from bandpo.actor.setup import free_port
+
+    port = free_port()
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--rank-worker", str(r), "--model", model, "--port", str(port),
+                          "--ranks", str(args.ranks), "--zero-stage", str(args.zero_stage),
+                          *(["--ref"] if args.ref else [])],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(args.ranks)
+    ]
+    peak_rss = peak_anon = 0.0
+    per_rank = [0.0] * args.ranks
+    while any(p.poll() is None for p in procs):
+        samples = [_memory(p.pid) for p in procs]
+        live = [s for s in samples if s is not None]
+        peak_rss = max(peak_rss, sum(s[0] for s in live))
+        peak_anon = max(peak_anon, sum(s[1] for s in live))
+        for r, s in enumerate(samples):
+            if s is not None:
+                per_rank[r] = max(per_rank[r], s[1])
+        time.sleep(0.01)
+    outs = [p.communicate() for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode:
+            raise SystemExit(f"a rank failed (rc {p.returncode}):\n{err[-3000:]}")
+    build_s = max(json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])["build_s"] for out, _ in outs)
+    return {"peak_rss_sum_mib": peak_rss, "peak_anon_sum_mib": peak_anon, "peak_anon_per_rank_mib": per_rank,
+            "build_s": build_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--zero-stage", type=int, default=2)
+    p.add_argument("--ref", action="store_true", help="also build the reference model (algorithm.kl_coef > 0)")
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--model", help="an existing model folder (default: a random Qwen2 built in a temp folder)")
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--rank-worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_worker is not None:
+        args.rank = args.rank_worker
+        rank_main(args)
+        return
+
+    from bench_actor import build_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or tmp
+        n_params = None
+        if not args.model:
+            n_params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, kv_heads=2)
+        result = measure(model, args)
+    weights = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors")) \
+        if args.model else None
+    report = {"params": n_params, "ranks": args.ranks, "zero_stage": args.zero_stage, "ref": args.ref,
+              "checkpoint_mib": weights / 2**20 if weights else (n_params * 4 / 2**20 if n_params else None),
+              "load_average": os.getloadavg(), **result}
+    print(f"{args.ranks} ranks, ZeRO-{args.zero_stage}, reference model {'on' if args.ref else 'off'}, "
+          f"{(n_params or 0) / 1e6:.0f}M params (fp32 checkpoint {report['checkpoint_mib'] or 0:.0f} MiB): "
+          f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
+          f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}), build "
+          f"{result['build_s']:.1f} s; load average {report['load_average']}")
+    print(json.dumps(report))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
