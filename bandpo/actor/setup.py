@@ -43,9 +43,15 @@ def free_port() -> int:
 
 
 def init_distributed(
-    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str
+    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str, timeout_min: float = 60
 ) -> None:
-    """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment."""
+    """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment.
+
+    ``timeout_min``: how long a collective waits for the slowest rank before the run is ended
+    (DeepSpeed's own default is 10 minutes, shorter than a large checkpoint or HF export can take).
+    """
+    from datetime import timedelta
+
     import deepspeed
 
     if torch.distributed.is_initialized():
@@ -66,4 +72,4 @@ def init_distributed(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
     )
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min))

@@ -102,6 +102,8 @@ class Actor:
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
+        collective_timeout_min: how long a rank waits in a collective for the others (a checkpoint
+            or HF export in progress) before the process group gives up and the run ends.
         cpu_threads: torch threads of this rank on CPU; None = this process's cores / world_size.
             Ray sets OMP_NUM_THREADS to an actor's ``num_cpus`` (1), which would run every
             forward and backward on one core; the CPU layout's stages run one after another
@@ -134,6 +136,7 @@ class Actor:
         ref_model: bool = False,
         temperature: float = 1.0,
         seed: int = 0,
+        collective_timeout_min: float = 60,
         cpu_threads: int | None = None,
     ):
         from bandpo.run.worker_logs import redirect_group_output
@@ -172,7 +175,8 @@ class Actor:
         # Under Ray each rank sees only its own GPU; a launcher that shows all GPUs gets rank % count.
         local_rank = 0 if self.on_cpu or accel.device_count() == 1 else rank % accel.device_count()
         init_distributed(
-            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl"
+            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl",
+            timeout_min=collective_timeout_min,
         )
         if not self.on_cpu:
             accel.set_device(local_rank)
@@ -493,7 +497,10 @@ class Actor:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str, client_state: dict | None = None) -> None:
-        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``."""
+        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``.
+
+        Every rank flushes its own writes (in parallel); rank 0 only renames (``bandpo.actor.checkpoint``).
+        """
         tmp = ckpt.staging_dir(path)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -502,6 +509,7 @@ class Actor:
             str(tmp), tag=CKPT_TAG, client_state={"bandpo": dict(client_state or {})}, save_latest=False
         )
         ckpt.save_rng(tmp, self.rank)
+        ckpt.sync_filesystem(tmp)
         self._barrier()
         if self.rank == 0:
             ckpt.publish(tmp, path)
@@ -528,12 +536,18 @@ class Actor:
     def export_hf(self, path: str) -> None:
         """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
 
-        Weights are in the training dtype; the folder appears atomically.
+        Weights are in the training dtype; the ranks write their share of the weight files and
+        fsync them; the folder appears atomically.
         """
         tmp = ckpt.staging_dir(path)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank == 0)
+            os.makedirs(tmp)
+        self._barrier()
+        written = ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank,
+                                      self.world_size)
+        ckpt.fsync_files(written)
+        self._barrier()
         if self.rank == 0:
             ckpt.publish(tmp, path)
         self._barrier()

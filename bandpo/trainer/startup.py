@@ -185,7 +185,8 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
             max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
             logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
             ref_model=cfg.algorithm.kl_coef > 0,
-            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False)
+            temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads,
+            collective_timeout_min=ac.collective_timeout_min, wait=False)
     with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
         into.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
                                 num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
