@@ -90,6 +90,18 @@ def measure(model: str, args) -> dict:
             "build_s": build_s}
 
 
+def _resave(path: str, dtype: str) -> None:
+    """Store the model at ``path`` in ``dtype`` instead."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    for f in os.listdir(path):
+        if f.endswith(".safetensors"):
+            os.remove(os.path.join(path, f))
+    model.save_pretrained(path, safe_serialization=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
@@ -99,6 +111,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--intermediate", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--checkpoint-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype the random model is saved in (the shipped models are stored in bfloat16; the CPU "
+                        "actor trains in float32, so each rank casts)")
     p.add_argument("--model", help="an existing model folder (default: a random Qwen2 built in a temp folder)")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--rank-worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -116,14 +131,16 @@ def main() -> None:
         n_params = None
         if not args.model:
             n_params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, kv_heads=2)
+            if args.checkpoint_dtype != "float32":
+                _resave(tmp, args.checkpoint_dtype)
+        weights = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
         result = measure(model, args)
-    weights = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors")) \
-        if args.model else None
     report = {"params": n_params, "ranks": args.ranks, "zero_stage": args.zero_stage, "ref": args.ref,
-              "checkpoint_mib": weights / 2**20 if weights else (n_params * 4 / 2**20 if n_params else None),
+              "checkpoint_dtype": args.checkpoint_dtype, "checkpoint_mib": weights / 2**20,
               "load_average": os.getloadavg(), **result}
     print(f"{args.ranks} ranks, ZeRO-{args.zero_stage}, reference model {'on' if args.ref else 'off'}, "
-          f"{(n_params or 0) / 1e6:.0f}M params (fp32 checkpoint {report['checkpoint_mib'] or 0:.0f} MiB): "
+          f"{(n_params or 0) / 1e6:.0f}M params ({args.checkpoint_dtype} checkpoint {weights / 2**20:.0f} MiB, "
+          "float32 training): "
           f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
           f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}), build "
           f"{result['build_s']:.1f} s; load average {report['load_average']}")

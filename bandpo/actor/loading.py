@@ -13,8 +13,9 @@ files, one at a time:
   not made under ``zero.Init``).
 * Otherwise (ZeRO-2 replicates the weights on every rank): allocated straight on the rank's
   device, each rank reading the files through the shared page cache (one copy per node,
-  reclaimable) into its device tensors. On CPU the device is host memory, so a rank holds its
-  one working copy and no more.
+  reclaimable) into its device tensors. On CPU, where the device is host memory, a parameter
+  of the file's dtype keeps the file's pages (shared by the node's ranks until written, as
+  ``from_pretrained``'s are); one of another dtype is a rank's own working copy.
 
 Why not stagger the ranks of a node (each loading whole in turn) instead: it bounds the peak
 to one full copy at a time but serialises start-up; streaming needs no copy at all and no
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}  # safetensors' dtype names
 
 
 def model_config(path: str):
@@ -82,8 +84,14 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
     config, files = model_config(path), weight_files(path)
     if zero3_config is not None:
         import deepspeed
+        from deepspeed.runtime.zero.partition_parameters import DeepSpeedTensorOverride
 
-        place = deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype)
+        # Tensors made in __init__ go to the rank's device but keep the dtype the model gives them:
+        # by default zero.Init turns every float tensor into the training dtype, rotary frequencies
+        # included (bf16 inv_freq), which from_pretrained + deepspeed.initialize keep in fp32.
+        # Parameters are in ``dtype`` anyway (from_config builds under it).
+        place = deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype,
+                                    tensor_overrides=[DeepSpeedTensorOverride.device])
     else:
         place = torch.device(device)
     with place, no_init_weights():
@@ -117,12 +125,23 @@ def copy_weights(model: torch.nn.Module, files: list[Path], zero3: bool) -> None
                                      f"{tuple(getattr(param, 'ds_shape', param.shape))}")
                 with _gathered(param, zero3), torch.no_grad():
                     if writer:
-                        param.copy_(f.get_tensor(name))
+                        _fill(param, f, name, share=not zero3)
                 loaded.add(name)
     missing = sorted(params.keys() - loaded)
     if missing:
         raise ValueError(f"model weights {files[0].parent}: no tensor for {len(missing)} parameters "
                          f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+
+
+def _fill(param: torch.nn.Parameter, f, name: str, share: bool) -> None:
+    """Copy tensor ``name`` of the open safetensors file ``f`` into ``param``. With ``share``, a CPU
+    parameter of the file's dtype takes the file's pages themselves instead (a private mapping:
+    shared by the node's ranks through the page cache until a write copies a page), as
+    ``from_pretrained`` does."""
+    if share and param.device.type == "cpu" and f.get_slice(name).get_dtype() == _ST_DTYPES.get(param.dtype):
+        param.data = f.get_tensor(name)
+    else:
+        param.copy_(f.get_tensor(name))
 
 
 def _gathered(param: torch.nn.Parameter, zero3: bool):

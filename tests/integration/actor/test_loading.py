@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bandpo.actor import ActorGroup
-from tests.unit.actor.test_loading import reference
+from tests.unit.actor.test_loading import reference, save_qwen2
 
 pytestmark = pytest.mark.integration
 
@@ -49,3 +49,29 @@ def test_two_ranks_load_exactly_the_checkpoint(ray_local, tiny_model_dir, zero_s
                 assert torch.equal(t, want[name].detach()), (model, name)
         if zero_stage == 3:  # each rank keeps half of every parameter (rounded up)
             assert partitions == [(p.numel() + 1) // 2 for p in want.values()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zero3_build_keeps_the_dtypes_of_from_pretrained(tmp_path, dtype):
+    """Built inside zero.Init (one rank): parameters in the training dtype, the rotary frequencies
+    (buffers the model computes in fp32) still fp32 and equal, as from_pretrained makes them; an
+    untied bf16 checkpoint, so the cast and both heads are covered."""
+    import deepspeed
+
+    from bandpo.actor.ds_config import build_ds_config
+    from bandpo.actor.loading import load_model
+    from bandpo.actor.setup import init_distributed
+
+    init_distributed(0, 1, 0, "127.0.0.1", None, "gloo")
+    path = save_qwen2(tmp_path, tied=False, dtype=torch.bfloat16)
+    config = build_ds_config(zero_stage=3, micro_batch_size=1, grad_accum=1, world_size=1, grad_clip=1.0,
+                             bf16=dtype == torch.bfloat16)
+    model, want = load_model(path, dtype, "cpu", config), reference(path, dtype)
+    buffers = dict(want.named_buffers())
+    for name, buf in model.named_buffers():
+        assert buf.dtype == buffers[name].dtype == torch.float32 and torch.equal(buf, buffers[name]), name
+    params, expected = list(model.named_parameters()), dict(want.named_parameters())
+    assert [n for n, _ in params] == list(expected)
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        for name, p in params:
+            assert p.dtype == dtype and torch.equal(p, expected[name]), name
