@@ -11,6 +11,11 @@ about 100M parameters, then exiting. The parent samples every rank's memory ever
 * anon: RSS minus file-backed and shared pages, i.e. the memory the ranks own: what N
   simultaneous full copies of a model cost.
 
+Both for the whole start-up and for the loading phase alone (each rank's peak while its
+``load_model`` runs, summed): on CPU the whole start-up's peak is DeepSpeed allocating the
+optimizer state in host memory, which on GPU goes to the GPU, leaving the loading phase as
+the host's peak.
+
       DS_ACCELERATOR=cpu python scripts/bench_load.py --zero-stage 3 --ref --out load.json
 """
 
@@ -42,12 +47,45 @@ def _memory(pid: int) -> tuple[float, float] | None:
     return _mib(rss), _mib(rss - shared)
 
 
+def _watch_loading():
+    """Peak (RSS, anonymous) MiB of this process while the actor's ``load_model`` runs (the model
+    and the reference model), sampled every 5 ms by a thread: the loading phase alone, before
+    DeepSpeed allocates its optimizer state (which on GPU lives on the GPU)."""
+    import threading
+
+    import bandpo.actor.worker as worker
+
+    peak, loading = [0.0, 0.0], threading.Event()
+
+    def sample():
+        while True:
+            loading.wait()
+            rss, anon = _memory(os.getpid())
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+            time.sleep(0.005)
+
+    threading.Thread(target=sample, daemon=True).start()
+    load = worker.load_model
+
+    def watched(*a, **kw):
+        loading.set()
+        try:
+            return load(*a, **kw)
+        finally:
+            time.sleep(0.01)
+            loading.clear()
+
+    worker.load_model = watched
+    return peak
+
+
 def rank_main(args) -> None:
     """One rank: build the actor, then exit (the parent measures)."""
     import torch
 
     from bandpo.actor import Actor
 
+    load_peak = _watch_loading()
     t0 = time.perf_counter()
     actor = Actor(args.model, rank=args.rank, world_size=args.ranks, master_port=args.port,
                   zero_stage=args.zero_stage, ref_model=args.ref, mini_batch_size=args.ranks, micro_batch_size=1,
@@ -55,7 +93,8 @@ def rank_main(args) -> None:
     seconds = time.perf_counter() - t0
     if args.ranks > 1:
         torch.distributed.barrier()
-    print(json.dumps({"rank": args.rank, "build_s": seconds, "steps": actor.info()["global_steps"]}), flush=True)
+    print(json.dumps({"rank": args.rank, "build_s": seconds, "steps": actor.info()["global_steps"],
+                      "load_rss_mib": load_peak[0], "load_anon_mib": load_peak[1]}), flush=True)
 
 
 def measure(model: str, args) -> dict:
@@ -85,9 +124,11 @@ def measure(model: str, args) -> dict:
     for p, (out, err) in zip(procs, outs):
         if p.returncode:
             raise SystemExit(f"a rank failed (rc {p.returncode}):\n{err[-3000:]}")
-    build_s = max(json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])["build_s"] for out, _ in outs)
+    ranks = [json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]) for out, _ in outs]
     return {"peak_rss_sum_mib": peak_rss, "peak_anon_sum_mib": peak_anon, "peak_anon_per_rank_mib": per_rank,
-            "build_s": build_s}
+            "loading_rss_sum_mib": sum(r["load_rss_mib"] for r in ranks),
+            "loading_anon_sum_mib": sum(r["load_anon_mib"] for r in ranks),
+            "build_s": max(r["build_s"] for r in ranks)}
 
 
 def _resave(path: str, dtype: str) -> None:
@@ -142,7 +183,9 @@ def main() -> None:
           f"{(n_params or 0) / 1e6:.0f}M params ({args.checkpoint_dtype} checkpoint {weights / 2**20:.0f} MiB, "
           "float32 training): "
           f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
-          f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}), build "
+          f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}); while loading the "
+          f"models: RSS {result['loading_rss_sum_mib']:.0f} MiB, anonymous {result['loading_anon_sum_mib']:.0f} MiB "
+          "(peaks per rank, summed); build "
           f"{result['build_s']:.1f} s; load average {report['load_average']}")
     print(json.dumps(report))
     if args.out:

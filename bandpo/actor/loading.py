@@ -1,10 +1,13 @@
 """Building an actor rank's model without a full copy of it in host memory per rank.
 
-``from_pretrained`` builds the whole model in host memory on every rank: 8 ranks of an 8B
-model and its reference copy held ~256 GB of a node's RAM at once before anything reached a
-GPU. Here the model is first allocated where it will live, uninitialised (transformers'
-``no_init_weights``), and then every tensor is copied in from the memory-mapped safetensors
-files, one at a time:
+``from_pretrained`` builds the whole model in host memory on every rank. In transformers 5
+a tensor whose dtype is the file's stays a private mapping of the file (pages shared by the
+node's ranks through the page cache, though every rank's RSS counts all of them); a cast
+(a bf16 checkpoint trained in fp32, an fp32 one in bf16) is a whole anonymous copy per rank,
+actor and reference model each, and under ZeRO-3 every rank holds the whole model until
+``deepspeed.initialize`` partitions it. Here the model is first allocated where it will
+live, uninitialised (transformers' ``no_init_weights``), and then every tensor is copied in
+from the memory-mapped safetensors files, one at a time:
 
 * ZeRO-3: allocated inside ``deepspeed.zero.Init`` with the engine's own config, so each rank
   only ever holds its partition; a tensor is copied in by rank 0 inside
