@@ -11,10 +11,10 @@ about 100M parameters, then exiting. The parent samples every rank's memory ever
 * anon: RSS minus file-backed and shared pages, i.e. the memory the ranks own: what N
   simultaneous full copies of a model cost.
 
-Both for the whole start-up and for the loading phase alone (each rank's peak while its
-``load_model`` runs, summed): on CPU the whole start-up's peak is DeepSpeed allocating the
-optimizer state in host memory, which on GPU goes to the GPU, leaving the loading phase as
-the host's peak.
+Both for the whole start-up and for the loading of the model alone (each rank's peak while
+its first ``load_model`` runs, summed): on CPU the whole start-up's peak is DeepSpeed
+allocating the optimizer state in host memory, which on GPU goes to the GPU, leaving the
+loading as the host's peak.
 
       DS_ACCELERATOR=cpu python scripts/bench_load.py --zero-stage 3 --ref --out load.json
 """
@@ -48,26 +48,29 @@ def _memory(pid: int) -> tuple[float, float] | None:
 
 
 def _watch_loading():
-    """Peak (RSS, anonymous) MiB of this process while the actor's ``load_model`` runs (the model
-    and the reference model), sampled every 5 ms by a thread: the loading phase alone, before
-    DeepSpeed allocates its optimizer state (which on GPU lives on the GPU)."""
+    """Per ``load_model`` call of the actor (the model, then the reference model): this process's
+    peak (RSS, anonymous) MiB while it runs, sampled every 5 ms by a thread. The first call runs
+    before DeepSpeed allocates anything: the loading alone, which is the host's peak on GPU, where
+    the optimizer state goes to the GPU."""
     import threading
 
     import bandpo.actor.worker as worker
 
-    peak, loading = [0.0, 0.0], threading.Event()
+    peaks: list[list[float]] = []
+    loading = threading.Event()
 
     def sample():
         while True:
             loading.wait()
             rss, anon = _memory(os.getpid())
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+            peaks[-1][0], peaks[-1][1] = max(peaks[-1][0], rss), max(peaks[-1][1], anon)
             time.sleep(0.005)
 
     threading.Thread(target=sample, daemon=True).start()
     load = worker.load_model
 
     def watched(*a, **kw):
+        peaks.append([0.0, 0.0])
         loading.set()
         try:
             return load(*a, **kw)
@@ -76,7 +79,7 @@ def _watch_loading():
             loading.clear()
 
     worker.load_model = watched
-    return peak
+    return peaks
 
 
 def rank_main(args) -> None:
@@ -94,7 +97,7 @@ def rank_main(args) -> None:
     if args.ranks > 1:
         torch.distributed.barrier()
     print(json.dumps({"rank": args.rank, "build_s": seconds, "steps": actor.info()["global_steps"],
-                      "load_rss_mib": load_peak[0], "load_anon_mib": load_peak[1]}), flush=True)
+                      "load_rss_mib": load_peak[0][0], "load_anon_mib": load_peak[0][1]}), flush=True)
 
 
 def measure(model: str, args) -> dict:
@@ -184,7 +187,7 @@ def main() -> None:
           "float32 training): "
           f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
           f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}); while loading the "
-          f"models: RSS {result['loading_rss_sum_mib']:.0f} MiB, anonymous {result['loading_anon_sum_mib']:.0f} MiB "
+          f"model (before DeepSpeed's state): RSS {result['loading_rss_sum_mib']:.0f} MiB, anonymous {result['loading_anon_sum_mib']:.0f} MiB "
           "(peaks per rank, summed); build "
           f"{result['build_s']:.1f} s; load average {report['load_average']}")
     print(json.dumps(report))
