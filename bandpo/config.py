@@ -269,6 +269,7 @@ def validate(cfg) -> None:
 
     _number(cfg, "actor.logprob_token_budget", low=1, integer=True)
     _number(cfg, "actor.logits_chunk_tokens", low=1, integer=True)
+    _number(cfg, "actor.collective_timeout_min", low=0, strict_low=True)
     if _get(cfg, "actor.cpu_threads") is not None:
         _number(cfg, "actor.cpu_threads", low=1, integer=True)
     budget = _number(cfg, "actor.max_tokens_per_micro_batch", low=0, integer=True)

@@ -53,18 +53,23 @@ def _mask(*, attention_mask=None, **kwargs):
 class AttentionLayout:
     """Attention rows of a packed sequence of T tokens, bucketed for batched SDPA.
 
-    buckets: per bucket ``(index [b, L] long, write [b, L] bool)``: the packed position each
-        column of a row reads (padding columns repeat the row's last position), and the
-        columns whose output is this row's to write.
-    order: [T] long, the written outputs (buckets in order, rows and columns in order) to
-        packed order.
+    Index tensors only, built on the host where the packing is known: the forward gathers and
+    scatters with them and never asks the device which entries a mask selects (boolean-mask
+    indexing is a device-to-host sync: on GPU one per bucket per layer, in forward,
+    recomputation and backward alike).
+
+    buckets: per bucket ``index`` [b, L] long: the packed position each column of a row reads
+        (padding columns repeat the row's last position).
+    source: [T] long, for each packed position, where its output is in the buckets' outputs
+        flattened and concatenated (bucket by bucket, [b * L] each, rows then columns): the
+        column of the one row that writes it.
     """
 
-    buckets: list[tuple[torch.Tensor, torch.Tensor]]
-    order: torch.Tensor
+    buckets: list[torch.Tensor]
+    source: torch.Tensor
 
     def to(self, device) -> AttentionLayout:
-        return AttentionLayout([(i.to(device), w.to(device)) for i, w in self.buckets], self.order.to(device))
+        return AttentionLayout([i.to(device) for i in self.buckets], self.source.to(device))
 
 
 def build_layout(rows: torch.Tensor, total: int) -> AttentionLayout:
@@ -74,20 +79,25 @@ def build_layout(rows: torch.Tensor, total: int) -> AttentionLayout:
     written exactly once."""
     s1, l1, s2, l2, w = rows.unbind(-1)
     length = l1 + l2  # [n]
-    buckets, dest = [], []
+    buckets, dest, flat = [], [], []
+    offset = 0  # where this bucket's flattened [b * L] outputs start
     for members in length_buckets(length.tolist()):
         m = torch.tensor(members)
         col = torch.arange(int(length[m[0]]))[None]  # [1, L]
         c = torch.minimum(col, length[m, None] - 1)  # [b, L]: padding columns repeat the last one
         index = torch.where(c < l1[m, None], s1[m, None] + c, s2[m, None] + c - l1[m, None])
         write = (col >= w[m, None]) & (col < length[m, None])
-        buckets.append((index, write))
-        dest.append(index[write])
+        buckets.append(index)
+        dest.append(index[write])  # host tensors: no device sync
+        flat.append(offset + torch.nonzero(write.flatten()).flatten())
+        offset += index.numel()
     dest = torch.cat(dest) if dest else torch.zeros(0, dtype=torch.long)
     if dest.numel() != total or not bool((torch.bincount(dest, minlength=total) == 1).all()):
         raise ValueError(f"attention layout: the rows write {dest.numel()} outputs, not each of the {total} "
                          "packed positions once")
-    return AttentionLayout(buckets, dest.argsort())
+    source = torch.empty(total, dtype=torch.long)
+    source[dest] = torch.cat(flat)
+    return AttentionLayout(buckets, source)
 
 
 def contiguous_rows(lens: list[int]) -> torch.Tensor:
@@ -136,13 +146,15 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     p = dropout if module.training else 0.0
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, d]
     parts = []
-    for index, write in layout.buckets:
+    for index in layout.buckets:
         qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [b, heads, L, d]
         if groups > 1:  # grouped-query attention: share each kv head with its query heads
             kb, vb = kb.repeat_interleave(groups, dim=1), vb.repeat_interleave(groups, dim=1)
         out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling)
-        parts.append(out.transpose(1, 2)[write])  # [written tokens, heads, d]
-    return torch.cat(parts)[layout.order][None], None  # [1, T, heads, d]
+        parts.append(out.transpose(1, 2).flatten(0, 1))  # [b * L, heads, d]
+    # One gather picks each position's output from the row that writes it; its backward scatters
+    # into unique indices (deterministic). The unwritten columns get zero gradient.
+    return torch.cat(parts).index_select(0, layout.source)[None], None  # [1, T, heads, d]
 
 
 def use_packed_attention(model) -> bool:

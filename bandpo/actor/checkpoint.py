@@ -1,13 +1,21 @@
 """Checkpoint plumbing for the actor: RNG states, atomic directory publishing, HF export.
 
 A checkpoint is a directory written by every rank (DeepSpeed shards optimizer state per
-rank) into ``<path>.tmp``; rank 0 fsyncs it and renames it to ``<path>`` only after all
-ranks finished, so a crash mid-save never leaves a half-written ``<path>``. Multi-node
+rank) into ``<path>.tmp``; rank 0 renames it to ``<path>`` only after all ranks finished
+writing and flushing, so a crash mid-save never leaves a half-written ``<path>``. Multi-node
 runs need ``path`` on storage all ranks share.
+
+No rank does the slow part alone while the others wait in a collective (whose timeout would
+end the run): every rank flushes its own writes to disk, in parallel (``sync_filesystem``
+for DeepSpeed's files, whose names are DeepSpeed's business; ``fsync`` for the files it
+wrote itself), and the HF export's weight files are written by all ranks, bucket by bucket
+in turn; rank 0's own step is the renames.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
 import os
 import random
@@ -77,23 +85,39 @@ def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException
             raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from error
 
 
-def _fsync_tree(root: Path) -> None:
-    """Flush every file and directory under ``root`` to disk (rename is only atomic for what is on disk)."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(Path(dirpath))
+def sync_filesystem(path: str | os.PathLike) -> None:
+    """Flush to disk what this node wrote to the filesystem holding ``path`` (``syncfs(2)``; every
+    filesystem with ``os.sync`` where the C library has no syncfs). Each rank calls it after its
+    own writes: a node can only flush its own page cache, so on shared storage every node must."""
+    syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def fsync_files(files: Iterable[str | os.PathLike]) -> None:
+    for file in files:
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """fsync ``tmp`` and rename it to ``path``, replacing an existing ``path`` (rank 0 only).
+    """Rename ``tmp`` to ``path``, replacing an existing ``path`` (rank 0 only, once every rank has
+    flushed its files under ``tmp``).
 
-    Replacing takes two renames (old aside, new in); a crash between them leaves
-    ``<path>.old`` holding the previous checkpoint.
+    The directory entries are fsynced first (cheap, unlike the data). Replacing takes two renames
+    (old aside, new in); a crash between them leaves ``<path>.old`` holding the previous checkpoint.
     """
     tmp, path = Path(tmp), Path(path)
-    _fsync_tree(tmp)
+    for dirpath, _, _ in os.walk(tmp):
+        fsync_dir(Path(dirpath))
     old = path.with_name(path.name + ".old")
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -108,21 +132,39 @@ def save_hf_folder(
     buckets: Iterable[list[tuple[str, torch.Tensor]]],
     out: str | os.PathLike,
     source: str,
-    is_writer: bool,
-) -> None:
-    """Write ``module``'s config + the streamed full weights + ``source``'s tokenizer as a HF folder.
+    rank: int,
+    world_size: int,
+) -> list[Path]:
+    """Write ``module``'s config + the streamed full weights + ``source``'s tokenizer as a HF folder
+    into the existing folder ``out``; returns the files this rank wrote (not yet flushed).
 
-    Every rank must drain ``buckets`` (under ZeRO-3 each bucket is a collective gather);
-    only the writer (rank 0) keeps the tensors and writes ``out`` (no publishing here).
+    Every rank must drain ``buckets`` (under ZeRO-3 each bucket is a collective gather). Bucket i
+    is written by rank ``i % world_size`` as ``model-<i+1>.safetensors``, so the ranks write in
+    parallel and each holds one bucket at a time; rank 0 also writes the config, the generation
+    config, the index naming every tensor's file, and the tokenizer (no publishing here).
     """
-    state: dict[str, torch.Tensor] = {}
-    for bucket in buckets:
-        if is_writer:
-            state.update(bucket)
-    if not is_writer:
-        return
-    module.save_pretrained(str(out), state_dict=state, safe_serialization=True)
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    weight_map: dict[str, str] = {}
+    mine: list[Path] = []
+    total = 0
+    for i, bucket in enumerate(buckets):
+        file = out / f"model-{i + 1:05d}.safetensors"
+        weight_map.update((name, file.name) for name, _ in bucket)
+        total += sum(t.numel() * t.element_size() for _, t in bucket)
+        if i % world_size == rank:
+            save_file({name: t.contiguous() for name, t in bucket}, str(file), metadata={"format": "pt"})
+            mine.append(file)
+    if rank != 0:
+        return mine
+    module.config.save_pretrained(str(out))
+    if module.can_generate() and module.generation_config is not None:
+        module.generation_config.save_pretrained(str(out))
+    index = out / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     _copy_tokenizer(source, out)
+    return mine + [p for p in out.iterdir() if p.is_file() and p.name not in weight_map.values()]
 
 
 def _copy_tokenizer(source: str, out: str | os.PathLike) -> None:

@@ -1,4 +1,4 @@
-"""Building blocks of an actor rank: seeding, process group, model loading, LR schedule."""
+"""Building blocks of an actor rank: seeding, process group, LR schedule (the model: ``bandpo.actor.loading``)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,15 @@ def free_port() -> int:
 
 
 def init_distributed(
-    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str
+    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str, timeout_min: float = 60
 ) -> None:
-    """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment."""
+    """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment.
+
+    ``timeout_min``: how long a collective waits for the slowest rank before the run is ended
+    (DeepSpeed's own default is 10 minutes, shorter than a large checkpoint or HF export can take).
+    """
+    from datetime import timedelta
+
     import deepspeed
 
     if torch.distributed.is_initialized():
@@ -66,21 +72,4 @@ def init_distributed(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
     )
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-
-
-def load_model(path: str, dtype: torch.dtype):
-    """HF causal LM with dropout off (the ratio must be exactly 1 before the first step).
-
-    Loaded whole on every rank; under ZeRO-3, ``deepspeed.initialize`` partitions it
-    afterwards. Building it already partitioned (less host memory per rank for large models)
-    goes through transformers' ``HfDeepSpeedConfig``, which needs the ``accelerate`` package.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    for key, value in list(vars(config).items()):
-        if "dropout" in key and isinstance(value, float):
-            setattr(config, key, 0.0)
-    config.use_cache = False
-    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min))

@@ -48,6 +48,7 @@ from bandpo.actor import checkpoint as ckpt
 from bandpo.actor.attention import use_packed_attention
 from bandpo.actor.chunked import DEFAULT_CHUNK
 from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
+from bandpo.actor.loading import load_model
 from bandpo.actor.logprobs import (
     budget_chunks,
     check_padding,
@@ -63,7 +64,6 @@ from bandpo.actor.setup import (
     LinearWarmup,
     cpu_threads_per_rank,
     init_distributed,
-    load_model,
     seed_everything,
 )
 from bandpo.algo.losses import LossOptions, policy_loss
@@ -102,6 +102,8 @@ class Actor:
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
+        collective_timeout_min: how long a rank waits in a collective for the others (a checkpoint
+            or HF export in progress) before the process group gives up and the run ends.
         cpu_threads: torch threads of this rank on CPU; None = this process's cores / world_size.
             Ray sets OMP_NUM_THREADS to an actor's ``num_cpus`` (1), which would run every
             forward and backward on one core; the CPU layout's stages run one after another
@@ -139,6 +141,7 @@ class Actor:
         ref_model: bool = False,
         temperature: float = 1.0,
         seed: int = 0,
+        collective_timeout_min: float = 60,
         cpu_threads: int | None = None,
         offload_during_rollout: bool = False,
     ):
@@ -178,7 +181,8 @@ class Actor:
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
         local_rank = 0 if self.on_cpu else _assigned_gpu(rank, accel.device_count())
         init_distributed(
-            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl"
+            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl",
+            timeout_min=collective_timeout_min,
         )
         if not self.on_cpu:
             accel.set_device(local_rank)
@@ -195,7 +199,8 @@ class Actor:
             bf16=bf16,
         )
         dtype = torch.bfloat16 if bf16 else torch.float32
-        model = load_model(model_path, dtype)
+        # Built where it lives: partitioned under ZeRO-3, else on this rank's device (bandpo.actor.loading)
+        model = load_model(model_path, dtype, self.device, ds_config if zero_stage == 3 else None)
         packed_attention = padding_free and use_packed_attention(model)
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
@@ -214,7 +219,8 @@ class Actor:
         self.ref = None
         if ref_model:
             inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
-            ref = load_model(model_path, dtype).requires_grad_(False)
+            ref = load_model(model_path, dtype, self.device, inf_config if zero_stage == 3 else None)
+            ref.requires_grad_(False)
             if padding_free and use_packed_attention(ref) != packed_attention:
                 raise RuntimeError("the reference model loaded with another attention implementation than the actor")
             if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
@@ -523,7 +529,10 @@ class Actor:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str, client_state: dict | None = None) -> None:
-        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``."""
+        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``.
+
+        Every rank flushes its own writes (in parallel); rank 0 only renames (``bandpo.actor.checkpoint``).
+        """
         tmp = ckpt.staging_dir(path)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -532,6 +541,7 @@ class Actor:
             str(tmp), tag=CKPT_TAG, client_state={"bandpo": dict(client_state or {})}, save_latest=False
         )
         ckpt.save_rng(tmp, self.rank)
+        ckpt.sync_filesystem(tmp)
         self._barrier()
         if self.rank == 0:
             ckpt.publish(tmp, path)
@@ -562,12 +572,18 @@ class Actor:
     def export_hf(self, path: str) -> None:
         """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
 
-        Weights are in the training dtype; the folder appears atomically.
+        Weights are in the training dtype; the ranks write their share of the weight files and
+        fsync them; the folder appears atomically.
         """
         tmp = ckpt.staging_dir(path)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank == 0)
+            os.makedirs(tmp)
+        self._barrier()
+        written = ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank,
+                                      self.world_size)
+        ckpt.fsync_files(written)
+        self._barrier()
         if self.rank == 0:
             ckpt.publish(tmp, path)
         self._barrier()

@@ -229,8 +229,8 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
                 logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
                 ref_model=cfg.algorithm.kl_coef > 0,
-                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads, wait=False,
-                offload_during_rollout=offload)
+                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads,
+                collective_timeout_min=ac.collective_timeout_min, wait=False, offload_during_rollout=offload)
 
     # Colocated with offload: the actor ranks build (every state on the GPU at once) and offload
     # before the engines take their share, so the two never peak together; vLLM 0.32 checks at

@@ -198,6 +198,7 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
         (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
         (["actor.max_tokens_per_micro_batch=-1"], "actor.max_tokens_per_micro_batch"),
         (["actor.share_prompts=yes"], "actor.share_prompts"),
+        (["actor.collective_timeout_min=0"], "actor.collective_timeout_min"),
         (["actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"], "actor.share_prompts"),
     ],
 )
@@ -261,3 +262,99 @@ def test_packed_attention_matches_per_row_reference_without_slice_backward():
     got, want = torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+# Ops that make the host wait for the device: a boolean mask's selected count (nonzero,
+# masked_select), a scalar read (item).
+SYNCING_OPS = {"nonzero", "masked_select", "_local_scalar_dense", "item", "is_nonzero"}
+
+
+def _attention_run(layout, q, k, v, w):
+    """Forward + backward of the packed attention with ``layout``, recording every aten op (and
+    whether an indexing op got a boolean index)."""
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bandpo.actor.attention import LAYOUT_KW, _attention
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+            bool_index = any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat[1:])
+            self.ops.append((func.overloadpacket.__name__, bool_index))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        out, _ = _attention(SimpleNamespace(training=True), q, k, v, None, scaling=0.3,
+                            position_ids=torch.zeros(1, q.shape[2], dtype=torch.long), **{LAYOUT_KW: layout})
+        grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    return out, grads, rec.ops
+
+
+def test_packed_attention_indexes_without_masks_and_equals_the_masked_formulation():
+    """The layout's index tensors replace boolean-mask indexing (a device -> host sync per bucket
+    per layer on GPU): forward and backward run no op that reads device values on the host, and
+    give exactly (bit for bit: a gather picks the same elements) what selecting each bucket's
+    written columns with a boolean mask and reordering gave."""
+    from bandpo.actor.attention import build_layout, length_buckets
+
+    # Attention rows (start1, len1, start2, len2, write_from) of 23 packed tokens: prompt A (3) +
+    # response (4); a response (2) reading A; prompt B (5) + response (1); a response (6) reading
+    # B; a plain row (2). Lengths 7, 5, 6, 11, 2: four buckets, two rows leave columns unwritten.
+    rows = torch.tensor([[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]])
+    t = 23
+    layout = build_layout(rows, t)
+    assert len(layout.buckets) == 4
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, t, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, t, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, t, 8, generator=g, requires_grad=True)
+    w = torch.randn(1, t, 4, 8, generator=g)
+    out, grads, ops = _attention_run(layout, q, k, v, w)
+    assert not {name for name, _ in ops} & SYNCING_OPS, sorted({name for name, _ in ops})
+    assert not [name for name, b in ops if b and name.startswith("index")]
+
+    # The masked formulation: per bucket, boolean-select the written columns (write_from ..
+    # length), then put them into packed order.
+    _, l1, _, l2, wf = rows.unbind(-1)
+    length = l1 + l2
+    parts, dest = [], []
+    qt, kt, vt = (x[0].transpose(0, 1) for x in (q, k, v))
+    for index, members in zip(layout.buckets, length_buckets(length.tolist())):
+        m = torch.tensor(members)
+        col = torch.arange(index.shape[1])[None]
+        write = (col >= wf[m, None]) & (col < length[m, None])
+        qb, kb, vb = (x[index].transpose(1, 2) for x in (qt, kt, vt))
+        kb, vb = kb.repeat_interleave(2, dim=1), vb.repeat_interleave(2, dim=1)
+        o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=0.3)
+        parts.append(o.transpose(1, 2)[write])
+        dest.append(index[write])
+    ref = torch.cat(parts)[torch.cat(dest).argsort()][None]
+    assert torch.equal(out, ref)
+    for a, b in zip(grads, torch.autograd.grad((ref * w).sum(), (q, k, v))):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_packed_attention_makes_no_device_sync_on_gpu():
+    """On CUDA, forward and backward of the packed attention with a layout already on the device
+    never wait for the device (torch raises on any synchronising call in this mode)."""
+    from bandpo.actor.attention import build_layout
+
+    rows = torch.tensor([[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]])
+    layout = build_layout(rows, 23).to("cuda")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, 23, 8, generator=g).cuda().requires_grad_() for h in (4, 2, 2))
+    w = torch.randn(1, 23, 4, 8, generator=g).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, grads, _ = _attention_run(layout, q, k, v, w)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == (1, 23, 4, 8) and all(gr.is_cuda for gr in grads)
