@@ -114,7 +114,7 @@ class Trainer:
         self.weight_sync = None  # NodeWeightSync, made at the first sync
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
         check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
-        self.engine_version = 0  # the engines' weights: those after this step's update (0: the initial model)
+        self.engine_version = 0  # the engines hold the weights after this step's update (0: the initial model)
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
 
     # ------------------------------------------------------------------ setup
