@@ -51,9 +51,10 @@ REPO = Path(__file__).resolve().parents[1]
 STAGE_ORDER = ("sample", "rollout", "reward", "advantages", "logprobs", "update", "overlap_wait", "weight_sync",
                "checkpoint", "eval")
 # Spans, not stages of their own: dynamic sampling's rounds hold sample/rollout/reward; with
-# trainer.max_staleness=1 the background stage holds them too, and overlap is the time it shared
-# with logprobs/update. "other" is the step time the stages leave, counting shared time once.
-SPANS = ("dynamic_sampling", "background", "overlap")
+# trainer.max_staleness=1 the background stage holds them too (overlap_wait is its tail, the
+# driver waiting for it), and overlap is the time it shared with logprobs/update. "other" is the
+# step time the stages leave, counting shared time once.
+SPANS = ("dynamic_sampling", "background", "overlap", "overlap_wait")
 ROLLOUT_SIDE = ("sample", "rollout", "reward")  # the engines and the verifier
 ACTOR_SIDE = ("logprobs", "update")
 
