@@ -152,10 +152,15 @@ def loss_options(cfg):
     from bandpo.algo.losses import LossOptions
 
     a = cfg.algorithm
+    tis_cap = a.get("tis_cap")
+    if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.get("max_staleness", 0) > 0:
+        from bandpo.trainer.overlap import STALE_TIS_CAP
+
+        tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
     opts = LossOptions(algorithm=a.name, eps_low=_float(a.eps_low), eps_high=_float(a.eps_high),
                        dual_clip=a.dual_clip, agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens),
                        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                       tis_cap=_float(a.get("tis_cap")), mismatch=a.mismatch.mode,
+                       tis_cap=_float(tis_cap), mismatch=a.mismatch.mode,
                        mismatch_cap=float(a.mismatch.cap), ratio_cap=_float(a.get("ratio_cap")),
                        tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")))
     if a.name != "bandpo":
@@ -284,6 +289,7 @@ def validate(cfg) -> None:
     reuse_old_logprobs(cfg)
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)
+    _validate_staleness(cfg)
     _number(cfg, "trainer.save_every", low=0, integer=True)
     _number(cfg, "trainer.eval_every", low=0, integer=True)
     _number(cfg, "trainer.keep_last", low=1, integer=True)
@@ -332,6 +338,21 @@ def reuse_old_logprobs(cfg) -> bool:
                           "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
                           "old-logprob pass over every row); use auto or false, or adaptive_norm=logv")
     return not needs_pass and value is not False
+
+
+def _validate_staleness(cfg) -> None:
+    """``trainer.max_staleness`` and the CPU thread split it uses (``bandpo.trainer.overlap``); a colocated
+    GPU layout is refused here when ``trainer.device=cuda`` (with ``auto``, once the trainer knows the device)."""
+    from bandpo.distributed.plan import layout_of
+    from bandpo.trainer.overlap import MAX_STALENESS, check_layout
+
+    staleness = _get(cfg, "trainer.max_staleness")
+    _check(staleness in MAX_STALENESS and not isinstance(staleness, bool), "trainer.max_staleness",
+           f"must be one of {', '.join(map(str, MAX_STALENESS))}", staleness)
+    if _get(cfg, "rollout.cpu_threads") is not None:
+        _number(cfg, "rollout.cpu_threads", low=1, integer=True)
+    if _get(cfg, "trainer.device") == "cuda":
+        check_layout(staleness, layout_of(cfg, "cuda"))
 
 
 def _validate_placement(cfg) -> None:

@@ -16,7 +16,14 @@ is dropped as warm-up when there is more than one step. Printed (and written as 
   in all, and the process's time before setup: imports, config).
 
     .venv/bin/python scripts/bench_step.py [--steps 4] [--model-path DIR] [--output-dir DIR] \\
-        [--out bench_step.json] [-- HYDRA_OVERRIDES...]
+        [--out bench_step.json] [--compare-staleness] [-- HYDRA_OVERRIDES...]
+
+``--compare-staleness`` runs the config twice, back to back, with ``trainer.max_staleness`` 0
+and 1 (the load average is printed before and after each), and prints the per-stage medians
+side by side, each side's busy and idle seconds per step (rollout: sample + rollout + reward;
+actor: logprobs + update), the seconds both were busy at once (``time/overlap``), steps/s and
+their ratio (``overlap_summary``). The CPU analogue of the split GPU layout gives each side its
+own core in both runs: ``-- rollout.cpu_threads=1 actor.cpu_threads=1``.
 
 Overrides after ``--`` go to train.sh after ours, so they win (e.g. ``algorithm=grpo
 rollout.n=8``). ``trainer.save_every=K`` there turns checkpoints on, but their time is
@@ -41,7 +48,15 @@ from bandpo.viz import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 
 # The trainer's stages in the order they run; any other time/<name> key is listed after them.
-STAGE_ORDER = ("sample", "rollout", "reward", "advantages", "logprobs", "update", "weight_sync", "checkpoint", "eval")
+STAGE_ORDER = ("sample", "rollout", "reward", "advantages", "logprobs", "update", "overlap_wait", "weight_sync",
+               "checkpoint", "eval")
+# Spans, not stages of their own: dynamic sampling's rounds hold sample/rollout/reward; with
+# trainer.max_staleness=1 the background stage holds them too (overlap_wait is its tail, the
+# driver waiting for it), and overlap is the time it shared with logprobs/update. "other" is the
+# step time the stages leave, counting shared time once.
+SPANS = ("dynamic_sampling", "background", "overlap", "overlap_wait")
+ROLLOUT_SIDE = ("sample", "rollout", "reward")  # the engines and the verifier
+ACTOR_SIDE = ("logprobs", "update")
 
 
 def train_overrides(steps: int, output_dir: Path, model_path: Path | None, extra: list[str]) -> list[str]:
@@ -95,8 +110,8 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         # A stage missing from a step (a skipped update) took no time in that step.
         times = [float(r.get(f"time/{name}", 0.0)) for r in measured]
         stages[name] = _stats(times, total)
-    stages["other"] = _stats([r["time/step"] - sum(float(r.get(f"time/{n}", 0.0)) for n in names) for r in measured],
-                             total)
+    stages["other"] = _stats([r["time/step"] - sum(float(r.get(f"time/{n}", 0.0)) for n in names if n not in SPANS)
+                              + float(r.get("time/overlap", 0.0)) for r in measured], total)
     # The trainer logs perf/tokens_per_s = generated tokens / step time, so this recovers the tokens.
     gen_tokens = [r["perf/tokens_per_s"] * r["time/step"] for r in measured]
     all_tokens = sum(r["perf/tokens_per_s"] * r["time/step"] for r in steps)
@@ -160,6 +175,79 @@ def print_report(report: dict) -> None:
             print(f"| {name} | {seconds:.1f} |")
 
 
+def overlap_summary(rows: list[dict]) -> dict:
+    """Steps/s over every step (step 1 and the last included: an overlapped run draws two batches in
+    its first step and none in its last), and per step of the steady state (steps 2 .. K-1, all when
+    K < 3) the busy and idle seconds of each side (rollout: sample + rollout + reward; actor:
+    logprobs + update) and the seconds both were busy at once (``time/overlap``)."""
+    steps = [r for r in rows if isinstance(r.get("time/step"), (int, float))]
+    total = sum(r["time/step"] for r in steps)
+    steady = steps[1:-1] or steps
+
+    def busy(r, names):
+        return sum(float(r.get(f"time/{n}", 0.0)) for n in names)
+
+    def mean(f):
+        return statistics.mean(f(r) for r in steady)
+
+    return {
+        "steps": len(steps), "steps_per_s": len(steps) / total, "steady_steps": [r["step"] for r in steady],
+        "steady_step_s": mean(lambda r: r["time/step"]),
+        "rollout_busy_s": mean(lambda r: busy(r, ROLLOUT_SIDE)), "actor_busy_s": mean(lambda r: busy(r, ACTOR_SIDE)),
+        "rollout_idle_s": mean(lambda r: r["time/step"] - busy(r, ROLLOUT_SIDE)),
+        "actor_idle_s": mean(lambda r: r["time/step"] - busy(r, ACTOR_SIDE)),
+        "overlap_s": mean(lambda r: float(r.get("time/overlap", 0.0))),
+    }
+
+
+def compare_staleness(steps: int, out_dir: Path, model_path: Path | None, extra: list[str]) -> dict:
+    """The same config with trainer.max_staleness 0, then 1, back to back (each in ``out_dir/max_staleness_<s>``)."""
+    runs = {}
+    for staleness in (0, 1):
+        run_dir = out_dir / f"max_staleness_{staleness}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        overrides = train_overrides(steps, run_dir, model_path, [*extra, f"trainer.max_staleness={staleness}"])
+        print(f"running: scripts/train.sh {' '.join(overrides)}\nlog: {run_dir / 'train.log'}", flush=True)
+        load_before = os.getloadavg()[0]
+        wall = run_training(overrides, run_dir / "train.log")
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        runs[staleness] = {"command": ["scripts/train.sh", *overrides], "load_average_1m_before": load_before,
+                           "load_average_1m_after": os.getloadavg()[0], "summary": summarize(rows, wall),
+                           "overlap": overlap_summary(rows)}
+    sync, stale = runs[0]["overlap"], runs[1]["overlap"]
+    return {"config": run_config(out_dir / "max_staleness_0"), "machine": {"cpus": os.cpu_count()},
+            "runs": {f"max_staleness_{k}": v for k, v in runs.items()},
+            "ratio": {"steps_per_s": stale["steps_per_s"] / sync["steps_per_s"],
+                      "steady_step": sync["steady_step_s"] / stale["steady_step_s"]}}
+
+
+def print_comparison(report: dict) -> None:
+    c, runs = report["config"], report["runs"]
+    s0, s1 = runs["max_staleness_0"], runs["max_staleness_1"]
+    print(f"\nmodel: {c['model']}  algorithm: {c['algorithm']}  device: {c['device']}  batch: {c['prompts_per_step']} "
+          f"prompts x n={c['n']}, max_tokens {c['max_tokens']}  CPUs: {report['machine']['cpus']}")
+    print("load average (1 min) before / after: " + ", ".join(
+        f"max_staleness {k[-1]}: {r['load_average_1m_before']:.1f} / {r['load_average_1m_after']:.1f}"
+        for k, r in runs.items()))
+    names = list(dict.fromkeys([*s0["summary"]["stages"], *s1["summary"]["stages"]]))
+    print("\n| stage (median s, steps 2..K) | max_staleness 0 | max_staleness 1 |\n|---|---|---|")
+    for name in names:
+        cells = [f"{r['summary']['stages'][name]['median_s']:.3f}" if name in r["summary"]["stages"] else "-"
+                 for r in (s0, s1)]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    o0, o1 = s0["overlap"], s1["overlap"]
+    print(f"\n| per step (mean over steady steps {o1['steady_steps']}) | max_staleness 0 | max_staleness 1 |"
+          "\n|---|---|---|")
+    for key, label in (("steady_step_s", "step s"), ("rollout_busy_s", "rollout side busy s"),
+                       ("rollout_idle_s", "rollout side idle s"), ("actor_busy_s", "actor side busy s"),
+                       ("actor_idle_s", "actor side idle s"), ("overlap_s", "overlap (both busy) s")):
+        print(f"| {label} | {o0[key]:.3f} | {o1[key]:.3f} |")
+    print(f"| steps/s over all {o0['steps']} steps | {o0['steps_per_s']:.4f} | {o1['steps_per_s']:.4f} |")
+    r = report["ratio"]
+    print(f"\nratio max_staleness 1 / 0: steps/s (all steps) {r['steps_per_s']:.3f}x, "
+          f"steady-state step {r['steady_step']:.3f}x")
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -170,6 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--output-dir", type=Path,
                     help="run folder to create (kept); default: a temporary one, removed after success")
     ap.add_argument("--out", default="bench_step.json", help="JSON results file")
+    ap.add_argument("--compare-staleness", action="store_true",
+                    help="run trainer.max_staleness 0 then 1 back to back and compare steps/s, overlap and idle time")
     args = ap.parse_args(ours)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
@@ -184,6 +274,14 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = args.model_path.resolve() if args.model_path else None
 
+    if args.compare_staleness:
+        report = compare_staleness(args.steps, out_dir, model_path, extra)
+        print_comparison(report)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.out}")
+        if temporary:
+            shutil.rmtree(out_dir)
+        return report
     overrides = train_overrides(args.steps, out_dir, model_path, extra)
     print(f"running: scripts/train.sh {' '.join(overrides)}\nlog: {out_dir / 'train.log'}", flush=True)
     wall = run_training(overrides, out_dir / "train.log")

@@ -5,6 +5,7 @@ Layout of ``<output_dir>/checkpoints``::
     step_000010/              complete checkpoint (renamed into place only once written)
       actor/                  DeepSpeed state of every rank (model, optimizer, scheduler, RNG)
       trainer_state.json      step, sampler position, skipped-step count (the trainer's ``save``)
+      in_flight.pt            trainer.max_staleness=1: the next step's batch, drawn ahead (absent otherwise)
     latest                    text file naming the newest complete step folder
     .tmp-step_000012-<pid>/   a write in progress; never picked up, removed on the next save
                               (or resume, or when the write fails)
@@ -46,6 +47,32 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+IN_FLIGHT_FILE = "in_flight.pt"
+
+
+def save_in_flight(obj: Any, path: Path) -> None:
+    """Pickle the batch drawn ahead (``bandpo.trainer.overlap.InFlight``) into ``path``, fsynced
+    (inside the checkpoint's temporary folder: the rename makes it visible)."""
+    import torch
+
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def load_in_flight(path: Path) -> Any:
+    """The batch ``save_in_flight`` wrote, or None without the file; an unreadable one raises, naming it."""
+    import torch
+
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, weights_only=False)  # the run's own file: dataclasses of tensors and lists
+    except Exception as e:
+        raise RuntimeError(f"corrupt checkpoint: {path} is unreadable ({e})") from None
 
 
 class CheckpointManager:

@@ -20,6 +20,26 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
                    (``RolloutGroup.wake``, ``bandpo.weight_sync``)
     8. log / eval / checkpoint
 
+With ``trainer.max_staleness=1`` (one-step off-policy, ``bandpo.trainer.overlap``) the stages
+1-3 of step t+1 become one background stage, started after step t's own batch is in hand
+(``draw_ahead``) and joined before stage 7 (``join_ahead``): the engines generate and the
+verifier grades batch t+1 with the weights after step t-1 while the actor runs 4-6 on batch
+t, which the weights after step t-2 generated (step 1's batch is drawn first, in the
+foreground). Evaluation and checkpoints follow stage 7, on the synced weights of their step.
+The objective is decoupled PPO's (AReaL), with pi_b the engine that sampled the batch,
+pi_old the actor at the start of the update (stage 5, or the first optimizer step's forward)
+and r = pi_theta / pi_old:
+
+    L = w * max(-A r, -A clip(r, lo(pi_old), hi(pi_old))),   w = min(pi_old / pi_b, C)  (detached)
+
+The clip / Band interval stays around pi_old (r = 1 at the first optimizer step), and the
+truncated importance weight w corrects the behaviour mismatch: one update of staleness plus
+the engines' numerics (``algorithm.tis_cap`` = C >= 1, 2 by default when stale). Logged:
+``health/staleness`` (updates between the batch's weights and pi_old: 0 synchronous, 1
+overlapped from step 2), ``health/rollout_actor_*`` (log pi_b - log pi_old) and the weight's
+``actor/tis/*``. A checkpoint holds the batch drawn ahead (``in_flight.pt``): regenerating it on
+resume would need the weights before the checkpoint's update.
+
 Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.startup``; the step's own
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
 
@@ -53,14 +73,16 @@ from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, stage
+from bandpo.distributed.plan import layout_of
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
 from bandpo.run import shm
-from bandpo.run.checkpoint import CheckpointManager
+from bandpo.run.checkpoint import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
 from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
-from bandpo.trainer.dynamic_sampling import Rollouts, check_groups
+from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
+from bandpo.trainer.overlap import Background, InFlight, check_layout, overlap_seconds
 from bandpo.trainer.startup import (
     Workers,
     clean_shm,
@@ -94,6 +116,8 @@ class Trainer:
         self.workers = Workers()
         self.weight_sync = None  # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
+        self.engine_version = 0  # the engines hold the weights after this step's update (0: the initial model)
+        self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -119,6 +143,7 @@ class Trainer:
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
             self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
+            check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
         self.rollouts = Rollouts(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
@@ -158,7 +183,9 @@ class Trainer:
         last_checkpoint = self.timings.get("checkpoint")  # written after its step's line: logged on the next
         self.timings, t_step = {}, time.perf_counter()
 
-        drawn = self.rollouts.draw(self.step)  # 1-3: sample, rollout, reward (dynamic sampling: rounds)
+        drawn, made_by, fresh = self.next_batch()  # 1-3: sample, rollout, reward (dynamic sampling: rounds)
+        generated = drawn.gen_tokens if fresh else 0  # tokens generated during this step
+        background = self.draw_ahead()  # max_staleness=1: 1-3 of the next step while 4-6 run
         batch = drawn.round.batch
         if rollout.sleeps:  # colocated GPU layout: free the GPUs for the actor's stages
             with self.timed("sleep"), stage("sleep", "rollout"):
@@ -172,6 +199,7 @@ class Trainer:
         if cfg.trainer.trace_every and self.step % cfg.trainer.trace_every == 0:
             with self.timed("trace"):
                 self._write_trace(drawn.round)
+        t_actor = time.perf_counter()
         with self.timed("logprobs"), stage("logprobs", "actor"):  # 5
             entropy = actor.old_logprobs(batch)  # [N, R]; with reuse the first mini-batch's rows come in 6
             if self.loss.band_adaptive == "entropy":  # the per-token band radius is a function of it
@@ -192,15 +220,45 @@ class Trainer:
             if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
                 self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
                                             f"{result.optimizer_steps} optimizer steps (those were not applied)")
+        metrics["health/staleness"] = self.step - 1 - made_by  # updates between the batch's weights and pi_old's
+        if background is not None:  # the next step's batch, generated on the weights before this update
+            metrics.update(self.join_ahead(background, (t_actor, time.perf_counter())))
+            generated += self.in_flight.drawn.gen_tokens
         if actor.offloads:  # ... and wait there while the engines wake and generate
             with self.timed("offload"), stage("offload", "actor"):
                 actor.offload()
         if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
                 rollout.wake(lambda: self.load_engines(updated))
+        self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
         metrics["trainer/skipped_steps"] = self.guard.skipped
-        return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, drawn.gen_tokens,
-                                            last_checkpoint)}
+        return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint)}
+
+    def next_batch(self) -> tuple[Drawn, int, bool]:
+        """This step's batch, the weights version that generated it, and whether it was drawn now:
+        the one the previous step drew ahead (max_staleness=1), else stages 1-3 now."""
+        ahead, self.in_flight = self.in_flight, None
+        if ahead is not None:
+            if ahead.step != self.step:
+                raise RuntimeError(f"the batch drawn ahead is step {ahead.step}'s, not step {self.step}'s")
+            return ahead.drawn, ahead.version, False
+        return self.rollouts.draw(self.step), self.engine_version, True
+
+    def draw_ahead(self) -> Background | None:
+        """The overlap stage's start: the next step's stages 1-3 on the engines' weights of now (after
+        step - 1), in the background (``bandpo.trainer.overlap``); None when synchronous or last."""
+        if not self.cfg.trainer.max_staleness or self.step >= self.cfg.trainer.total_steps:
+            return None
+        step, version = self.step + 1, self.engine_version
+        return Background(lambda: InFlight(step, version, self.rollouts.draw(step)), f"draw-step-{step}")
+
+    def join_ahead(self, background: Background, actor: tuple[float, float]) -> dict[str, float]:
+        """The overlap stage's end: wait for the next step's batch (kept as ``in_flight``). Returns the
+        overlap's seconds: the stage's, both sides busy at once (``actor``: stages 5-6), the wait here."""
+        with self.timed("overlap_wait"), stage("overlap_wait", "rollout"):
+            self.in_flight = background.join()
+        return {"time/background": background.interval[1] - background.interval[0],
+                "time/overlap": overlap_seconds(background.interval, actor)}
 
     def step_loss_options(self, batch: TrainBatch) -> LossOptions:
         """The run's loss options; the adaptive band's ``batch`` norm takes its scale from this step:
@@ -273,9 +331,17 @@ class Trainer:
     def save(self) -> None:
         # The driver draws no random numbers of its own (the sampler and the rollout seeds are
         # functions of seed and step); each actor rank saves its RNG states with its engine.
+        # max_staleness=1: the sampler is past the batch drawn ahead, which is saved with the checkpoint
+        # (regenerating it would need the weights before this step's update, which are gone).
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped": self.guard.skipped}
+
+        def write(folder: Path) -> None:
+            self.workers.actor.call("save_checkpoint", str(folder))
+            if self.in_flight is not None:
+                save_in_flight(self.in_flight, folder.parent / IN_FLIGHT_FILE)
+
         with self.timed("checkpoint"), stage("checkpoint", "actor"):
-            self.ckpt.save(self.step, lambda folder: self.workers.actor.call("save_checkpoint", str(folder)), state)
+            self.ckpt.save(self.step, write, state)
 
     def _resume(self) -> None:
         """Continue from the latest complete checkpoint, or start fresh; either way the metrics
@@ -292,6 +358,8 @@ class Trainer:
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
             self.workers.rollout.wake(lambda: self.load_engines(True))
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
+        self.engine_version = self.step
+        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE)  # None: the next batch is drawn at its step
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)

@@ -195,16 +195,19 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     from bandpo.distributed.memory import offload_during_rollout
     from bandpo.reward.ray_scorer import RayScorer
     from bandpo.rollout.group import RolloutGroup
+    from bandpo.trainer.overlap import cpu_threads
 
     gpu = device == "cuda"
     ro, ac = cfg.rollout, cfg.actor
+    # CPU: synchronous, the engines generate while the actor waits, so they share all cores (Ray
+    # would give each one thread: its num_cpus=1); overlapped, the two sides divide the cores.
+    engine_threads, actor_threads = cpu_threads(cpu_threads_per_rank(1), ro.num_workers, ac.num_workers,
+                                                cfg.trainer.max_staleness, ro.get("cpu_threads"), ac.cpu_threads)
     # CPU: the engine core and its one worker run inside the rollout actor's process (no
     # engine-core or worker process to spawn, each re-importing torch and vLLM: ~20 s of a
     # 2-core start-up).
-    # CPU: the engines generate while the actor waits, so they share all cores (Ray would give
-    # each one thread: its num_cpus=1).
     env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "OMP_NUM_THREADS": str(cpu_threads_per_rank(ro.num_workers))} if not gpu else None
+           "OMP_NUM_THREADS": str(engine_threads)} if not gpu else None
     placed: dict = {}  # GPU: the plan's Ray options per engine / actor rank
     if gpu:
         from bandpo.distributed.placement import actor_options, create_placement_groups, engine_launch
@@ -229,7 +232,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
                 logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
                 ref_model=cfg.algorithm.kl_coef > 0,
-                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads,
+                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads if gpu else actor_threads,
                 collective_timeout_min=ac.collective_timeout_min, wait=False, offload_during_rollout=offload)
 
     # Colocated with offload: the actor ranks build (every state on the GPU at once) and offload

@@ -28,6 +28,9 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
         **out,
         "actor/entropy": entropy[mask].mean().item(),
         "health/rollout_actor_abs_diff": diff.abs().mean().item(),
+        # log(pi_old / pi_rollout): the log of the truncated importance weight before its cap.
+        "health/rollout_actor_log_ratio_mean": (-diff).mean().item(),
+        "health/rollout_actor_log_ratio_max": (-diff).max().item() if diff.numel() else 0.0,
         # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
         "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
         **mismatch_stats(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask),
@@ -37,13 +40,15 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
 def timing_metrics(timings: dict[str, float], step_time: float, gen_tokens: int,
                    last_checkpoint: float | None) -> dict[str, float]:
     """``time/<stage>`` of this step, ``time/step``, the previous step's checkpoint time (written after its
-    metrics line) and throughput over every generated token."""
+    metrics line) and throughput over the tokens generated during the step (none at the last step of
+    an overlapped run, whose batch was generated during the step before: no rollout rate then)."""
     out = {f"time/{k}": v for k, v in timings.items()}
     out["time/step"] = step_time
     if last_checkpoint is not None:
         out["time/last_checkpoint"] = last_checkpoint
     out["perf/tokens_per_s"] = gen_tokens / step_time
-    out["perf/rollout_tokens_per_s"] = gen_tokens / max(timings["rollout"], 1e-9)
+    if "rollout" in timings:
+        out["perf/rollout_tokens_per_s"] = gen_tokens / max(timings["rollout"], 1e-9)
     return out
 
 

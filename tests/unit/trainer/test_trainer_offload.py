@@ -76,6 +76,7 @@ def _trainer(offloads):
     trainer = loop.Trainer.__new__(loop.Trainer)
     log = []
     trainer.cfg, trainer.step, trainer.timings = cfg, 1, {}
+    trainer.in_flight, trainer.engine_version = None, 0  # synchronous (trainer.max_staleness=0)
     trainer.guard, trainer.loss = NonfiniteGuard("skip", 5), loss_options(cfg)
     trainer.workers = Workers(rollout=_Rollout(log), actor=_Actor(log, offloads))
     trainer.rollouts = _Rollouts(trainer, log)
