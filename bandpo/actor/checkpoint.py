@@ -141,7 +141,8 @@ def save_hf_folder(
     Every rank must drain ``buckets`` (under ZeRO-3 each bucket is a collective gather). Bucket i
     is written by rank ``i % world_size`` as ``model-<i+1>.safetensors``, so the ranks write in
     parallel and each holds one bucket at a time; rank 0 also writes the config, the generation
-    config, the index naming every tensor's file, and the tokenizer (no publishing here).
+    config, the index naming every tensor's file, and the tokenizer (no publishing here). A model
+    of one bucket is one ``model.safetensors`` without an index, as ``save_pretrained`` writes it.
     """
     from safetensors.torch import save_file
 
@@ -161,8 +162,14 @@ def save_hf_folder(
     module.config.save_pretrained(str(out))
     if module.can_generate() and module.generation_config is not None:
         module.generation_config.save_pretrained(str(out))
-    index = out / "model.safetensors.index.json"
-    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    if len(set(weight_map.values())) == 1:  # one bucket: rank 0 wrote it
+        single = out / "model.safetensors"
+        mine[0].rename(single)
+        mine[0] = single
+        weight_map = dict.fromkeys(weight_map, single.name)
+    else:
+        index = out / "model.safetensors.index.json"
+        index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     _copy_tokenizer(source, out)
     return mine + [p for p in out.iterdir() if p.is_file() and p.name not in weight_map.values()]
 

@@ -93,3 +93,21 @@ def test_hf_folder_weight_files_are_written_by_the_ranks_in_turn(tiny_model_dir,
     assert got.keys() == dict(params).keys()
     for name, t in params:
         assert torch.equal(got[name], t), name
+
+
+def test_hf_folder_of_one_bucket_is_one_model_safetensors(tiny_model_dir, tmp_path):
+    """A model that fits one bucket is exported as save_pretrained writes it: ``model.safetensors``,
+    no index (what scripts and the final-weights checks of a run read)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    out = tmp_path / "hf"
+    out.mkdir()
+    written = ckpt.save_hf_folder(model, iter([params]), out, tiny_model_dir, 0, 1)
+    names = {p.name for p in out.iterdir()}
+    assert "model.safetensors" in names and "model.safetensors.index.json" not in names
+    assert not any(n.startswith("model-") for n in names) and out / "model.safetensors" in written
+    got = load_file(str(out / "model.safetensors"))
+    assert got.keys() == dict(params).keys() and all(torch.equal(got[n], t) for n, t in params)
