@@ -50,3 +50,28 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     # clip fraction of the p < 0.01 bin: mean over steps, then over seeds: (0.3, 0.2) -> 25.0 %
     assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_shared_before_maj_and_headline(tmp_path):
+    """A run that skipped its step-0 evaluation (compare.sh SHARED_BEFORE=1) takes the one of the run
+    with its seed and model; maj@n gets its own columns; --headline draws the extra figure."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(runs / "bandpo-s0", 0.70, 0.80, [0.10, 0.09], [0.0, 0.0])
+    rows = (runs / "bandpo-s0" / "metrics.jsonl").read_text().splitlines()
+    bandpo = [json.loads(r) for r in rows[1:]]  # drop its step-0 evaluation
+    bandpo[-1]["eval/tiny_arith_test/maj@32"] = 0.85
+    (runs / "bandpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bandpo))
+    grpo = [json.loads(r) for r in (runs / "grpo-s0" / "metrics.jsonl").read_text().splitlines()]
+    grpo[0]["eval/tiny_arith_test/maj@32"], grpo[-1]["eval/tiny_arith_test/maj@32"] = 0.74, 0.78
+    (runs / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grpo))
+    out = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--headline",
+                                  "--title", "entropy"])
+    text = out.read_text()
+    assert text.startswith("# entropy\n\n![headline](results-headline.png)")
+    # columns: mean@32 before/after/delta, then maj@32 before/after/delta; bandpo's before is grpo's
+    # step 0 (70.0 and 74.0), so its deltas are 80 - 70 = 10.0 and 85 - 74 = 11.0.
+    assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 0.050 |" in text
+    assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 74.0 | 85.0 | 11.0 | 0.090 |" in text
+    assert "1 runs did not evaluate before step 1" in text
+    assert (tmp_path / "results-headline.png").stat().st_size > 0
