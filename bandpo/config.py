@@ -109,6 +109,14 @@ def _check(cond: bool, key: str, msg: str, value: Any) -> None:
     check(cond, key, msg, repr(value))  # the config's messages show the value's repr
 
 
+def _refuse(cfg, keys: Sequence[str], name: str, why: str) -> None:
+    """Options another algorithm reads are refused by name when set, never ignored."""
+    for key in keys:
+        if _get(cfg, key) is not None:
+            raise ConfigError(f"config error: {key} does not apply to algorithm={name} ({why}); set it to null "
+                              f"or pick another algorithm")
+
+
 def _choice(cfg, key: str, valid: Sequence[str]) -> Any:
     value = _get(cfg, key)
     _check(value in valid, key, f"must be one of {', '.join(map(str, valid))}", value)
@@ -144,10 +152,13 @@ def loss_options(cfg):
     from bandpo.algo.losses import LossOptions
 
     a = cfg.algorithm
-    opts = LossOptions(algorithm=a.name, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip,
-                       agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens), kl_coef=a.kl_coef,
-                       kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                       tis_cap=None if a.get("tis_cap") is None else float(a.tis_cap))
+    mismatch = a.get("mismatch") or {}
+    opts = LossOptions(algorithm=a.name, eps_low=_float(a.eps_low), eps_high=_float(a.eps_high),
+                       dual_clip=a.dual_clip, agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens),
+                       kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
+                       tis_cap=_float(a.get("tis_cap")), mismatch=mismatch.get("mode", "none"),
+                       mismatch_cap=float(mismatch.get("cap", 2.0)), ratio_cap=_float(a.get("ratio_cap")),
+                       tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")))
     if a.name != "bandpo":
         return opts
     band = a.band
@@ -159,19 +170,46 @@ def loss_options(cfg):
     return opts
 
 
+def _float(x):
+    return None if x is None else float(x)
+
+
 def validate(cfg) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
     from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
     from bandpo.algo.band import DIVERGENCES
     from bandpo.algo.losses import AGG_MODES, ALGORITHMS, KL_ESTIMATORS
+    from bandpo.algo.mismatch import MISMATCH_MODES
 
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
-    _number(cfg, "algorithm.eps_low", low=0, high=1, strict_low=True)
-    _number(cfg, "algorithm.eps_high", low=0, strict_low=True)
-    if _get(cfg, "algorithm.dual_clip") is not None:
+    surrogate = ALGORITHMS[name].surrogate
+    if surrogate == "sapo":
+        _refuse(cfg, ("algorithm.eps_low", "algorithm.eps_high"), name, "sapo has no clip")
+    else:
+        _number(cfg, "algorithm.eps_low", low=0, high=1, strict_low=True)
+        _number(cfg, "algorithm.eps_high", low=0, strict_low=True)
+    if surrogate != "clip":
+        _refuse(cfg, ("algorithm.dual_clip",), name, "the dual clip is the clipped surrogate's (grpo, clip_higher, "
+                "bandpo)")
+    elif _get(cfg, "algorithm.dual_clip") is not None:
         _number(cfg, "algorithm.dual_clip", low=1, strict_low=True)
-    _choice(cfg, "algorithm.loss_agg", AGG_MODES)
+    if not surrogate.startswith("dppo"):
+        _refuse(cfg, ("algorithm.ratio_cap",), name, "it applies to dppo_tv and dppo_kl only")
+    elif _get(cfg, "algorithm.ratio_cap") is not None:
+        _number(cfg, "algorithm.ratio_cap", low=0, strict_low=True)
+    if surrogate != "sapo":
+        _refuse(cfg, ("algorithm.tau_pos", "algorithm.tau_neg"), name, "they apply to sapo only")
+    else:
+        _number(cfg, "algorithm.tau_pos", low=0, strict_low=True)
+        _number(cfg, "algorithm.tau_neg", low=0, strict_low=True)
+    agg = _choice(cfg, "algorithm.loss_agg", AGG_MODES)
+    _check(surrogate != "gspo" or agg == "seq-mean-token-mean", "algorithm.loss_agg",
+           "must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence)", agg)
+    if _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES) != "none":
+        _check(_get(cfg, "algorithm.tis_cap") is None, "algorithm.tis_cap",
+               "is token-level TIS (algorithm.mismatch.mode=token_tis); set only one of the two", cfg.algorithm.tis_cap)
+    _number(cfg, "algorithm.mismatch.cap", low=1)
     _number(cfg, "algorithm.kl_coef", low=0)
     _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
     _choice(cfg, "algorithm.advantage", ADVANTAGE_ESTIMATORS)

@@ -15,12 +15,12 @@ from bandpo.algo.losses import (
     kl_penalty,
     policy_loss,
     ratio_interval,
-    tis_weights,
 )
+from bandpo.algo.mismatch import MISMATCH_MODES, mismatch_stats, mismatch_weights, tis_weights
 
 __all__ = [
-    "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "LossOptions", "adaptive_delta",
-    "aggregate",
+    "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "LossOptions", "MISMATCH_MODES",
+    "adaptive_delta", "aggregate",
     "band_bounds", "band_bounds_per_token", "compute_advantages", "get_algorithm", "group_advantages",
-    "kl_penalty", "policy_loss", "ratio_interval", "tis_weights",
+    "kl_penalty", "mismatch_stats", "mismatch_weights", "policy_loss", "ratio_interval", "tis_weights",
 ]

@@ -1,6 +1,8 @@
-"""The policy loss shared by GRPO, Clip-Higher and BandPO (BandPO, eq. 2-3: the clipped surrogate with a per-token interval).
+"""The policy loss of every algorithm: the clipped surrogate of GRPO, Clip-Higher and BandPO (BandPO,
+eq. 2-3: the clipped surrogate with a per-token interval), and the rivals' surrogates
+(``bandpo.algo.rivals``: DPPO-TV/-KL, GSPO, CISPO, SAPO) in its place.
 
-Only the ratio interval differs between the three algorithms:
+For the clipped family only the ratio interval differs between the three algorithms:
 
     log_ratio = clamp(logp - old_logp, -20, 20);  r = exp(log_ratio)
     (lo, hi)  = (1 - eps_low, 1 + eps_high)            grpo 0.2/0.2, clip_higher 0.2/0.28
@@ -9,14 +11,15 @@ Only the ratio interval differs between the three algorithms:
     dual clip (c > 1): where A < 0, L = min(L, -A c)
     loss = agg(L) + kl_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
 
+A rival replaces L (and has no dual clip); aggregation, KL and entropy terms are shared.
+
 Options on top (off by default; each composes with every algorithm unless stated):
 - Entropy-adaptive Band (bandpo only, ``band_adaptive="entropy"``): the radius becomes a
   per-token delta_t from the old policy's entropy (``bandpo.algo.adaptive``).
-- Truncated importance sampling (``tis_cap = C``): the rollout engine samples from
-  pi_rollout, not from the actor's pi_old (different kernels, bf16), so each token's loss is
-  reweighted by w = min(pi_old / pi_rollout, C) = min(exp(old_logp - rollout_logp), C),
-  detached (no gradient through w):  L <- w L. Truncation at C bounds the variance; the
-  bias it leaves is small while the two engines stay close (verl's ``tis_imp_ratio_cap``).
+- Rollout/trainer mismatch correction (``mismatch`` with cap ``mismatch_cap``, or ``tis_cap = C``
+  for token-level truncated importance sampling): L <- w L with a detached weight w of
+  pi_old / pi_rollout, truncated or masked at the token or sequence level, or IcePop's
+  two-sided mask (``bandpo.algo.mismatch``).
 
 The run's options are one frozen record, ``LossOptions`` (validated when built; the trainer
 builds it once from the config, ``bandpo.config.loss_options``); the tensors and the global
@@ -42,8 +45,10 @@ from dataclasses import dataclass
 
 import torch
 
+from bandpo.algo import rivals
 from bandpo.algo.adaptive import ADAPTIVE_MODES, adaptive_delta, band_bounds_per_token
 from bandpo.algo.band import band_bounds
+from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, mismatch_weights
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -55,18 +60,30 @@ PROB_BIN_NAMES = ("lt0.01", "0.01-0.1", "0.1-0.5", "ge0.5")
 
 @dataclass(frozen=True)
 class Algorithm:
-    """How an algorithm picks its ratio interval; defaults follow the paper's scripts."""
+    """An algorithm's surrogate and the defaults of its thresholds (from each paper's recipe).
+
+    ``surrogate``: ``clip`` (the clipped surrogate with the interval [1 - eps_low, 1 + eps_high],
+    or the band with ``band``) or the name of a rival's loss. What ``eps_low``/``eps_high`` bound is
+    the surrogate's: the ratio (clip, gspo: the sequence ratio, cispo: the weight), the divergence
+    (dppo_*); None where the surrogate has none (sapo).
+    """
 
     name: str
-    eps_low: float
-    eps_high: float
+    eps_low: float | None
+    eps_high: float | None
     band: bool = False
+    surrogate: str = "clip"
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("grpo", 0.2, 0.2),
     "clip_higher": Algorithm("clip_higher", 0.2, 0.28),
     "bandpo": Algorithm("bandpo", 0.2, 0.28, band=True),
+    "dppo_tv": Algorithm("dppo_tv", 0.15, 0.15, surrogate="dppo_tv"),
+    "dppo_kl": Algorithm("dppo_kl", 0.05, 0.05, surrogate="dppo_kl"),
+    "gspo": Algorithm("gspo", 3e-4, 4e-4, surrogate="gspo"),
+    "cispo": Algorithm("cispo", 1.0, 0.28, surrogate="cispo"),
+    "sapo": Algorithm("sapo", None, None, surrogate="sapo"),
 }
 
 
@@ -95,7 +112,11 @@ class LossOptions:
             ``delta`` is then unused.
         delta_min, delta_max, entropy_norm, entropy_scale: see ``bandpo.algo.adaptive``
             (``entropy_scale`` is per step with the ``batch`` norm: ``dataclasses.replace`` it).
-        tis_cap: C >= 1 turns on truncated importance sampling, w = min(exp(old - rollout), C).
+        tis_cap: C >= 1 turns on token-level truncated importance sampling, w = min(exp(old - rollout), C)
+            (the same as ``mismatch="token_tis"``, ``mismatch_cap=C``).
+        mismatch, mismatch_cap: rollout/trainer mismatch correction (``bandpo.algo.mismatch``), C >= 1.
+        ratio_cap: dppo_* only: C of the truncated ratio min(r, C); None = no truncation.
+        tau_pos, tau_neg: sapo only: the gate temperatures; None = the paper's 1.0 and 1.05.
     """
 
     algorithm: str = "bandpo"
@@ -117,9 +138,14 @@ class LossOptions:
     entropy_norm: str = "batch"
     entropy_scale: float | None = None
     tis_cap: float | None = None
+    mismatch: str = "none"
+    mismatch_cap: float = 2.0
+    ratio_cap: float | None = None
+    tau_pos: float | None = None
+    tau_neg: float | None = None
 
     def __post_init__(self):
-        get_algorithm(self.algorithm)
+        algo = get_algorithm(self.algorithm)
         if self.agg not in AGG_MODES:
             raise ValueError(f"unknown loss agg mode {self.agg!r}; valid: {', '.join(AGG_MODES)}")
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -127,12 +153,38 @@ class LossOptions:
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if self.tis_cap is not None:
-            _check_tis_cap(self.tis_cap)
+            check_cap(self.tis_cap)
+        if self.mismatch not in MISMATCH_MODES:
+            raise ValueError(f"unknown mismatch mode {self.mismatch!r}; valid: {', '.join(MISMATCH_MODES)}")
+        check_cap(self.mismatch_cap, "mismatch_cap")
+        if self.tis_cap is not None and self.mismatch != "none":
+            raise ValueError(f"tis_cap is token-level TIS; it cannot be combined with mismatch={self.mismatch!r}")
+        self._refuse_inapplicable(algo)
         if self.band_adaptive not in ADAPTIVE_MODES:
             raise ValueError(f"unknown band_adaptive {self.band_adaptive!r}; valid: {', '.join(ADAPTIVE_MODES)}")
         if self.band_adaptive != "none" and not get_algorithm(self.algorithm).band:
             raise ValueError(f"band_adaptive={self.band_adaptive!r} applies to bandpo only, "
                              f"not algorithm={self.algorithm!r}")
+
+    def _refuse_inapplicable(self, algo: Algorithm) -> None:
+        """Options another surrogate reads are refused by name, not ignored."""
+        name, kind = self.algorithm, algo.surrogate
+        if kind != "clip" and self.dual_clip is not None:
+            raise ValueError(f"dual_clip applies to the clipped surrogate (grpo, clip_higher, bandpo), not "
+                             f"algorithm={name!r}; set it to None")
+        if not kind.startswith("dppo") and self.ratio_cap is not None:
+            raise ValueError(f"ratio_cap applies to dppo_tv and dppo_kl only, not algorithm={name!r}")
+        if self.ratio_cap is not None and not self.ratio_cap > 0:
+            raise ValueError(f"ratio_cap must be > 0 (or None), got {self.ratio_cap}")
+        if kind != "sapo" and (self.tau_pos is not None or self.tau_neg is not None):
+            raise ValueError(f"tau_pos and tau_neg apply to sapo only, not algorithm={name!r}")
+        for tau in (self.tau_pos, self.tau_neg):
+            if tau is not None and not tau > 0:
+                raise ValueError(f"sapo's tau_pos and tau_neg must be > 0, got {tau}")
+        if kind == "sapo" and (self.eps_low is not None or self.eps_high is not None):
+            raise ValueError("eps_low and eps_high do not apply to sapo (a soft gate, no clip); set them to None")
+        if kind == "gspo" and self.agg != "seq-mean-token-mean":
+            raise ValueError(f"gspo's sequence-level objective needs agg='seq-mean-token-mean', got {self.agg!r}")
 
 
 def ratio_interval(
@@ -155,6 +207,8 @@ def ratio_interval(
     ``old_logprobs``, within ``delta_range``) replaces ``delta`` by a per-token radius.
     """
     algo = get_algorithm(algorithm)
+    if algo.surrogate != "clip":
+        raise ValueError(f"algorithm={algorithm!r} has no ratio interval (its surrogate is {algo.surrogate})")
     eps_low = algo.eps_low if eps_low is None else eps_low
     eps_high = algo.eps_high if eps_high is None else eps_high
     if not algo.band:
@@ -214,7 +268,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k2":
         return 0.5 * diff.square()
     if estimator == "k3":
-        # exp(d) - d - 1 >= 0, unbiased and low variance; clamped as in the recipe.
+        # exp(d) - d - 1 >= 0, unbiased and low variance; clamped as in the recipe. d is clamped to
+        # [-20, 20] first: the result is 10 beyond |d| = 20 either way, but exp(d) overflows float32
+        # at d ~ 88.7 and inf * 0 in the backward pass of the outer clamp makes the gradient NaN.
+        diff = diff.clamp(-20.0, 20.0)
         return (torch.exp(diff) - diff - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
@@ -241,13 +298,13 @@ def policy_loss(
         old_logprobs: [N, R] log pi_old of the same tokens (behaviour policy, no grad).
         advantages: [N, R] per-token advantages, or [N] (broadcast over tokens).
         mask: [N, R] 1 for response tokens that count, 0 for padding.
-        options: the run's ``LossOptions`` (algorithm, interval, aggregation, KL, entropy, TIS).
+        options: the run's ``LossOptions`` (algorithm, interval, aggregation, KL, entropy, mismatch).
         num_tokens, num_seqs, max_len: the aggregation's global normalisers (``options.norm_len``,
             when set, replaces ``max_len``).
         ref_logprobs: [N, R] log pi_ref for the KL term (required when kl_coef > 0).
         entropy: [N, R] per-token entropy of pi_theta (with grad when entropy_coef > 0).
         old_entropy: [N, R] entropy of pi_old at each response position (no grad; adaptive band).
-        rollout_logprobs: [N, R] log pi_rollout of the sampled tokens (required with tis_cap).
+        rollout_logprobs: [N, R] log pi_rollout of the sampled tokens (required with tis_cap or mismatch).
 
     Returns:
         ``(loss, metrics)``: scalar loss; metrics are detached 0-dim tensors (no host sync),
@@ -261,6 +318,58 @@ def policy_loss(
     norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len if o.norm_len is None else o.norm_len)
     mask = maskf  # aggregate() converts a mask of another dtype on every call
 
+    algo = get_algorithm(o.algorithm)
+    metrics: dict[str, torch.Tensor] = {}
+    lo = hi = None
+    if algo.surrogate == "clip":
+        per_token, up, down, lo, hi, ratio, log_ratio, delta_t = _clipped(logprobs, old_logprobs, advantages,
+                                                                          maskf, o, old_entropy)
+        if delta_t is not None:
+            metrics["band/delta_mean"] = _masked_mean(delta_t.to(maskf.dtype), maskf)
+    else:
+        per_token, up, down = _rival(logprobs, old_logprobs, advantages, maskf, o, algo)
+        with torch.no_grad():
+            log_ratio = (logprobs.detach() - old_logprobs).clamp(-20.0, 20.0)
+            ratio = torch.exp(log_ratio)
+    mode, cap = ("token_tis", o.tis_cap) if o.tis_cap is not None else (o.mismatch, o.mismatch_cap)
+    if mode != "none":
+        weight, mm = mismatch_weights(old_logprobs, rollout_logprobs, maskf, mode, cap)
+        per_token = per_token * weight
+        metrics.update(mm)
+    pg_loss = aggregate(per_token, mask, o.agg, **norm)
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss.detach()
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, o.kl_estimator)
+        kl_term = aggregate(kl, mask, o.agg, **norm)
+        loss = loss + o.kl_coef * kl_term
+        metrics["kl_ref"] = _masked_mean(kl.detach(), maskf)
+    elif o.kl_coef > 0:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if entropy is not None:
+        if o.entropy_coef != 0.0:
+            loss = loss - o.entropy_coef * aggregate(entropy, mask, o.agg, **norm)
+        metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
+
+    with torch.no_grad():
+        metrics.update(_clip_metrics(up, down, old_logprobs, mask))
+        if algo.surrogate == "clip" and o.dual_clip is not None:
+            valid = mask.bool()
+            dual = (ratio.detach() > o.dual_clip) & (advantages < 0) & valid
+            metrics["clip_frac_dual"] = dual.sum() / valid.sum().clamp(min=1)
+        if isinstance(lo, torch.Tensor):
+            metrics["band/lower_mean"] = _masked_mean(lo, maskf)
+            # upper grows like 1/p in the tail; its log is the readable summary.
+            metrics["band/log_upper_mean"] = _masked_mean(torch.log(hi).clamp(max=100.0), maskf)
+        metrics["loss"] = loss.detach()
+        # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
+        metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
+    return loss, metrics
+
+
+def _clipped(logprobs, old_logprobs, advantages, maskf, o: LossOptions, old_entropy):
+    """The clipped surrogate L = max(-A r, -A clamp(r, lo, hi)) with the dual clip, [N, R], and
+    the masks of the tokens it clipped (the ratio pushed past a bound in the advantage's direction)."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     delta_t = _adaptive_radius(o, old_entropy, old_logprobs)
@@ -275,57 +384,29 @@ def policy_loss(
     negative = advantages < 0
     if o.dual_clip is not None:
         per_token = torch.where(negative, torch.minimum(per_token, -advantages * o.dual_clip), per_token)
-    metrics: dict[str, torch.Tensor] = {}
-    if o.tis_cap is not None:
-        weight, metrics["tis/weight_mean"], metrics["tis/truncated_frac"] = tis_weights(
-            old_logprobs, rollout_logprobs, o.tis_cap, maskf)
-        per_token = per_token * weight
-    pg_loss = aggregate(per_token, mask, o.agg, **norm)
-    loss = pg_loss
-    metrics["pg_loss"] = pg_loss.detach()
-    if delta_t is not None:
-        metrics["band/delta_mean"] = _masked_mean(delta_t.to(maskf.dtype), maskf)
-    if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, o.kl_estimator)
-        kl_term = aggregate(kl, mask, o.agg, **norm)
-        loss = loss + o.kl_coef * kl_term
-        metrics["kl_ref"] = _masked_mean(kl.detach(), maskf)
-    elif o.kl_coef > 0:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
-    if entropy is not None:
-        if o.entropy_coef != 0.0:
-            loss = loss - o.entropy_coef * aggregate(entropy, mask, o.agg, **norm)
-        metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
-
     with torch.no_grad():
-        metrics.update(_clip_metrics(ratio.detach(), lo, hi, advantages, negative, old_logprobs, mask, o.dual_clip))
-        metrics["loss"] = loss.detach()
-        # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
-        metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
-    return loss, metrics
+        r = ratio.detach()
+        up, down = (r > hi) & (advantages > 0), (r < lo) & negative
+    return per_token, up, down, lo, hi, ratio, log_ratio, delta_t
 
 
-def tis_weights(
-    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None, cap: float, maskf: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Truncated importance weights w = min(exp(old - rollout), cap), detached, [N, R].
-
-    Returns ``(w, mean w, fraction truncated)``, the last two over valid tokens (maskf [N, R]).
-    The log-ratio is clamped to [-20, 20] like the policy ratio, so a -inf rollout logprob
-    gives w = cap instead of inf * 0 = NaN on a padded position.
-    """
-    if rollout_logprobs is None:
-        raise ValueError("tis_cap needs rollout_logprobs (the rollout engine's sampling logprobs)")
-    _check_tis_cap(cap)
-    with torch.no_grad():
-        raw = torch.exp((old_logprobs.detach() - rollout_logprobs.detach()).clamp(-20.0, 20.0))
-        weight = raw.clamp(max=cap).to(old_logprobs.dtype)
-        return weight, _masked_mean(weight, maskf), _masked_mean((raw > cap).to(maskf.dtype), maskf)
-
-
-def _check_tis_cap(cap) -> None:
-    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
-        raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {cap!r}")
+def _rival(logprobs, old_logprobs, advantages, maskf, o: LossOptions, algo: Algorithm):
+    """A rival's ``(L, up, down)`` (``bandpo.algo.rivals``) with the run's thresholds."""
+    eps_low = algo.eps_low if o.eps_low is None else o.eps_low
+    eps_high = algo.eps_high if o.eps_high is None else o.eps_high
+    kind = algo.surrogate
+    if kind in ("dppo_tv", "dppo_kl"):
+        return rivals.dppo_loss(logprobs, old_logprobs, advantages, divergence=kind.removeprefix("dppo_"),
+                                eps_low=eps_low, eps_high=eps_high, ratio_cap=o.ratio_cap)
+    if kind == "gspo":
+        return rivals.gspo_loss(logprobs, old_logprobs, advantages, maskf, eps_low=eps_low, eps_high=eps_high)
+    if kind == "cispo":
+        return rivals.cispo_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high)
+    if kind == "sapo":
+        return rivals.sapo_loss(logprobs, old_logprobs, advantages,
+                                tau_pos=rivals.SAPO_TAU_POS if o.tau_pos is None else o.tau_pos,
+                                tau_neg=rivals.SAPO_TAU_NEG if o.tau_neg is None else o.tau_neg)
+    raise ValueError(f"unknown surrogate {kind!r} of algorithm {algo.name!r}")
 
 
 def _adaptive_radius(o: LossOptions, old_entropy, old_logprobs):
@@ -344,19 +425,17 @@ def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
     return (x * maskf).sum() / maskf.sum().clamp(min=1.0)
 
 
-def _clip_metrics(ratio, lo, hi, advantages, negative, old_logprobs, mask, dual_clip) -> dict[str, torch.Tensor]:
-    """Fractions of valid tokens whose gradient the clip removed (active clipping).
+def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:
+    """Fractions of valid tokens whose update the surrogate cut: ``up`` / ``down`` [N, R] (the
+    clip: gradient removed; see each rival for its own meaning), overall and per old-probability bin.
 
     Kept cheap: boolean algebra and one bincount instead of per-bin float masks, since on
     CPU these metrics otherwise cost as much as the loss itself.
     """
     valid = mask.bool()
     n_valid = valid.sum().clamp(min=1)
-    up = (ratio > hi) & (advantages > 0) & valid  # A > 0 pushed past the upper bound
-    down = (ratio < lo) & negative & valid  # A < 0 pushed past the lower bound
+    up, down = up & valid, down & valid
     out = {"clip_frac_up": up.sum() / n_valid, "clip_frac_down": down.sum() / n_valid}
-    if dual_clip is not None:
-        out["clip_frac_dual"] = ((ratio > dual_clip) & negative & valid).sum() / n_valid
     # code = bin + 4 * clipped for valid tokens, 8 for padding: one pass counts every cell.
     edges = torch.tensor(LOG_PROB_BIN_EDGES, dtype=old_logprobs.dtype, device=old_logprobs.device)
     bins = torch.bucketize(old_logprobs.detach(), edges, right=True)
@@ -366,9 +445,4 @@ def _clip_metrics(ratio, lo, hi, advantages, negative, old_logprobs, mask, dual_
     for i, name in enumerate(PROB_BIN_NAMES):
         out[f"clip_frac_bin/{name}"] = counts[1, i] / in_bin[i].clamp(min=1)
         out[f"token_frac_bin/{name}"] = in_bin[i] / n_valid
-    if isinstance(lo, torch.Tensor):
-        maskf = mask.to(ratio.dtype)
-        out["band/lower_mean"] = _masked_mean(lo, maskf)
-        # upper grows like 1/p in the tail; its log is the readable summary.
-        out["band/log_upper_mean"] = _masked_mean(torch.log(hi).clamp(max=100.0), maskf)
     return out

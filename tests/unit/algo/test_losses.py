@@ -96,6 +96,22 @@ def test_micro_batches_sum_to_full_batch(agg, algorithm):
     torch.testing.assert_close(logp.grad, g_full, rtol=0, atol=1e-12)
 
 
+def test_k3_gradient_is_finite_far_from_the_reference():
+    # ref - logp = 100 overflows exp in float32 (> 88.7); the log-ratio is clamped to [-20, 20] first,
+    # so the value is the clamp's 10 and the gradient is 0 (both clamps saturated), not NaN.
+    logp = torch.tensor([-101.0, -1.0, -1.0, -30.0], requires_grad=True)
+    ref = torch.tensor([-1.0, -1.5, -0.5, -1.0])
+    k3 = kl_penalty(logp, ref, "k3")
+    k3.sum().backward()
+    assert bool(torch.isfinite(logp.grad).all()) and logp.grad[0].item() == 0.0
+    assert k3[0].item() == 10.0 and k3[3].item() == 10.0  # d = 100 and d = 29: beyond the clamp
+    # In the normal range the values and gradients are the unclamped estimator's: d = -0.5, 0.5,
+    # dk3/dlogp = -(e^d - 1); float32, so rel 1e-6.
+    for i, d in ((1, -0.5), (2, 0.5)):
+        assert k3[i].item() == pytest.approx(math.exp(d) - d - 1, rel=1e-6)
+        assert logp.grad[i].item() == pytest.approx(-(math.exp(d) - 1), rel=1e-6)
+
+
 def test_kl_estimators_and_term():
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
     ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
