@@ -22,7 +22,7 @@ QUICK=0
 if [[ ${1:-} == --quick ]]; then QUICK=1; shift; fi
 
 SETTING=(model.build_args.sft_steps=500 algorithm.filter_groups.enable=false trainer.prompts_per_step=32
-         actor.mini_batch_prompts=8 actor.lr=3e-4 trainer.save_every=0 trainer.export_hf=false
+         actor.mini_batch_prompts=8 actor.lr=3e-4 trainer.save_every=10 trainer.export_hf=false
          trainer.wandb.mode=disabled)
 MAIN="grpo clip_higher bandpo dppo_tv"
 ONE_SEED="gspo cispo bandpo_tv"
