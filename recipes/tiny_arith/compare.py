@@ -91,7 +91,7 @@ def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
     shared = [s for group in summaries.values() for s in group if s.get("before_from")]
     if not shared:
         return []
-    return [f"{len(shared)} runs did not evaluate before step 1; their *before* is the step-0 evaluation of "
+    return [f"Runs that did not evaluate before step 1 ({len(shared)}): their *before* is the step-0 evaluation of "
             "the run with the same seed, model and eval settings that did (the same model, prompts and "
             "sampling seed: the same numbers)."]
 
@@ -301,11 +301,17 @@ def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
     steps = sorted({1, *(round(last * q / 4) for q in (1, 2, 3, 4))} - {0})
     if not steps:
         return []
+    # The last five steps every run has: where runs stopped early, the ends compare at equal steps.
+    common = min(s["steps"] for group in summaries.values() for s in group)
+    window = range(max(1, common - 4), common + 1)
     lines = ["## Entropy over steps", "",
-             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds.", "",
-             *_table_head(["algorithm", *[f"step {t}" for t in steps]])]
+             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
+             f"the last column averages each run's steps {window[0]}-{window[-1]}, the last five that every run has.",
+             "", *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"])]
     for label, group in summaries.items():
-        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps]]))
+        ends = [_mean([s["entropy_by_step"].get(t) for t in window]) for s in group]
+        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps],
+                           mean_std(ends, digits=3)]))
     return lines + [""]
 
 

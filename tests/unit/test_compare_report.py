@@ -44,8 +44,9 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     assert "| grpo | 0, 1 | 2/2 | 70.0 ± 0.0 | 76.0 ± 1.4 | 6.0 ± 1.4 | 0.060 ± 0.014 |" in text
     # a one-seed arm has no spread; listed after the three algorithms (LABEL_ORDER)
     assert "| bandpo_d0.1 | 0 | 2/2 | 70.0 | 72.0 | 2.0 | 0.090 |" in text
-    # entropy at steps 1 and 2: grpo (0.10, 0.10) -> 0.100 ± 0.000, (0.05, 0.07) -> 0.060 ± 0.014
-    assert "| grpo | 0.100 ± 0.000 | 0.060 ± 0.014 |" in text
+    # entropy at steps 1 and 2: grpo (0.10, 0.10) -> 0.100 ± 0.000, (0.05, 0.07) -> 0.060 ± 0.014;
+    # steps 1-2 per seed: 0.075 and 0.085 -> 0.080 ± 0.007 (sample std 0.01 / sqrt(2))
+    assert "| grpo | 0.100 ± 0.000 | 0.060 ± 0.014 | 0.080 ± 0.007 |" in text
     assert text.index("| grpo |") < text.index("| bandpo_d0.1 |")
     # clip fraction of the p < 0.01 bin: mean over steps, then over seeds: (0.3, 0.2) -> 25.0 %
     assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text
@@ -73,5 +74,5 @@ def test_shared_before_maj_and_headline(tmp_path):
     # step 0 (70.0 and 74.0), so its deltas are 80 - 70 = 10.0 and 85 - 74 = 11.0.
     assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 0.050 |" in text
     assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 74.0 | 85.0 | 11.0 | 0.090 |" in text
-    assert "1 runs did not evaluate before step 1" in text
+    assert "Runs that did not evaluate before step 1 (1)" in text
     assert (tmp_path / "results-headline.png").stat().st_size > 0
