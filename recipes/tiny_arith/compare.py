@@ -91,9 +91,10 @@ def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
     shared = [s for group in summaries.values() for s in group if s.get("before_from")]
     if not shared:
         return []
+    sources = ", ".join(sorted({f"`{s['before_from']}`" for s in shared}))
     return [f"Runs that did not evaluate before step 1 ({len(shared)}): their *before* is the step-0 evaluation of "
             "the run with the same seed, model and eval settings that did (the same model, prompts and "
-            "sampling seed: the same numbers)."]
+            f"sampling seed: the same numbers), from {sources}."]
 
 
 def _eval_means(row: dict | None) -> dict[str, float]:
@@ -108,8 +109,9 @@ def _eval_means(row: dict | None) -> dict[str, float]:
 BEFORE_KEYS = ("model.path", "eval.datasets", "eval.n", "eval.max_tokens")
 
 
-def share_before(summaries: list[dict]) -> None:
-    """Give each run without a step-0 evaluation the one of a run with the same seed and BEFORE_KEYS.
+def share_before(summaries: list[dict], others: list[dict] = ()) -> None:
+    """Give each run without a step-0 evaluation the one of a run with the same seed and BEFORE_KEYS,
+    among ``summaries`` or ``others`` (runs not reported, e.g. stopped ones that did evaluate).
 
     Sets ``before`` and ``before_from`` (the folder it came from) in place; runs with none to
     borrow keep an empty ``before``.
@@ -117,7 +119,7 @@ def share_before(summaries: list[dict]) -> None:
     def key(s):
         return s["seed"], *(repr(s["config"][k]) for k in BEFORE_KEYS)
 
-    donors = {key(s): s for s in summaries if s["before"]}
+    donors = {key(s): s for s in [*others, *summaries] if s["before"]}
     for s in summaries:
         if not s["before"] and key(s) in donors:
             s["before"], s["before_from"] = donors[key(s)]["before"], donors[key(s)]["folder"]
@@ -168,16 +170,20 @@ def budget_check(summaries: list[dict]) -> tuple[dict, dict]:
 
 
 def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str], runs_root: Path,
-                 reading: str | None = None, title: str = TITLE, headline: bool = False) -> Path:
+                 reading: str | None = None, title: str = TITLE, headline: bool = False,
+                 before_runs: dict[str, dict[int, Path]] | None = None) -> Path:
     """Write the markdown report and its plot (``out`` with a .png suffix); returns ``out``.
 
     ``runs`` is ``find_runs(runs_root)``; ``commands`` are the lines that made the runs;
     ``reading`` (markdown) goes after the header as the section "Reading"; ``headline`` also
-    draws ``<out stem>-headline.png`` (``plot_headline``) and shows it first.
+    draws ``<out stem>-headline.png`` (``plot_headline``) and shows it first; ``before_runs``
+    (``find_runs`` of other folders) only lend their step-0 evaluations (``share_before``).
     """
     summaries = {label: [{"seed": seed, **run_summary(folder)} for seed, folder in seeds.items()]
                  for label, seeds in runs.items()}
-    share_before([s for group in summaries.values() for s in group])
+    others = [{"seed": seed, **run_summary(folder)} for seeds in (before_runs or {}).values()
+              for seed, folder in seeds.items()]
+    share_before([s for group in summaries.values() for s in group], others)
     png = out.with_suffix(".png")
     viz_argv = ["compare", *[f"{label}={folder / 'metrics.jsonl'}" for label, seeds in runs.items()
                              for folder in seeds.values()], "--keys", *PLOT_KEYS, "--out", str(png)]
@@ -419,6 +425,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--command", action="append", default=[], help="command line(s) that made the runs (repeatable)")
     ap.add_argument("--reading", type=Path, help="markdown file: your reading of the results, put after the header")
     ap.add_argument("--title", default=TITLE, help="the report's title")
+    ap.add_argument("--before-runs", type=Path, action="append", default=[],
+                    help="folder of other <label>-s<seed>/ runs whose step-0 evaluations runs without one may share")
     ap.add_argument("--headline", action="store_true",
                     help="also draw <out stem>-headline.png (entropy, clip by bin, held-out change) and show it first")
     ns = ap.parse_args(argv)
@@ -426,7 +434,8 @@ def main(argv: list[str] | None = None) -> Path:
     if not runs:
         ap.error(f"no runs under {ns.runs}: expected folders <label>-s<seed>/ holding metrics.jsonl")
     reading = ns.reading.read_text() if ns.reading else None
-    out = write_report(runs, ns.out, ns.command, ns.runs, reading, ns.title, ns.headline)
+    before_runs = {f"{root}/{label}": seeds for root in ns.before_runs for label, seeds in find_runs(root).items()}
+    out = write_report(runs, ns.out, ns.command, ns.runs, reading, ns.title, ns.headline, before_runs)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
 

@@ -76,3 +76,16 @@ def test_shared_before_maj_and_headline(tmp_path):
     assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 74.0 | 85.0 | 11.0 | 0.090 |" in text
     assert "Runs that did not evaluate before step 1 (1)" in text
     assert (tmp_path / "results-headline.png").stat().st_size > 0
+
+
+def test_before_from_runs_not_reported(tmp_path):
+    """--before-runs: a run without a step-0 evaluation borrows one from a folder that is not reported."""
+    _run(tmp_path / "stopped" / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(tmp_path / "runs" / "bandpo-s0", 0.0, 0.80, [0.10, 0.09], [0.0, 0.0])
+    path = tmp_path / "runs" / "bandpo-s0" / "metrics.jsonl"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[1:]))
+    out = _compare_module().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "results.md"),
+                                  "--before-runs", str(tmp_path / "stopped")])
+    text = out.read_text()
+    assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 0.090 |" in text  # 80 - 70
+    assert "| grpo |" not in text and f"`{tmp_path / 'stopped' / 'grpo-s0'}`" in text
