@@ -56,8 +56,9 @@ failed=()
 for seed in $SEEDS; do
   for algo in "${ALGOS[@]}"; do
     dir="$RUNS/$algo-s$seed"
-    # The trainer logs the final evaluation as {"step": <last step>, "final": true, ...}.
-    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, \"final\": true" "$dir/metrics.jsonl"; then
+    # The trainer logs the last evaluation as {"step": <last step>, "final": true, "eval/...} or, when
+    # trainer.eval_every divides the steps, in the last step's line.
+    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, .*\"eval/" "$dir/metrics.jsonl"; then
       echo "== $dir: finished earlier ($STEPS steps), skipped"
       continue
     fi
@@ -70,7 +71,11 @@ for seed in $SEEDS; do
     args+=("trainer.seed=$seed" "trainer.total_steps=$STEPS" "trainer.output_dir=$dir" "$@")
     # The step-0 evaluation depends only on the model, the eval settings and the seed, so with
     # SHARED_BEFORE=1 the seed's first algorithm makes it and compare.py reads it for the others.
-    if [[ $SHARED_BEFORE == 1 && $algo != "${ALGOS[0]}" ]]; then args+=("trainer.eval_before_train=false"); fi
+    # Without it the trainer loads no eval sets unless eval_every is set: evaluating at the last step keeps
+    # the run's after-evaluation.
+    if [[ $SHARED_BEFORE == 1 && $algo != "${ALGOS[0]}" ]]; then
+      args+=("trainer.eval_before_train=false" "trainer.eval_every=$STEPS")
+    fi
     echo "== $dir: ${TRAIN[*]} ${args[*]}"
     start=$SECONDS
     if "${TRAIN[@]}" "${args[@]}" 2>&1 | tee -a "$dir/train.log"; then
