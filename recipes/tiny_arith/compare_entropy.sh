@@ -19,8 +19,8 @@
 # evaluates the starting model; the others share that evaluation (SHARED_BEFORE in compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-QUICK=0
-if [[ ${1:-} == --quick ]]; then QUICK=1; shift; fi
+QUICK=0 FLAG=""
+if [[ ${1:-} == --quick ]]; then QUICK=1 FLAG="--quick "; shift; fi
 
 SETTING=(model.build_args.sft_steps=500 algorithm.filter_groups.enable=false trainer.prompts_per_step=32
          actor.mini_batch_prompts=8 actor.lr=3e-4 trainer.save_every=5 trainer.export_hf=false
@@ -38,7 +38,7 @@ else
   plan=("$MAIN|0 1 2" "$ONE_SEED|0")
 fi
 
-commands=("recipes/tiny_arith/compare_entropy.sh $([[ $QUICK == 1 ]] && echo '--quick ')$*"
+commands=("recipes/tiny_arith/compare_entropy.sh $FLAG$*"
           "# = STEPS=$STEPS SHARED_BEFORE=1 RUNS=$RUNS recipes/tiny_arith/compare.sh ${SETTING[*]} $*, with")
 status=0
 for entry in "${plan[@]}"; do
