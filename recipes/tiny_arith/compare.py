@@ -206,7 +206,7 @@ def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str
 
 
 def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
-    """Three panels for a README: rollout entropy over steps (mean over seeds, +/- std band), the
+    """Three panels for a README: rollout entropy over steps (mean over seeds, +/- sample std band), the
     share of each old-probability bin's tokens whose gradient the clip or mask removed, and the
     held-out change (after - before, points) of every mean@n / maj@n; one colour per label."""
     import matplotlib
@@ -223,7 +223,7 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
     for i, (label, group) in enumerate(summaries.items()):
         steps = sorted(set.intersection(*(set(s["entropy_by_step"]) for s in group)))
         table = np.array([[s["entropy_by_step"][t] for t in steps] for s in group], dtype=float)
-        mean, std = table.mean(axis=0), table.std(axis=0)
+        mean, std = table.mean(axis=0), table.std(axis=0, ddof=1) if len(group) > 1 else 0 * table[0]
         name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"
         ax_e.plot(steps, mean, color=colors[i % len(colors)], lw=1.8, label=name)
         if len(group) > 1:
@@ -238,12 +238,12 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
         values = [[100 * s["clip"][b] for s in group if s["clip"].get(b) is not None] for b in bins]
         x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
         ax_c.bar(x, [np.mean(v) if v else np.nan for v in values], width, color=color, label=label,
-                 yerr=[np.std(v) if len(v) > 1 else 0 for v in values], capsize=2)
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
         deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
                   for d in datasets]
         x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
         ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
-                 yerr=[np.std(v) if len(v) > 1 else 0 for v in deltas], capsize=2)
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
     ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
              xticks=range(len(bins)), xticklabels=[_clip_label(b) for b in bins])
     short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
