@@ -24,8 +24,9 @@ from pathlib import Path
 from bandpo.viz import main as viz_main
 from bandpo.viz import read_metrics
 
+TITLE = "tiny_arith: GRPO vs Clip-Higher vs BandPO"
 RUN_DIR = re.compile(r"^(?P<label>.+)-s(?P<seed>\d+)$")
-EVAL_MEAN = re.compile(r"^eval/(?P<dataset>[^/]+)/mean@(?P<n>\d+)$")
+EVAL_MEAN = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<metric>mean|maj)@(?P<n>\d+)$")
 # What must match for "equal budgets": only the algorithm and the seed may differ between runs.
 BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "rollout.max_tokens",
                "rollout.temperature", "actor.lr", "actor.mini_batch_prompts", "actor.epochs", "model.path",
@@ -33,7 +34,8 @@ BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "
 # bandpo.viz keys; of the clip bins only the tail one, where the algorithms differ most (the table has all).
 PLOT_KEYS = ("accuracy", "mean@", "entropy", "clip_frac_up", "clip_frac_down", "actor/clip_frac_bin/lt0.01")
 # compare.sh runs these labels in this order; other labels found under --runs follow, sorted.
-LABEL_ORDER = ("grpo", "clip_higher", "bandpo", "bandpo_d0.02", "bandpo_d0.1", "bandpo_filter", "bandpo_adaptive")
+LABEL_ORDER = ("grpo", "clip_higher", "bandpo", "bandpo_d0.02", "bandpo_d0.1", "bandpo_filter", "bandpo_adaptive",
+               "dppo_tv", "dppo_kl", "gspo", "cispo", "sapo", "bandpo_tv")
 
 
 def find_runs(root: Path) -> dict[str, dict[int, Path]]:
@@ -74,15 +76,53 @@ def run_summary(folder: Path) -> dict:
         "entropy_by_step": {r["step"]: _number(r.get("actor/entropy")) for r in train},
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
-        "config": {k: _select(cfg, k) for k in BUDGET_KEYS},
+        "wall_s": _wall_seconds(folder),
+        "config": {k: _select(cfg, k) for k in (*BUDGET_KEYS, *BEFORE_KEYS)},
     }
 
 
+def _wall_seconds(folder: Path) -> float | None:
+    # config.yaml is written when the run starts, metrics.jsonl at each step and evaluation.
+    start, end = folder / "config.yaml", folder / "metrics.jsonl"
+    return end.stat().st_mtime - start.stat().st_mtime if start.is_file() else None
+
+
+def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
+    shared = [s for group in summaries.values() for s in group if s.get("before_from")]
+    if not shared:
+        return []
+    sources = ", ".join(sorted({f"`{s['before_from']}`" for s in shared}))
+    return [f"Runs that did not evaluate before step 1 ({len(shared)}): their *before* is the step-0 evaluation of "
+            "the run with the same seed, model and eval settings that did (the same model, prompts and "
+            f"sampling seed: the same numbers), from {sources}."]
+
+
 def _eval_means(row: dict | None) -> dict[str, float]:
-    """``{"<dataset> mean@<n>": value}`` of an evaluation row (empty for None)."""
+    """``{"<dataset> mean@<n>": value, "<dataset> maj@<n>": value}`` of an evaluation row (empty for None)."""
     if row is None:
         return {}
-    return {f"{m['dataset']} mean@{m['n']}": row[k] for k in row if (m := EVAL_MEAN.match(k))}
+    return {f"{m['dataset']} {m['metric']}@{m['n']}": row[k] for k in row if (m := EVAL_MEAN.match(k))}
+
+
+# The step-0 evaluation depends only on these settings and the seed (compare.sh SHARED_BEFORE=1
+# lets one run per seed make it).
+BEFORE_KEYS = ("model.path", "eval.datasets", "eval.n", "eval.max_tokens")
+
+
+def share_before(summaries: list[dict], others: list[dict] = ()) -> None:
+    """Give each run without a step-0 evaluation the one of a run with the same seed and BEFORE_KEYS,
+    among ``summaries`` or ``others`` (runs not reported, e.g. stopped ones that did evaluate).
+
+    Sets ``before`` and ``before_from`` (the folder it came from) in place; runs with none to
+    borrow keep an empty ``before``.
+    """
+    def key(s):
+        return s["seed"], *(repr(s["config"][k]) for k in BEFORE_KEYS)
+
+    donors = {key(s): s for s in [*others, *summaries] if s["before"]}
+    for s in summaries:
+        if not s["before"] and key(s) in donors:
+            s["before"], s["before_from"] = donors[key(s)]["before"], donors[key(s)]["folder"]
 
 
 def _load_config(folder: Path):
@@ -130,21 +170,30 @@ def budget_check(summaries: list[dict]) -> tuple[dict, dict]:
 
 
 def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str], runs_root: Path,
-                 reading: str | None = None) -> Path:
+                 reading: str | None = None, title: str = TITLE, headline: bool = False,
+                 before_runs: dict[str, dict[int, Path]] | None = None) -> Path:
     """Write the markdown report and its plot (``out`` with a .png suffix); returns ``out``.
 
     ``runs`` is ``find_runs(runs_root)``; ``commands`` are the lines that made the runs;
-    ``reading`` (markdown) goes after the header as the section "Reading".
+    ``reading`` (markdown) goes after the header as the section "Reading"; ``headline`` also
+    draws ``<out stem>-headline.png`` (``plot_headline``) and shows it first; ``before_runs``
+    (``find_runs`` of other folders) only lend their step-0 evaluations (``share_before``).
     """
     summaries = {label: [{"seed": seed, **run_summary(folder)} for seed, folder in seeds.items()]
                  for label, seeds in runs.items()}
+    others = [{"seed": seed, **run_summary(folder)} for seeds in (before_runs or {}).values()
+              for seed, folder in seeds.items()]
+    share_before([s for group in summaries.values() for s in group], others)
     png = out.with_suffix(".png")
     viz_argv = ["compare", *[f"{label}={folder / 'metrics.jsonl'}" for label, seeds in runs.items()
                              for folder in seeds.values()], "--keys", *PLOT_KEYS, "--out", str(png)]
     viz_main(viz_argv)
     commands = [*(commands or ["(runs made outside compare.sh)"]),
                 f"python recipes/tiny_arith/compare.py --runs {runs_root} --out {out}"]
-    lines = ["# tiny_arith: GRPO vs Clip-Higher vs BandPO", "",
+    head_png = out.with_name(out.stem + "-headline.png")
+    if headline:
+        plot_headline(summaries, head_png)
+    lines = [f"# {title}", "", *([f"![headline]({head_png.name})", ""] if headline else []),
              *_header_section(commands, summaries),
              *(["## Reading", "", reading.strip(), ""] if reading else []),
              *_budget_section(summaries), *_accuracy_section(summaries), *_entropy_section(summaries),
@@ -154,6 +203,60 @@ def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     return out
+
+
+def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
+    """Three panels for a README: rollout entropy over steps (mean over seeds, +/- sample std band), the
+    share of each old-probability bin's tokens whose gradient the clip or mask removed, and the
+    held-out change (after - before, points) of every mean@n / maj@n; one colour per label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from bandpo.algo.losses import PROB_BIN_NAMES
+
+    labels = list(summaries)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (ax_e, ax_c, ax_a) = plt.subplots(1, 3, figsize=(16, 4.2))
+    for i, (label, group) in enumerate(summaries.items()):
+        steps = sorted(set.intersection(*(set(s["entropy_by_step"]) for s in group)))
+        table = np.array([[s["entropy_by_step"][t] for t in steps] for s in group], dtype=float)
+        mean, std = table.mean(axis=0), table.std(axis=0, ddof=1) if len(group) > 1 else 0 * table[0]
+        name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"
+        ax_e.plot(steps, mean, color=colors[i % len(colors)], lw=1.8, label=name)
+        if len(group) > 1:
+            ax_e.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, lw=0)
+    ax_e.set(title="rollout entropy (nats/token)", xlabel="step")
+    ax_e.legend(fontsize=7)
+    width = 0.8 / max(len(labels), 1)
+    bins = [f"clip_frac_bin/{b}" for b in PROB_BIN_NAMES]
+    datasets = _datasets(summaries)
+    for i, (label, group) in enumerate(summaries.items()):
+        color = colors[i % len(colors)]
+        values = [[100 * s["clip"][b] for s in group if s["clip"].get(b) is not None] for b in bins]
+        x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
+        ax_c.bar(x, [np.mean(v) if v else np.nan for v in values], width, color=color, label=label,
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
+        deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
+                  for d in datasets]
+        x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
+        ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
+    ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
+             xticks=range(len(bins)), xticklabels=[_clip_label(b) for b in bins])
+    short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
+    ax_a.set(title="held-out change after training (points)", xticks=range(len(datasets)), xticklabels=short)
+    ax_a.axhline(0, color="0.3", lw=0.8)
+    for ax in (ax_e, ax_c, ax_a):
+        ax.grid(True, alpha=0.3)
+    ax_c.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
 
 
 def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> list[str]:
@@ -185,7 +288,8 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
     for d in datasets:
         head += [f"{d} before", f"{d} after", f"{d} Δ"]
     lines = ["## Held-out accuracy and entropy", "",
-             "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed.", "",
+             "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed.",
+             *_shared_before_note(summaries), "",
              *_table_head([*head, "final entropy"])]
     for label, group in summaries.items():
         cells = [label, ", ".join(str(s["seed"]) for s in group), _steps(group)]
@@ -200,14 +304,20 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
 def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
     """Mean token entropy of the rollouts at the first, middle and last step (the paper's collapse claim)."""
     last = max((s["steps"] for group in summaries.values() for s in group), default=0)
-    steps = sorted({1, (last + 1) // 2, last} - {0})
+    steps = sorted({1, *(round(last * q / 4) for q in (1, 2, 3, 4))} - {0})
     if not steps:
         return []
+    # The last five steps every run has: where runs stopped early, the ends compare at equal steps.
+    common = min(s["steps"] for group in summaries.values() for s in group)
+    window = range(max(1, common - 4), common + 1)
     lines = ["## Entropy over steps", "",
-             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds.", "",
-             *_table_head(["algorithm", *[f"step {t}" for t in steps]])]
+             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
+             f"the last column averages each run's steps {window[0]}-{window[-1]}, the last five that every run has.",
+             "", *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"])]
     for label, group in summaries.items():
-        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps]]))
+        ends = [_mean([s["entropy_by_step"].get(t) for t in window]) for s in group]
+        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps],
+                           mean_std(ends, digits=3)]))
     return lines + [""]
 
 
@@ -233,19 +343,22 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
 
 def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
     datasets = _datasets(summaries)
-    lines = ["## Runs", "", *_table_head(["run", "steps", *[f"{d} before → after (%)" for d in datasets],
-                                          "final entropy", "train time (s)"])]
+    lines = ["## Runs", "", "Train time: the training steps' own time; wall: from the run's start to its last "
+             "line (start-up and evaluations included).", "",
+             *_table_head(["run", "steps", *[f"{d} before → after (%)" for d in datasets],
+                           "final entropy", "train time (s)", "wall (s)"])]
     for s in (s for group in summaries.values() for s in group):
         evals = [f"{_pct(s['before'].get(d))} → {_pct(s['after'].get(d))}" for d in datasets]
         state = "" if s["finished"] else " (unfinished)"
         entropy = f"{s['entropy']:.3f}" if s["entropy"] is not None else "n/a"
         lines.append(_row([f"`{s['folder']}`", f"{s['steps']}/{s['total_steps']}{state}", *evals, entropy,
-                           f"{s['train_s']:.0f}"]))
+                           f"{s['train_s']:.0f}", f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "n/a"]))
     return lines + [""]
 
 
 def _datasets(summaries: dict[str, list[dict]]) -> list[str]:
-    return sorted({k for group in summaries.values() for s in group for k in (*s["before"], *s["after"])})
+    names = {k for group in summaries.values() for s in group for k in (*s["before"], *s["after"])}
+    return sorted(names, key=lambda k: (k.split(" ")[0], " maj@" in k, k))  # per dataset: mean@n, then maj@n
 
 
 def _cpu_model() -> str:
@@ -311,12 +424,18 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", type=Path, default=Path("recipes/tiny_arith/results.md"), help="markdown report")
     ap.add_argument("--command", action="append", default=[], help="command line(s) that made the runs (repeatable)")
     ap.add_argument("--reading", type=Path, help="markdown file: your reading of the results, put after the header")
+    ap.add_argument("--title", default=TITLE, help="the report's title")
+    ap.add_argument("--before-runs", type=Path, action="append", default=[],
+                    help="folder of other <label>-s<seed>/ runs whose step-0 evaluations runs without one may share")
+    ap.add_argument("--headline", action="store_true",
+                    help="also draw <out stem>-headline.png (entropy, clip by bin, held-out change) and show it first")
     ns = ap.parse_args(argv)
     runs = find_runs(ns.runs)
     if not runs:
         ap.error(f"no runs under {ns.runs}: expected folders <label>-s<seed>/ holding metrics.jsonl")
     reading = ns.reading.read_text() if ns.reading else None
-    out = write_report(runs, ns.out, ns.command, ns.runs, reading)
+    before_runs = {f"{root}/{label}": seeds for root in ns.before_runs for label, seeds in find_runs(root).items()}
+    out = write_report(runs, ns.out, ns.command, ns.runs, reading, ns.title, ns.headline, before_runs)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
 

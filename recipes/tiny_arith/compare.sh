@@ -8,8 +8,10 @@
 #   SEEDS="0 1 2" STEPS=12 RUNS=runs/compare RESULTS=recipes/tiny_arith/results.md recipes/tiny_arith/compare.sh
 #   ALGOS="bandpo" SEEDS="3 4" recipes/tiny_arith/compare.sh    # a subset (default: grpo clip_higher bandpo)
 #   ALGOS="bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive" SEEDS=0 recipes/tiny_arith/compare.sh  # one-seed arms
+#   SHARED_BEFORE=1 recipes/tiny_arith/compare.sh   # only each seed's first algorithm evaluates before step 1
+#   TRAIN="nice -n 10 .venv/bin/python -m bandpo.train" recipes/tiny_arith/compare.sh  # another launcher (set its env)
 #
-# Each run trains through scripts/train.sh into $RUNS/<algo>-s<seed>/ (its output also in train.log
+# Each run trains through scripts/train.sh (or $TRAIN) into $RUNS/<algo>-s<seed>/ (its output also in train.log
 # there), seed by seed so that partial results already compare the three algorithms. The tiny config
 # evaluates on the held-out tiny_arith_test (mean@32) before the first step and after the last. A run
 # whose final evaluation after STEPS steps is logged is skipped; any other resumes from its last
@@ -23,6 +25,8 @@ SEEDS=${SEEDS:-0 1 2}
 STEPS=${STEPS:-12}
 RUNS=${RUNS:-runs/compare}
 RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
+SHARED_BEFORE=${SHARED_BEFORE:-0}
+read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
 read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
 
 algo_overrides() {
@@ -35,7 +39,10 @@ algo_overrides() {
     bandpo_d0.1) echo "algorithm=bandpo algorithm.band.divergence=kl algorithm.band.delta=0.1" ;;
     bandpo_filter) echo "$(algo_overrides bandpo) algorithm.filter_groups.enable=true" ;;
     bandpo_adaptive) echo "$(algo_overrides bandpo) algorithm.band.adaptive=entropy" ;;
-    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive)" >&2; return 1 ;;
+    bandpo_tv) echo "algorithm=bandpo algorithm.band.divergence=tv algorithm.band.delta=0.1" ;;
+    # Rivals at their papers' thresholds (configs/algorithm/<name>.yaml).
+    dppo_tv | dppo_kl | gspo | cispo | sapo) echo "algorithm=$1" ;;
+    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv dppo_tv dppo_kl gspo cispo sapo)" >&2; return 1 ;;
   esac
 }
 
@@ -49,8 +56,9 @@ failed=()
 for seed in $SEEDS; do
   for algo in "${ALGOS[@]}"; do
     dir="$RUNS/$algo-s$seed"
-    # The trainer logs the final evaluation as {"step": <last step>, "final": true, ...}.
-    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, \"final\": true" "$dir/metrics.jsonl"; then
+    # The trainer logs the last evaluation as {"step": <last step>, "final": true, "eval/...} or, when
+    # trainer.eval_every divides the steps, in the last step's line.
+    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, .*\"eval/" "$dir/metrics.jsonl"; then
       echo "== $dir: finished earlier ($STEPS steps), skipped"
       continue
     fi
@@ -61,9 +69,16 @@ for seed in $SEEDS; do
     mkdir -p "$dir"
     read -ra args <<< "$(algo_overrides "$algo")"
     args+=("trainer.seed=$seed" "trainer.total_steps=$STEPS" "trainer.output_dir=$dir" "$@")
-    echo "== $dir: scripts/train.sh ${args[*]}"
+    # The step-0 evaluation depends only on the model, the eval settings and the seed, so with
+    # SHARED_BEFORE=1 the seed's first algorithm makes it and compare.py reads it for the others.
+    # Without it the trainer loads no eval sets unless eval_every is set: evaluating at the last step keeps
+    # the run's after-evaluation.
+    if [[ $SHARED_BEFORE == 1 && $algo != "${ALGOS[0]}" ]]; then
+      args+=("trainer.eval_before_train=false" "trainer.eval_every=$STEPS")
+    fi
+    echo "== $dir: ${TRAIN[*]} ${args[*]}"
     start=$SECONDS
-    if bash scripts/train.sh "${args[@]}" 2>&1 | tee -a "$dir/train.log"; then
+    if "${TRAIN[@]}" "${args[@]}" 2>&1 | tee -a "$dir/train.log"; then
       echo "== $dir: done in $((SECONDS - start)) s"
     else
       echo "== $dir: FAILED after $((SECONDS - start)) s (log: $dir/train.log)"

@@ -44,9 +44,48 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     assert "| grpo | 0, 1 | 2/2 | 70.0 ± 0.0 | 76.0 ± 1.4 | 6.0 ± 1.4 | 0.060 ± 0.014 |" in text
     # a one-seed arm has no spread; listed after the three algorithms (LABEL_ORDER)
     assert "| bandpo_d0.1 | 0 | 2/2 | 70.0 | 72.0 | 2.0 | 0.090 |" in text
-    # entropy at steps 1 and 2: grpo (0.10, 0.10) -> 0.100 ± 0.000, (0.05, 0.07) -> 0.060 ± 0.014
-    assert "| grpo | 0.100 ± 0.000 | 0.060 ± 0.014 |" in text
+    # entropy at steps 1 and 2: grpo (0.10, 0.10) -> 0.100 ± 0.000, (0.05, 0.07) -> 0.060 ± 0.014;
+    # steps 1-2 per seed: 0.075 and 0.085 -> 0.080 ± 0.007 (sample std 0.01 / sqrt(2))
+    assert "| grpo | 0.100 ± 0.000 | 0.060 ± 0.014 | 0.080 ± 0.007 |" in text
     assert text.index("| grpo |") < text.index("| bandpo_d0.1 |")
     # clip fraction of the p < 0.01 bin: mean over steps, then over seeds: (0.3, 0.2) -> 25.0 %
     assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_shared_before_maj_and_headline(tmp_path):
+    """A run that skipped its step-0 evaluation (compare.sh SHARED_BEFORE=1) takes the one of the run
+    with its seed and model; maj@n gets its own columns; --headline draws the extra figure."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(runs / "bandpo-s0", 0.70, 0.80, [0.10, 0.09], [0.0, 0.0])
+    rows = (runs / "bandpo-s0" / "metrics.jsonl").read_text().splitlines()
+    bandpo = [json.loads(r) for r in rows[1:]]  # drop its step-0 evaluation
+    bandpo[-1]["eval/tiny_arith_test/maj@32"] = 0.85
+    (runs / "bandpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bandpo))
+    grpo = [json.loads(r) for r in (runs / "grpo-s0" / "metrics.jsonl").read_text().splitlines()]
+    grpo[0]["eval/tiny_arith_test/maj@32"], grpo[-1]["eval/tiny_arith_test/maj@32"] = 0.74, 0.78
+    (runs / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grpo))
+    out = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--headline",
+                                  "--title", "entropy"])
+    text = out.read_text()
+    assert text.startswith("# entropy\n\n![headline](results-headline.png)")
+    # columns: mean@32 before/after/delta, then maj@32 before/after/delta; bandpo's before is grpo's
+    # step 0 (70.0 and 74.0), so its deltas are 80 - 70 = 10.0 and 85 - 74 = 11.0.
+    assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 0.050 |" in text
+    assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 74.0 | 85.0 | 11.0 | 0.090 |" in text
+    assert "Runs that did not evaluate before step 1 (1)" in text
+    assert (tmp_path / "results-headline.png").stat().st_size > 0
+
+
+def test_before_from_runs_not_reported(tmp_path):
+    """--before-runs: a run without a step-0 evaluation borrows one from a folder that is not reported."""
+    _run(tmp_path / "stopped" / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(tmp_path / "runs" / "bandpo-s0", 0.0, 0.80, [0.10, 0.09], [0.0, 0.0])
+    path = tmp_path / "runs" / "bandpo-s0" / "metrics.jsonl"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[1:]))
+    out = _compare_module().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "results.md"),
+                                  "--before-runs", str(tmp_path / "stopped")])
+    text = out.read_text()
+    assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 0.090 |" in text  # 80 - 70
+    assert "| grpo |" not in text and f"`{tmp_path / 'stopped' / 'grpo-s0'}`" in text
