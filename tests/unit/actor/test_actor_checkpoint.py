@@ -23,6 +23,8 @@ def test_init_distributed_passes_the_configured_timeout(monkeypatch):
     seen = {}
     fake = types.SimpleNamespace(init_distributed=lambda **kw: seen.update(kw))
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    # An earlier in-process test may have joined a process group of its own: this one is a new rank.
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     init_distributed(1, 2, 0, "127.0.0.1", 29999, "gloo", timeout_min=90)
