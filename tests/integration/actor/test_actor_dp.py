@@ -24,14 +24,6 @@ COMPARED_METRICS = ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "grad_n
                     "clip_frac_up", "clip_frac_down", "clip_frac_bin/lt0.01")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def _rank_weights(group: ActorGroup) -> list[dict[str, torch.Tensor]]:
     import ray
 

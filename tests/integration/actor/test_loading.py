@@ -14,14 +14,6 @@ from tests.unit.actor.test_loading import reference, save_qwen2
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_two_ranks_load_exactly_the_checkpoint(ray_local, tiny_model_dir, zero_stage):
     def fetch(actor):  # nested: Ray pickles it by value; all ranks at once (ZeRO-3 gathers are collective)
