@@ -26,7 +26,7 @@ from bandpo.viz import read_metrics
 
 TITLE = "tiny_arith: GRPO vs Clip-Higher vs BandPO"
 RUN_DIR = re.compile(r"^(?P<label>.+)-s(?P<seed>\d+)$")
-EVAL_MEAN = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<metric>mean|maj)@(?P<n>\d+)$")
+EVAL_MEAN = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<metric>mean|maj|pass)@(?P<n>\d+)$")
 # What must match for "equal budgets": only the algorithm and the seed may differ between runs.
 BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "rollout.max_tokens",
                "rollout.temperature", "actor.lr", "actor.mini_batch_prompts", "actor.epochs", "model.path",
@@ -98,10 +98,14 @@ def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
 
 
 def _eval_means(row: dict | None) -> dict[str, float]:
-    """``{"<dataset> mean@<n>": value, "<dataset> maj@<n>": value}`` of an evaluation row (empty for None)."""
+    """``{"<dataset> mean@<n>": value, "<dataset> maj@<n>": ..., "<dataset> pass@<n>": ...}`` of an evaluation
+    row (empty for None); of the pass@k only k = n, the one that counts every sample."""
     if row is None:
         return {}
-    return {f"{m['dataset']} {m['metric']}@{m['n']}": row[k] for k in row if (m := EVAL_MEAN.match(k))}
+    found = {k: m for k in row if (m := EVAL_MEAN.match(k))}
+    full = {(m["dataset"], m["n"]) for m in found.values() if m["metric"] == "mean"}
+    return {f"{m['dataset']} {m['metric']}@{m['n']}": row[k] for k, m in found.items()
+            if m["metric"] != "pass" or (m["dataset"], m["n"]) in full}
 
 
 # The step-0 evaluation depends only on these settings and the seed (compare.sh SHARED_BEFORE=1
@@ -358,7 +362,10 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
 
 def _datasets(summaries: dict[str, list[dict]]) -> list[str]:
     names = {k for group in summaries.values() for s in group for k in (*s["before"], *s["after"])}
-    return sorted(names, key=lambda k: (k.split(" ")[0], " maj@" in k, k))  # per dataset: mean@n, then maj@n
+    # Per dataset: mean@n (accuracy), maj@n (the voted answer), pass@k (any sample right: how much the
+    # policy still explores; RL that narrows the answers lowers it at large k).
+    order = {"mean": 0, "maj": 1, "pass": 2}
+    return sorted(names, key=lambda k: (k.split(" ")[0], order[k.split(" ")[1].split("@")[0]], k))
 
 
 def _cpu_model() -> str:

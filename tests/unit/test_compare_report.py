@@ -89,3 +89,19 @@ def test_before_from_runs_not_reported(tmp_path):
     text = out.read_text()
     assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 0.090 |" in text  # 80 - 70
     assert "| grpo |" not in text and f"`{tmp_path / 'stopped' / 'grpo-s0'}`" in text
+
+
+def test_pass_at_n_follows_mean_and_maj(tmp_path):
+    """pass@n (n = the mean's sample count) gets the last columns of its dataset; other pass@k are left out."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    path = runs / "grpo-s0" / "metrics.jsonl"
+    rows = [json.loads(r) for r in path.read_text().splitlines()]
+    for row, (maj, pass_n) in ((rows[0], (0.74, 0.95)), (rows[-1], (0.78, 0.90))):
+        row.update({"eval/tiny_arith_test/maj@32": maj, "eval/tiny_arith_test/pass@32": pass_n,
+                    "eval/tiny_arith_test/pass@4": 0.5})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    # mean@32 70 -> 75 (+5.0), maj@32 74 -> 78 (+4.0), pass@32 95 -> 90 (-5.0)
+    assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 95.0 | 90.0 | -5.0 | 0.050 |" in text
+    assert "pass@4" not in text
