@@ -237,17 +237,21 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
     width = 0.8 / max(len(labels), 1)
     bins = [f"clip_frac_bin/{b}" for b in PROB_BIN_NAMES]
     datasets = _datasets(summaries)
+    bar_tops: dict[str, tuple] = {}
     for i, (label, group) in enumerate(summaries.items()):
         color = colors[i % len(colors)]
         values = [[100 * s["clip"][b] for s in group if s["clip"].get(b) is not None] for b in bins]
         x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
-        ax_c.bar(x, [np.mean(v) if v else np.nan for v in values], width, color=color, label=label,
+        heights = [np.mean(v) if v else np.nan for v in values]
+        bar_tops[label] = (x, heights)
+        ax_c.bar(x, heights, width, color=color, label=label,
                  yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
         deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
                   for d in datasets]
         x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
         ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
                  yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
+    _cut_outlier_bars(ax_c, bar_tops)
     ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
              xticks=range(len(bins)), xticklabels=[_clip_label(b) for b in bins])
     short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
@@ -261,6 +265,25 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
     fig.savefig(png, dpi=120)
     plt.close(fig)
     return png
+
+
+def _cut_outlier_bars(ax, bar_tops: dict[str, tuple]) -> None:
+    """Keep the token-level clips readable beside a sequence-level one (GSPO clips whole responses, so
+    15-20% of every bin): when one label's tallest bar is over 3x every other label's, the axis stops
+    at 1.5x the others' and that label's cut bars carry their values."""
+    import numpy as np
+
+    tallest = {label: np.nanmax(h) if not np.all(np.isnan(h)) else 0.0 for label, (_, h) in bar_tops.items()}
+    if len(tallest) < 2:
+        return
+    top = max(tallest, key=tallest.get)
+    rest = max(v for label, v in tallest.items() if label != top)
+    if rest <= 0 or tallest[top] <= 3 * rest:
+        return
+    ax.set_ylim(0, 1.5 * rest)
+    for x, h in zip(*bar_tops[top]):
+        if h > 1.5 * rest:
+            ax.text(x, 1.45 * rest, f"{top}\n{h:.0f}%", ha="center", va="top", fontsize=6)
 
 
 def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> list[str]:

@@ -105,3 +105,24 @@ def test_pass_at_n_follows_mean_and_maj(tmp_path):
     # mean@32 70 -> 75 (+5.0), maj@32 74 -> 78 (+4.0), pass@32 95 -> 90 (-5.0)
     assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 95.0 | 90.0 | -5.0 | 0.050 |" in text
     assert "pass@4" not in text
+
+
+def test_headline_cuts_a_sequence_level_outlier():
+    """One label over 3x the others (GSPO clips whole responses) is cut at 1.5x the others' tallest bar
+    and labelled; without an outlier the axis is left alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cut = _compare_module()._cut_outlier_bars
+    fig, ax = plt.subplots()
+    cut(ax, {"grpo": ([0.0, 1.0], [1.8, 2.0]), "gspo": ([0.1, 1.1], [21.0, 16.0])})
+    assert ax.get_ylim() == (0.0, 3.0)  # 1.5 * 2.0
+    assert [t.get_text() for t in ax.texts] == ["gspo\n21%", "gspo\n16%"]
+    fig2, ax2 = plt.subplots()
+    ax2.set_ylim(0, 10)
+    cut(ax2, {"grpo": ([0.0], [2.0]), "bandpo": ([0.1], [5.0])})  # 5.0 <= 3 * 2.0: no cut
+    assert ax2.get_ylim() == (0.0, 10.0) and not ax2.texts
+    plt.close(fig)
+    plt.close(fig2)
