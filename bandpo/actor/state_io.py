@@ -1,0 +1,197 @@
+"""The actor's state going out and coming back: weight buckets for the rollout engines (shared
+memory, CUDA IPC, NCCL), checkpoints, and the Hugging Face export.
+
+``ActorStateIO`` is a base of ``bandpo.actor.worker.Actor`` (Ray calls these methods on the actor)
+and reads the actor's attributes: ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``zero_stage``,
+``on_cpu``, ``device``, ``model_path``, ``offloader``, and its ``offload`` / ``reload`` /
+``_barrier`` / ``_all_gather_object``. Under ZeRO-3 every method that reads the full weights is
+collective (each bucket is gathered on its own): all ranks must call it and iterate to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from bandpo.actor import checkpoint as ckpt
+
+CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
+
+
+class ActorStateIO:
+    """Weights, checkpoints and export of one actor rank (see the module docstring)."""
+
+    # ------------------------------------------------------------------ weights
+    def named_weights(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters as (HF name, CPU tensor copy) lists of about ``bucket_bytes`` each.
+
+        Tied weights appear once (``lm_head.weight`` is absent when tied to the embeddings).
+        Under ZeRO-3 each bucket is gathered on its own (never the whole model): all ranks must
+        iterate to the end.
+        """
+        for bucket in self.gathered_buckets(bucket_bytes):
+            yield [(name, t.to("cpu", copy=True)) for name, t in bucket]
+
+    def gathered_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters as (HF name, tensor on this rank's device) lists of about ``bucket_bytes``,
+        no copy: each list is valid only until the next is asked for (under ZeRO-3 its gather is
+        released then). Collective under ZeRO-3: all ranks must iterate to the end. Names and
+        order are ``weight_specs``'."""
+        bucket: list[tuple[str, torch.nn.Parameter]] = []
+        size = 0
+        for name, p in self.engine.module.named_parameters():
+            nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield from self._gathered_bucket(bucket)
+                bucket, size = [], 0
+            bucket.append((name, p))
+            size += nbytes
+        if bucket:
+            yield from self._gathered_bucket(bucket)
+
+    def _gathered_bucket(self, bucket: list[tuple[str, torch.nn.Parameter]]):
+        with self._gathered([p for _, p in bucket]):
+            if not self.on_cpu:  # readers may use other streams (NCCL's, IPC's): the gather must have landed
+                torch.cuda.synchronize(self.device)
+            yield [(name, p.detach()) for name, p in bucket]
+            if not self.on_cpu:  # ... and finished reading before the gathered memory is released
+                torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def _gathered(self, params):
+        if self.zero_stage != 3:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+
+    def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(HF name, dtype, full shape) of every parameter, in ``gathered_buckets``' order, without a gather."""
+        return [(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
+                for name, p in self.engine.module.named_parameters()]
+
+    def state_fingerprint(self) -> float:
+        """Sum of |parameter| over the full model (float64); equal fingerprints ~ equal weights."""
+        return float(sum(t.double().abs().sum() for b in self.named_weights() for _, t in b))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str, client_state: dict | None = None) -> None:
+        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``.
+
+        Every rank flushes its own writes (in parallel); rank 0 only renames (``bandpo.actor.checkpoint``).
+        """
+        tmp = ckpt.staging_dir(path)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._barrier()
+        self.engine.save_checkpoint(
+            str(tmp), tag=CKPT_TAG, client_state={"bandpo": dict(client_state or {})}, save_latest=False
+        )
+        ckpt.save_rng(tmp, self.rank)
+        ckpt.sync_filesystem(tmp)
+        self._barrier()
+        if self.rank == 0:
+            ckpt.publish(tmp, path)
+        self._barrier()
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what ``save_checkpoint`` wrote; returns its ``client_state``."""
+        if not os.path.isdir(os.path.join(path, CKPT_TAG)):
+            raise FileNotFoundError(
+                f"load_checkpoint: {path!r} is not an actor checkpoint (no {CKPT_TAG}/ inside)"
+            )
+        offloaded = self.offloader is not None and self.offloader.offloaded
+        self.reload()  # DeepSpeed loads into the states where it made them
+        try:
+            load_path, client = self.engine.load_checkpoint(
+                path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+        except Exception as e:  # DeepSpeed's own errors do not say which file is damaged
+            ckpt.raise_naming_unreadable_file(os.path.join(path, CKPT_TAG), e)
+            raise
+        if offloaded:  # the weights stay for the sync that follows a resume
+            self.offload()
+        if load_path is None:
+            raise FileNotFoundError(f"load_checkpoint: DeepSpeed found no checkpoint in {path!r}")
+        ckpt.load_rng(path, self.rank)
+        return dict((client or {}).get("bandpo", {}))
+
+    def export_hf(self, path: str) -> None:
+        """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
+
+        Weights are in the training dtype; the ranks write their share of the weight files and
+        fsync them; the folder appears atomically.
+        """
+        tmp = ckpt.staging_dir(path)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        self._barrier()
+        written = ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank,
+                                      self.world_size)
+        ckpt.fsync_files(written)
+        self._barrier()
+        if self.rank == 0:
+            ckpt.publish(tmp, path)
+        self._barrier()
+
+    def publish_weights_shm(self, paths: dict[int, str], relay: bool = False) -> list:
+        """Write the full weights to one shared-memory file per node for the rollout engines.
+
+        ``paths`` maps each writing rank (the lowest rank on each node) to its node's file;
+        ``relay``: the file also goes to other nodes through Ray's object store, itself in /dev/shm,
+        so the space checked is twice the file's.
+        The file is sized from ``weight_specs`` first, then filled bucket by bucket straight from
+        the (gathered) parameters: one copy through host memory, no full CPU copy of the model.
+        Under ZeRO-3 every rank must call it (each bucket's gather is a collective); under
+        ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
+        Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
+        """
+        from bandpo.weight_sync.format import plan_layout
+        from bandpo.weight_sync.shm import copy_into, open_weights_shm
+
+        path = paths.get(self.rank)
+        if path is None and self.zero_stage != 3:
+            return []
+        metas, total = plan_layout(self.weight_specs())
+        buf = open_weights_shm(path, total, reserve=total if relay else 0) if path is not None else None
+        by_name = {m.name: m for m in metas}
+        for bucket in self.gathered_buckets():  # non-writing ZeRO-3 ranks: take part in the gathers
+            if buf is not None:
+                copy_into(buf, [by_name[n] for n, _ in bucket], [t for _, t in bucket])
+        return metas if path is not None else []
+
+    def send_weights(self, transport: str, engines: list, engine_tp: int = 1) -> None:
+        """GPU weight sync into the engines without host memory (``bandpo.weight_sync.transport``):
+        ``ipc`` (colocated) or ``nccl`` (split). Collective: every rank calls it."""
+        if transport == "ipc":
+            from bandpo.weight_sync.ipc import send_ipc
+
+            send_ipc(self.gathered_buckets(), engines, driver=self.rank == 0, all_gather=self._all_gather_object,
+                     barrier=self._barrier)
+        elif transport == "nccl":
+            from bandpo.weight_sync.format import plan_layout
+            from bandpo.weight_sync.nccl import NcclSender
+
+            if self.rank != 0:
+                if self.zero_stage == 3:
+                    for _ in self.gathered_buckets():  # take part in the gathers
+                        pass
+                return
+            if getattr(self, "_nccl", None) is None:
+                self._nccl = NcclSender(engines, engine_tp)
+            self._nccl.send(plan_layout(self.weight_specs())[0], ckpt.iter_tensors(self.gathered_buckets()))
+        else:
+            raise ValueError(f"send_weights: transport must be ipc or nccl, got {transport!r}")
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (it publishes weights for that node's engines)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
