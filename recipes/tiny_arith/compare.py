@@ -5,9 +5,9 @@
 
 Reads every ``<runs>/<label>-s<seed>/metrics.jsonl`` (unfinished runs too, marked as such)
 and writes ``--out`` with: the command and machine, the budget every run shares, held-out
-mean@n before and after training and the per-seed change (mean +/- sample std over seeds),
-the final entropy, the clip fraction by old-probability bin (averaged over each run's
-training steps), one line per run, and ``<out stem>.png`` beside it, drawn by
+mean@n (and maj@n, pass@n where logged) before and after training and the per-seed change
+(mean +/- sample std over seeds), the final entropy, the clip fraction by old-probability bin
+(averaged over each run's training steps), one line per run, and ``<out stem>.png`` beside it, drawn by
 ``python -m bandpo.viz compare`` (the exact command is in the report).
 """
 
@@ -269,7 +269,7 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
 
 def _cut_outlier_bars(ax, bar_tops: dict[str, tuple]) -> None:
     """Keep the token-level clips readable beside a sequence-level one (GSPO clips whole responses, so
-    15-20% of every bin): when one label's tallest bar is over 3x every other label's, the axis stops
+    15-22% of every bin here): when one label's tallest bar is over 3x every other label's, the axis stops
     at 1.5x the others' and that label's cut bars carry their values."""
     import numpy as np
 
