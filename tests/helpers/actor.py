@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from bandpo.actor import Actor
@@ -102,3 +108,15 @@ def plain_hf_logprobs(model_dir: str, rb: RolloutBatch) -> torch.Tensor:
             picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
             out[i, : len(r)] = picked[-len(r) :]
     return out
+
+
+def run_cuda_check(script: str, model_dir: str, timeout: float = 600) -> dict:
+    """Run ``script`` in a subprocess with ``DS_ACCELERATOR=cuda`` and return the JSON it prints after
+    "RESULT ". conftest pins DeepSpeed's accelerator (a process-wide choice) to the CPU for every other
+    test in this process, so a GPU actor needs a process of its own. The script gets the model folder
+    as ``sys.argv[1]`` and the repository root (for ``tests.helpers`` imports) as ``sys.argv[2]``."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", script, model_dir, str(root)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "DS_ACCELERATOR": "cuda"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])

@@ -6,16 +6,11 @@ process-wide choice) to the CPU for every other test in this process.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.helpers.actor import run_cuda_check
+
 pytestmark = [pytest.mark.integration, pytest.mark.gpu]
-ROOT = Path(__file__).resolve().parents[3]  # the repo root: tests.helpers imports from it
 
 CHECK = r"""
 import json, sys
@@ -51,11 +46,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_bf16_actor_on_cuda_updates_under_zero2_and_zero3(tiny_model_dir):
-    env = {**os.environ, "DS_ACCELERATOR": "cuda"}
-    proc = subprocess.run([sys.executable, "-c", CHECK, tiny_model_dir, str(ROOT)], capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    result = run_cuda_check(CHECK, tiny_model_dir)
     for stage, r in result.items():
         assert r["device"].startswith("cuda"), (stage, r)
         # bf16 weights and activations: logprobs agree with the fp32 reference to bf16 precision.

@@ -10,16 +10,11 @@ offloaded actor loads exactly (a resume).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.helpers.actor import run_cuda_check
+
 pytestmark = [pytest.mark.integration, pytest.mark.gpu]
-ROOT = Path(__file__).resolve().parents[3]
 
 CHECK = r"""
 import json, sys, tempfile
@@ -73,11 +68,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_offloaded_actor_trains_like_a_resident_one_and_leaves_the_gpu(tiny_model_dir):
-    env = {**os.environ, "DS_ACCELERATOR": "cuda"}
-    proc = subprocess.run([sys.executable, "-c", CHECK, tiny_model_dir, str(ROOT)], capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    result = run_cuda_check(CHECK, tiny_model_dir)
     for stage, r in result.items():
         print(stage, r)
         # Moving a tensor to the host and back is exact, so both runs take the same two AdamW steps up to
