@@ -277,23 +277,20 @@ def main(argv: list[str] | None = None) -> dict:
     if args.compare_staleness:
         report = compare_staleness(args.steps, out_dir, model_path, extra)
         print_comparison(report)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {args.out}")
-        if temporary:
-            shutil.rmtree(out_dir)
-        return report
-    overrides = train_overrides(args.steps, out_dir, model_path, extra)
-    print(f"running: scripts/train.sh {' '.join(overrides)}\nlog: {out_dir / 'train.log'}", flush=True)
-    wall = run_training(overrides, out_dir / "train.log")
-    report = {
-        "command": ["scripts/train.sh", *overrides],
-        "config": run_config(out_dir),
-        "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
-        "summary": summarize(read_metrics(out_dir / "metrics.jsonl"), wall),
-        # Seconds per start-up phase as the trainer timed them (bandpo.trainer.loop._report_startup).
-        "startup": json.loads((out_dir / "startup.json").read_text()) if (out_dir / "startup.json").exists() else {},
-    }
-    print_report(report)
+    else:
+        overrides = train_overrides(args.steps, out_dir, model_path, extra)
+        print(f"running: scripts/train.sh {' '.join(overrides)}\nlog: {out_dir / 'train.log'}", flush=True)
+        wall = run_training(overrides, out_dir / "train.log")
+        startup = out_dir / "startup.json"
+        report = {
+            "command": ["scripts/train.sh", *overrides],
+            "config": run_config(out_dir),
+            "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
+            "summary": summarize(read_metrics(out_dir / "metrics.jsonl"), wall),
+            # Seconds per start-up phase as the trainer timed them (bandpo.trainer.loop._report_startup).
+            "startup": json.loads(startup.read_text()) if startup.exists() else {},
+        }
+        print_report(report)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     if temporary:
