@@ -48,7 +48,7 @@ import torch
 from bandpo.algo import rivals
 from bandpo.algo.adaptive import ADAPTIVE_MODES, adaptive_delta, band_bounds_per_token
 from bandpo.algo.band import band_bounds
-from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, mismatch_weights
+from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, masked_mean, mismatch_weights
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -325,7 +325,7 @@ def policy_loss(
         per_token, up, down, lo, hi, ratio, log_ratio, delta_t = _clipped(logprobs, old_logprobs, advantages,
                                                                           maskf, o, old_entropy)
         if delta_t is not None:
-            metrics["band/delta_mean"] = _masked_mean(delta_t.to(maskf.dtype), maskf)
+            metrics["band/delta_mean"] = masked_mean(delta_t.to(maskf.dtype), maskf)
     else:
         per_token, up, down = _rival(logprobs, old_logprobs, advantages, maskf, o, algo)
         with torch.no_grad():
@@ -343,13 +343,13 @@ def policy_loss(
         kl = kl_penalty(logprobs, ref_logprobs, o.kl_estimator)
         kl_term = aggregate(kl, mask, o.agg, **norm)
         loss = loss + o.kl_coef * kl_term
-        metrics["kl_ref"] = _masked_mean(kl.detach(), maskf)
+        metrics["kl_ref"] = masked_mean(kl.detach(), maskf)
     elif o.kl_coef > 0:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if entropy is not None:
         if o.entropy_coef != 0.0:
             loss = loss - o.entropy_coef * aggregate(entropy, mask, o.agg, **norm)
-        metrics["entropy"] = _masked_mean(entropy.detach(), maskf)
+        metrics["entropy"] = masked_mean(entropy.detach(), maskf)
 
     with torch.no_grad():
         metrics.update(_clip_metrics(up, down, old_logprobs, mask))
@@ -358,12 +358,12 @@ def policy_loss(
             dual = (ratio.detach() > o.dual_clip) & (advantages < 0) & valid
             metrics["clip_frac_dual"] = dual.sum() / valid.sum().clamp(min=1)
         if isinstance(lo, torch.Tensor):
-            metrics["band/lower_mean"] = _masked_mean(lo, maskf)
+            metrics["band/lower_mean"] = masked_mean(lo, maskf)
             # upper grows like 1/p in the tail; its log is the readable summary.
-            metrics["band/log_upper_mean"] = _masked_mean(torch.log(hi).clamp(max=100.0), maskf)
+            metrics["band/log_upper_mean"] = masked_mean(torch.log(hi).clamp(max=100.0), maskf)
         metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
-        metrics["approx_kl"] = _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
+        metrics["approx_kl"] = masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
     return loss, metrics
 
 
@@ -421,8 +421,6 @@ def _adaptive_radius(o: LossOptions, old_entropy, old_logprobs):
                           norm=o.entropy_norm)
 
 
-def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
-    return (x * maskf).sum() / maskf.sum().clamp(min=1.0)
 
 
 def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:

@@ -78,8 +78,8 @@ def mismatch_weights(
             cut = ~keep
             prefix, share = "mis", "masked_frac"
         weight = weight.to(old_logprobs.dtype)
-        metrics = {f"{prefix}/weight_mean": _masked_mean(weight, maskf),
-                   f"{prefix}/{share}": _masked_mean(cut.to(maskf.dtype), maskf)}
+        metrics = {f"{prefix}/weight_mean": masked_mean(weight, maskf),
+                   f"{prefix}/{share}": masked_mean(cut.to(maskf.dtype), maskf)}
     return weight, metrics
 
 
@@ -121,5 +121,6 @@ def _quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
     return out
 
 
-def _masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the tokens where ``maskf`` (floats, [N, R]) is 1; 0 where none is (losses' metrics too)."""
     return (x * maskf).sum() / maskf.sum().clamp(min=1.0)
