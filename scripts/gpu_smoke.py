@@ -1,54 +1,87 @@
 """GPU smoke test and actor benchmark: everything one GPU machine can check without Ray or vLLM.
 
     .venv/bin/python scripts/gpu_smoke.py [--out gpu_smoke.json]   # CUDA: a random Qwen2.5-1.5B-shaped model
-    .venv/bin/python scripts/gpu_smoke.py --cpu                      # the CPU-capable parts on a tiny model (CI)
+    .venv/bin/python scripts/gpu_smoke.py --cpu                      # the same code paths on a tiny model (CI)
 
-Per ZeRO stage (2, 3), one DeepSpeed rank (bf16 weights with fp32 master weights on GPU, fp32 on CPU):
-  packed     the padding-free path (packed attention + chunked lm_head) against the padded reference
-             with full logits, max |delta log-prob| over response tokens vs ``logprob_tolerance``
-  update     one optimizer step on ``--rows`` rows: actor tokens/s and MFU = 6 x params x tokens /
-             time / peak (``PEAK_FLOPS`` by device name: 989e12 dense bf16 on an H100)
-  memory     peak GPU memory allocated vs the placement plan's estimate for this shape
-             (``bandpo.distributed.plan.memory_estimate``)
-  offload    the same update after DeepSpeed's ``offload_states()`` / ``reload_states()`` (what
-             ``actor.offload_during_rollout`` does around the rollout): max |delta weight| vs no offload
+Per ZeRO stage (2, 3), one DeepSpeed rank (bf16 weights with fp32 master weights and gradient
+checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
+  update     a first optimizer step (warm-up), then a timed one on ``--rows`` rows in groups of 4
+             that share a prompt (the shared-prompt packing of GRPO's groups): actor tokens/s and
+             MFU = 6 x params x tokens / time / peak (``PEAK_FLOPS`` by exact device name)
+  memory     the timed update's peak (GPU: allocated; CPU: resident set above the process before
+             the actor was built) against the placement plan's ``actor_peak`` for this shape
+             (``bandpo.distributed.memory.memory_estimate``)
+  offload    after the first optimizer step, ``ActorOffload`` (what ``actor.offload_during_rollout``
+             does around a rollout): offload, offload_weights, reload, then every weight, master
+             weight and Adam state compared with before (max |delta|, 0 expected) and the memory
+             it freed; the timed update then runs on the reloaded states
+  packed     the padding-free path (packed attention, shared prompts, chunked lm_head) against the
+             padded reference with full logits: max |delta log-prob| vs ``logprob_tolerance``
+  teardown   ``Actor.close`` and the memory still allocated after it (GPU), before the next stage
 Once (GPU only):
   ipc        the CUDA IPC bucket round trip of the weights into another process
              (``bandpo.weight_sync.ipc``), GB/s, next to the device's own copy bandwidth
-Prints a table and writes JSON (load average included). Nothing here is a timed assertion.
+Prints one table and writes JSON (load average included). Nothing here is a timed assertion.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# Dense bf16 tensor-core peaks (FLOP/s), by a substring of torch.cuda.get_device_name().
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12,
-              "A10G": 125e12, "L4": 121e12, "4090": 165e12}
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s with fp32 accumulation, from the vendor's
+# datasheets, keyed by the exact torch.cuda.get_device_name(): an unknown name reports no MFU
+# rather than a guess (give --peak-tflops).
+PEAK_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989.5e12,  # SXM5
+    "NVIDIA H100 PCIe": 756.5e12,
+    "NVIDIA H100 NVL": 835.5e12,
+    "NVIDIA H800": 989.5e12,  # SXM5
+    "NVIDIA H800 PCIe": 756.5e12,
+    "NVIDIA H200": 989.5e12,  # SXM5
+    "NVIDIA H200 NVL": 835.5e12,
+    "NVIDIA GH200 480GB": 989.5e12,
+    "NVIDIA B200": 2250e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A10": 125e12,
+    "NVIDIA L40S": 362.05e12,
+    "NVIDIA L40": 181.05e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA GeForce RTX 4090": 165.2e12,
+}
 QWEN25_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                    intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
 TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
             intermediate_size=256, vocab_size=512, tie_word_embeddings=True)
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float32": 2.0 ** -24}
+GROUP = 4  # rows sharing one prompt, as GRPO's samples of a prompt do
 
 
 def peak_flops(device_name: str) -> float | None:
-    """The dense bf16 peak of a GPU named ``device_name`` (None: not in ``PEAK_FLOPS``, e.g. a CPU)."""
-    return next((v for k, v in PEAK_FLOPS.items() if k in device_name), None)
+    """The dense bf16 peak of a GPU named exactly ``device_name`` (None: not in ``PEAK_FLOPS``, e.g. a CPU)."""
+    return PEAK_FLOPS.get(device_name)
 
 
 def mfu(params: int, tokens: int, seconds: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation of a training step: 6 x params x tokens (forward 2, backward 4) / time / peak."""
+    """Model FLOPs utilisation of a training step: 6 x params x tokens (forward 2, backward 4) / time / peak.
+
+    Model FLOPs, not hardware FLOPs: gradient checkpointing's recomputed forward (2 more) and
+    attention's score products are not counted, as in the PaLM paper's definition.
+    """
     return None if peak is None else 6.0 * params * tokens / seconds / peak
 
 
@@ -80,7 +113,8 @@ def build_model(folder: Path, shape: dict, dtype) -> int:
 
 
 def random_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0):
-    """``rows`` random rollouts, lengths up to ``prompt`` / ``response`` tokens (a group of 4 per prompt)."""
+    """``rows`` random rollouts in groups of ``GROUP`` sharing one prompt (up to ``prompt`` tokens),
+    each with its own response (up to ``response`` tokens), as a GRPO step samples them."""
     import torch
 
     from bandpo.types import RolloutBatch
@@ -91,29 +125,134 @@ def random_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 
         n = int(torch.randint(hi // 2, hi + 1, (1,), generator=g))
         return torch.randint(3, vocab, (n,), generator=g).tolist()
 
-    prompts = [ids(prompt) for _ in range(max(rows // 4, 1)) for _ in range(4)][:rows]
+    groups = [ids(prompt) for _ in range(math.ceil(rows / GROUP))]
+    prompts = [list(groups[i // GROUP]) for i in range(rows)]
     responses = [ids(response) for _ in range(rows)]
     return RolloutBatch.from_lists(prompts, responses, [[0.0] * len(r) for r in responses],
-                                   [i // 4 for i in range(rows)], ["stop"] * rows, pad_id=0)
+                                   [i // GROUP for i in range(rows)], ["stop"] * rows, pad_id=0)
 
 
-def plan_estimate(params: int, shape: dict, stage: int, rows: int, token_budget: int, max_len: int) -> dict | None:
-    """The placement plan's per-GPU memory estimate (GiB) for this model on one colocated GPU."""
+def computed_tokens(rb) -> int:
+    """Tokens one packed forward with shared prompts runs: each distinct prompt once, every response."""
+    from bandpo.actor.packing import prompt_keys
+
+    return int(sum(len(k) for k in set(prompt_keys(rb.prompt_ids, rb.prompt_mask))) + rb.response_mask.sum())
+
+
+def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool) -> float | None:
+    """The placement plan's ``actor_peak`` (GiB) for this model and batch on one colocated GPU."""
+    from omegaconf import open_dict
+
     from bandpo.config import compose
-    from bandpo.distributed.plan import ClusterShape, make_plan, memory_estimate
+    from bandpo.distributed.memory import memory_estimate
+    from bandpo.distributed.plan import ClusterShape, make_plan
 
+    ckpt = str(args.grad_ckpt).lower()
     cfg = compose([
         "model=qwen2.5-3b", f"model.num_params={params}", f"model.hidden_size={shape['hidden_size']}",
         f"model.num_layers={shape['num_hidden_layers']}", f"model.vocab_size={shape['vocab_size']}",
-        f"model.max_model_len={max_len}", "model.gradient_checkpointing=false", "actor.gradient_checkpointing=false",
-        "actor.num_workers=1", "rollout.num_workers=1", f"actor.zero_stage={stage}", f"actor.micro_batch_size={rows}",
-        f"actor.max_tokens_per_micro_batch={token_budget}", "algorithm.kl_coef=0",
+        f"model.max_model_len={args.prompt + args.response}", f"model.gradient_checkpointing={ckpt}",
+        f"actor.gradient_checkpointing={ckpt}", "actor.num_workers=1", "rollout.num_workers=1",
+        f"actor.zero_stage={stage}", f"actor.micro_batch_size={args.rows}", "actor.padding_free=true",
+        f"actor.max_tokens_per_micro_batch={args.token_budget}", f"actor.bf16={str(bf16).lower()}",
+        "algorithm.kl_coef=0",
     ])
-    return memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 1), "cuda"))
+    # The finer layer shape, where the config carries it (SwiGLU width, attention heads).
+    with open_dict(cfg):
+        for key, value in (("intermediate_size", "intermediate_size"), ("num_heads", "num_attention_heads"),
+                           ("num_kv_heads", "num_key_value_heads")):
+            if key in cfg.model:
+                cfg.model[key] = shape[value]
+    est = memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 1), "cuda"))
+    return None if est is None else est.parts["actor_peak"]
+
+
+class PeakMemory:
+    """Peak memory of a block, GiB: CUDA's allocator peak on GPU; on CPU the largest resident set
+    (sampled every ms) above ``baseline`` bytes."""
+
+    def __init__(self, cuda: bool, baseline: int = 0):
+        self.cuda, self.baseline, self.peak_gib = cuda, baseline, None
+
+    @staticmethod
+    def rss() -> int:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def __enter__(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._top, self._stop = self.rss(), threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self._top = max(self._top, self.rss())
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_gib = (max(self._top, self.rss()) - self.baseline) / 2**30
+        return False
+
+
+def allocated_gib(cuda: bool) -> float | None:
+    import torch
+
+    return torch.cuda.memory_allocated() / 2**30 if cuda else None
+
+
+def actor_states(actor) -> list:
+    """Every tensor an offload moves, as CPU copies: the full weights (gathered under ZeRO-3), the
+    fp32 master partitions and Adam's moments."""
+    import torch
+
+    opt = actor.engine.optimizer
+    masters = getattr(opt, "single_partition_of_fp32_groups", None) or opt.fp32_partitioned_groups_flat
+    out = [t.detach().to("cpu", copy=True) for bucket in actor.named_weights() for _, t in bucket]
+    out += [t.detach().to("cpu", copy=True) for t in masters]
+    out += [v.to("cpu", copy=True) for s in opt.optimizer.state.values() for v in s.values()
+            if torch.is_tensor(v) and v.dim() > 0]
+    return out
+
+
+def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
+    """``ActorOffload`` after a real optimizer step: what it frees, and that reload restores all."""
+    import torch
+
+    from bandpo.actor.offload import ActorOffload
+
+    if actor.offloader is None:  # CPU: the trainer never offloads there, the code path runs all the same
+        actor.offloader = ActorOffload(actor.engine, actor.ref, stage, actor.device)
+    before = actor_states(actor)
+    resident = allocated_gib(cuda)
+    actor.offload()
+    actor.offload_weights()
+    offloaded = allocated_gib(cuda)
+    actor.reload()
+    after = actor_states(actor)
+    if len(before) != len(after):
+        raise RuntimeError(f"offload round trip: {len(before)} state tensors before, {len(after)} after")
+    diff = max(0.0 if torch.equal(a, b) else float((a.float() - b.float()).abs().max()) for a, b in zip(before, after))
+    return {"offload_max_diff": diff, "offload_states": len(before),
+            "offload_freed_gib": None if not cuda else resident - offloaded}
 
 
 def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtype: str) -> dict:
-    """packed / update / memory / offload for one ZeRO stage (see the module docstring)."""
+    """update / memory / offload / packed / teardown for one ZeRO stage (see the module docstring)."""
     import torch
 
     from bandpo.actor import Actor
@@ -122,52 +261,47 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
 
     cuda = not args.cpu
     rb = random_batch(args.rows, args.prompt, args.response, shape["vocab_size"])
-    common = dict(zero_stage=stage, bf16=cuda, mini_batch_size=args.rows, micro_batch_size=args.rows, lr=1e-5,
-                  max_tokens_per_micro_batch=args.token_budget, logprob_token_budget=args.token_budget)
     loss = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
     out: dict = {"zero_stage": stage}
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-
-    def train_once(offload: bool) -> tuple[dict, dict]:
-        actor = Actor(model_dir, **common)
+    baseline = PeakMemory.rss()
+    actor = Actor(model_dir, zero_stage=stage, bf16=cuda, mini_batch_size=args.rows, micro_batch_size=args.rows,
+                  lr=1e-5, max_tokens_per_micro_batch=args.token_budget, logprob_token_budget=args.token_budget,
+                  gradient_checkpointing=args.grad_ckpt, offload_during_rollout=cuda)
+    try:
+        actor.reload()  # an offloading actor starts with its states in host memory, as before a first rollout
         old, _ = actor.compute_logprobs(rb)
         batch = TrainBatch.from_rollout(rb, advantages=torch.linspace(-1, 1, args.rows), old_logprobs=old)
-        if offload:  # as around a rollout: optimizer states and weights to host memory and back
-            actor.engine.offload_states()
-            actor.engine.reload_states()
-        metrics = actor.update(batch, loss)
-        weights = {n: t for b in actor.named_weights() for n, t in b}
-        return {"actor": actor, "old": old, "metrics": metrics}, weights
+        actor.update(batch, loss)  # warm-up: kernel selection, Adam's states allocated by a real step
+        out.update(offload_round_trip(actor, stage, cuda))
+        with PeakMemory(cuda, baseline) as peak:
+            m = actor.update(batch, loss)
+        tokens = computed_tokens(rb)
+        out.update(update_s=m["time_s"], tokens=tokens, tokens_per_s=tokens / m["time_s"],
+                   mfu=mfu(params, tokens, m["time_s"], args.peak), peak_gib=peak.peak_gib,
+                   estimate_gib=plan_estimate(params, shape, stage, args, bf16=cuda))
+        out["peak_over_estimate"] = None if not out["estimate_gib"] else out["peak_gib"] / out["estimate_gib"]
 
-    run, weights = train_once(offload=False)
-    actor = run["actor"]
-    # Timed: a second update on the same rows (the first one pays for kernel selection and warm-up).
-    batch = TrainBatch.from_rollout(rb, advantages=torch.linspace(-1, 1, args.rows), old_logprobs=run["old"])
-    m = actor.update(batch, loss)
-    tokens = int(rb.prompt_mask.sum() + rb.response_mask.sum())  # tokens through the forward and backward
-    out.update(update_s=m["time_s"], tokens=tokens, tokens_per_s=tokens / m["time_s"],
-               mfu=mfu(params, tokens, m["time_s"], peak_flops(torch.cuda.get_device_name()) if cuda else None))
-    if cuda:
-        est = plan_estimate(params, shape, stage, args.rows, args.token_budget, args.prompt + args.response)
-        out.update(peak_gib=torch.cuda.max_memory_allocated() / 2**30, estimate_gib=est["actor_total"])
-
-    # packed attention + chunked head vs the padded reference with full logits, same weights
-    actor.padding_free, actor.share_prompts = False, False
-    padded, _ = actor.compute_logprobs(rb)
-    actor.padding_free, actor.share_prompts = True, True
-    packed, _ = actor.compute_logprobs(rb)
-    mask = rb.response_mask.bool()
-    # The largest |log p| stands in for max|z|: log-softmax is shift-invariant, and z_max - z_y <= -log p_y.
-    logits_max = float(padded[mask].abs().max())
-    out["packed_max_err"] = float((packed - padded)[mask].abs().max())
-    out["packed_tol"] = logprob_tolerance(dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"])
-    out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
-    del run, actor
-    if cuda:
-        torch.cuda.empty_cache()
-        _, offloaded = train_once(offload=True)
-        out["offload_max_diff"] = max(float((weights[k].float() - offloaded[k].float()).abs().max()) for k in weights)
+        # packed attention + shared prompts + chunked head vs the padded reference with full logits
+        # Two padded rows a forward: their float32 logits and softmax take 2 x 4 B x V per token.
+        actor.padding_free, actor.share_prompts = False, False
+        actor.logprob_token_budget = 2 * (args.prompt + args.response)
+        padded, _ = actor.compute_logprobs(rb)
+        actor.padding_free, actor.share_prompts = True, True
+        actor.logprob_token_budget = args.token_budget
+        packed, _ = actor.compute_logprobs(rb)
+        mask = rb.response_mask.bool()
+        # The largest |log p| stands in for max|z|: log-softmax is shift-invariant, and z_max - z_y <= -log p_y.
+        logits_max = float(padded[mask].abs().max())
+        out["packed_max_err"] = float((packed - padded)[mask].abs().max())
+        out["packed_tol"] = logprob_tolerance(dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"])
+        out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
+    finally:
+        actor.close()
+        del actor
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    out["left_after_close_gib"] = allocated_gib(cuda)
     return out
 
 
@@ -216,10 +350,12 @@ def ipc_round_trip(model_dir: str, bucket_bytes: int = 256 << 20) -> dict:
             del buf
         return time.perf_counter() - t0
 
-    one_pass()  # warm-up: the receiver's CUDA context and IPC mappings
-    seconds = min(one_pass() for _ in range(3))
-    inbox.put(None)
-    proc.join()
+    try:
+        one_pass()  # warm-up: the receiver's CUDA context and IPC mappings
+        seconds = min(one_pass() for _ in range(3))
+    finally:
+        inbox.put(None)
+        proc.join(timeout=60)
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     b.copy_(a)
@@ -234,17 +370,22 @@ def ipc_round_trip(model_dir: str, bucket_bytes: int = 256 << 20) -> dict:
             "device_copy_gbs": copy_gbs, "ipc_over_copy": ipc_gbs / copy_gbs}
 
 
+COLUMNS = (  # header, key, format
+    ("ZeRO", "zero_stage", "4d"), ("update s", "update_s", "9.2f"), ("tokens/s", "tokens_per_s", "10.0f"),
+    ("MFU", "mfu", "6.3f"), ("peak GiB", "peak_gib", "9.2f"), ("est GiB", "estimate_gib", "8.2f"),
+    ("peak/est", "peak_over_estimate", "9.2f"), ("packed err", "packed_max_err", "11.2e"), ("tol", "packed_tol", "9.2e"),
+    ("offload diff", "offload_max_diff", "13.2e"), ("freed GiB", "offload_freed_gib", "10.2f"),
+    ("left GiB", "left_after_close_gib", "9.2f"),
+)
+
+
 def table(rows: list[dict], ipc: dict | None) -> str:
-    def f(v, spec):  # spec: width, then format
-        width = int(spec.split(".")[0])
+    def cell(v, spec):
+        width = int(spec.rstrip("dfe").split(".")[0])
         return "-".rjust(width) if v is None else format(v, spec)
 
-    lines = [f"{'ZeRO':>4} {'update s':>9} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'est GiB':>8} "
-             f"{'packed err':>11} {'tol':>9} {'offload diff':>13}"]
-    for r in rows:
-        lines.append(f"{r['zero_stage']:>4} {r['update_s']:9.2f} {r['tokens_per_s']:10.0f} {f(r['mfu'], '6.3f')} "
-                     f"{f(r.get('peak_gib'), '9.2f')} {f(r.get('estimate_gib'), '8.2f')} "
-                     f"{r['packed_max_err']:11.2e} {r['packed_tol']:9.2e} {f(r.get('offload_max_diff'), '13.2e')}")
+    lines = [" ".join(h.rjust(int(spec.rstrip("dfe").split(".")[0])) for h, _, spec in COLUMNS)]
+    lines += [" ".join(cell(r.get(key), spec) for _, key, spec in COLUMNS) for r in rows]
     if ipc:
         lines.append(f"IPC round trip: {ipc['ipc_bytes'] / 1e9:.2f} GB in {ipc['ipc_buckets']} buckets, "
                      f"{ipc['ipc_gbs']:.1f} GB/s = {ipc['ipc_over_copy']:.2f} x the device copy "
@@ -255,36 +396,49 @@ def table(rows: list[dict], ipc: dict | None) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="tiny model on the CPU, fp32 (the CI mode)")
-    ap.add_argument("--rows", type=int, default=None, help="rows per update (default 16 GPU, 4 CPU)")
+    ap.add_argument("--rows", type=int, default=None, help=f"rows per update, groups of {GROUP} (default 16 GPU, 8 CPU)")
     ap.add_argument("--prompt", type=int, default=None, help="max prompt tokens (default 512 GPU, 16 CPU)")
     ap.add_argument("--response", type=int, default=None, help="max response tokens (default 1536 GPU, 24 CPU)")
     ap.add_argument("--token-budget", type=int, default=None, help="packed tokens per micro-batch (default 32768)")
+    ap.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", default=None,
+                    help="no gradient checkpointing (default: on for GPU, off for CPU)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of a GPU not in PEAK_FLOPS")
     ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--no-ipc", dest="ipc", action="store_false", help="skip the CUDA IPC round trip")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bandpo-gpu-smoke"))
     ap.add_argument("--out", default="gpu_smoke.json")
     args = ap.parse_args(argv)
     os.environ["DS_ACCELERATOR"] = "cpu" if args.cpu else "cuda"  # before DeepSpeed is imported
     small = args.cpu
-    args.rows = args.rows or (4 if small else 16)
+    args.rows = args.rows or (8 if small else 16)
     args.prompt = args.prompt or (16 if small else 512)
     args.response = args.response or (24 if small else 1536)
     args.token_budget = args.token_budget or 32768
+    # A Qwen2.5-1.5B shape's 20k tokens in one micro-batch need ~60 GiB of activations without
+    # checkpointing: on by default for the GPU, as the real model configs set it.
+    args.grad_ckpt = (not small) if args.grad_ckpt is None else args.grad_ckpt
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit("gpu_smoke: no CUDA device; run with --cpu for the CPU-capable parts")
+    device = "cpu" if args.cpu else torch.cuda.get_device_name()
+    args.peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
+    if not args.cpu and args.peak is None:
+        print(f"gpu_smoke: {device!r} is not in PEAK_FLOPS; no MFU (give --peak-tflops)")
     shape = TINY if small else QWEN25_1_5B
     dtype = "float32" if args.cpu else "bfloat16"
     model_dir = Path(args.workdir) / ("tiny" if small else "qwen2.5-1.5b-random")
     params = build_model(model_dir, shape, getattr(torch, dtype))
-    rows = [check_stage(str(model_dir), int(s), args, shape, params, dtype) for s in args.stages.split(",")]
-    ipc = None if args.cpu else ipc_round_trip(str(model_dir))
-    device = "cpu" if args.cpu else torch.cuda.get_device_name()
-    print(f"device {device}   model {params / 1e6:.1f}M params ({dtype})   rows {args.rows}   "
-          f"load average {os.getloadavg()}")
+    rows = []
+    for stage in args.stages.split(","):  # each row printed as it comes: a run cut short still reports
+        rows.append(check_stage(str(model_dir), int(stage), args, shape, params, dtype))
+        print(json.dumps(rows[-1]), flush=True)
+    ipc = ipc_round_trip(str(model_dir)) if not args.cpu and args.ipc else None
+    print(f"device {device}   model {params / 1e6:.1f}M params ({dtype})   rows {args.rows} "
+          f"(groups of {GROUP})   gradient checkpointing {args.grad_ckpt}   load average {os.getloadavg()}")
     print(table(rows, ipc))
     result = {"meta": {"device": device, "params": params, "dtype": dtype, "machine": platform.machine(),
-                       "load_avg": os.getloadavg(), "args": vars(args)},
+                       "peak_flops": args.peak, "load_avg": os.getloadavg(), "args": vars(args)},
               "stages": rows, "ipc": ipc}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

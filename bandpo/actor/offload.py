@@ -44,7 +44,8 @@ def moves(zero_stage: int, ref_model: bool) -> dict[str, tuple[str, ...]]:
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    """A host copy of ``t``, page-locked where it comes from a GPU (a CPU tensor has nothing to pin for)."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
     host.copy_(t)
     return host
 
@@ -95,7 +96,7 @@ class ActorOffload:
 
         # offload_states skips what is already on the host; reload_states brings back all it moved.
         self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in states], device=OffloadDeviceEnum.cpu,
-                                   pin_memory=True)
+                                   pin_memory=self.device.type == "cuda")
 
     def reload(self) -> None:
         if not (self.offloaded or self.weights_offloaded):
@@ -109,7 +110,8 @@ class ActorOffload:
             state[key] = state[key].to(device, non_blocking=True)
         self._adam = []
         self._move_ref(self.device)
-        torch.cuda.synchronize(self.device)  # the pinned sources may go once the copies are done
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the pinned sources may go once the copies are done
         self.offloaded = self.weights_offloaded = False
 
     def _move_ref(self, device) -> None:

@@ -494,6 +494,22 @@ class Actor(ActorStateIO):
             get_accelerator().empty_cache()
 
     # ------------------------------------------------------------------ misc
+    def close(self) -> None:
+        """Release this rank's memory while the process lives on (a Ray actor's process simply exits).
+
+        ``del actor`` alone keeps the states alive: ZeRO-3's parameter hooks and the optimizer
+        hold the module, and the module holds them, so only ``destroy`` (which removes the hooks)
+        and a cyclic collection free them.
+        """
+        import gc
+
+        for engine in (self.engine, self.ref):
+            if hasattr(engine, "destroy"):  # DeepSpeed engines; the ZeRO-2 reference is a plain module
+                engine.destroy()
+        self.engine = self.ref = self.offloader = None
+        gc.collect()
+        self._release_cache()
+
     def info(self) -> dict:
         """Rank, world size, device, torch threads and optimizer steps taken (also a cheap liveness
         probe for Ray)."""
