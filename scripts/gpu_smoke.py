@@ -17,7 +17,8 @@ checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
              it freed; the timed update then runs on the reloaded states
   packed     the padding-free path (packed attention, shared prompts, chunked lm_head) against the
              padded reference with full logits: max |delta log-prob| vs ``logprob_tolerance``
-  teardown   ``Actor.close`` and the memory still allocated after it (GPU), before the next stage
+  teardown   ``Actor.close``: whether the model was freed, and the memory still allocated after it
+             (GPU), before the next stage
 Once (GPU only):
   ipc        the CUDA IPC bucket round trip of the weights into another process
              (``bandpo.weight_sync.ipc``), GB/s, next to the device's own copy bandwidth
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -296,11 +298,13 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
         out["packed_tol"] = logprob_tolerance(dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"])
         out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
     finally:
+        module = weakref.ref(actor.engine.module)
         actor.close()
         del actor
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+    out["freed_after_close"] = module() is None  # nothing holds the model: its states can go
     out["left_after_close_gib"] = allocated_gib(cuda)
     return out
 

@@ -497,15 +497,30 @@ class Actor(ActorStateIO):
     def close(self) -> None:
         """Release this rank's memory while the process lives on (a Ray actor's process simply exits).
 
-        ``del actor`` alone keeps the states alive: ZeRO-3's parameter hooks and the optimizer
-        hold the module, and the module holds them, so only ``destroy`` (which removes the hooks)
-        and a cyclic collection free them.
+        ``del actor`` alone keeps the states alive: the optimizer and ZeRO-3's parameter hooks
+        hold the module and the module holds them (``destroy`` removes the hooks, a cyclic
+        collection the rest). DeepSpeed 0.19's ZeRO-3 also keeps two process-wide references: the
+        top module on its module-level ``FWD_MODULE_STACK`` (pushed at initialisation, never
+        popped), and every parameter coordinator in the class-level ``lru_cache`` of its
+        ``__params_to_release`` method (keyed by ``self``).
         """
         import gc
 
-        for engine in (self.engine, self.ref):
-            if hasattr(engine, "destroy"):  # DeepSpeed engines; the ZeRO-2 reference is a plain module
-                engine.destroy()
+        engines = [e for e in (self.engine, self.ref) if hasattr(e, "destroy")]  # the ZeRO-2 ref is a plain module
+        if self.zero_stage == 3:
+            from deepspeed.runtime.zero import parameter_offload
+            from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+            own = {id(m) for e in engines for m in e.module.modules()}
+            parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
+            # A cache: emptying it costs the other engines of this process (if any) one recomputation.
+            # The lru_cache sits under DeepSpeed's nvtx wrapper, which keeps it in its closure.
+            wrapper = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
+            for cell in wrapper.__closure__ or ():
+                if hasattr(cell.cell_contents, "cache_clear"):
+                    cell.cell_contents.cache_clear()
+        for engine in engines:
+            engine.destroy()
         self.engine = self.ref = self.offloader = None
         gc.collect()
         self._release_cache()

@@ -11,10 +11,25 @@ smoke = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(smoke)
 
 
-def test_peak_by_device_name():
-    assert smoke.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+def test_peak_by_exact_device_name():
+    # dense bf16 = half the datasheets' with-sparsity figures: H100 SXM 1,979, PCIe 1,513, NVL 1,671 TFLOP/s
+    assert smoke.peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
+    assert smoke.peak_flops("NVIDIA H100 PCIe") == 756.5e12
+    assert smoke.peak_flops("NVIDIA H100 NVL") == 835.5e12
+    assert smoke.peak_flops("NVIDIA H200") == 989.5e12
     assert smoke.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert smoke.peak_flops("NVIDIA L40S") == 362.05e12
+    # no substring guesses: an H100 PCIe is not an H100 SXM, an unknown card has no peak
+    assert smoke.peak_flops("NVIDIA H100") is None
     assert smoke.peak_flops("cpu") is None
+
+
+def test_groups_share_one_prompt():
+    rb = smoke.random_batch(8, 16, 24, 512)
+    prompts, responses, _ = rb.to_lists()
+    assert prompts[0] == prompts[3] != prompts[4] == prompts[7]  # two groups of GROUP = 4
+    assert len({tuple(r) for r in responses}) == 8
+    assert smoke.computed_tokens(rb) == len(prompts[0]) + len(prompts[4]) + sum(map(len, responses))
 
 
 def test_mfu_is_six_params_tokens_over_time_and_peak():
