@@ -104,7 +104,7 @@ def weights_only_loads(folder: str | os.PathLike, allowed: Sequence[Any] = ()) -
         with torch.serialization.safe_globals(list(allowed)):
             yield
     except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(refusal(f"a file under {folder}", [_reason(e)])) from None
+        raise UnsafeCheckpoint(refusal(f"a file under {folder}", [f"torch: {_reason(e)}"])) from None
     finally:
         if previous is None:
             os.environ.pop(FORCE_WEIGHTS_ONLY, None)
@@ -117,4 +117,4 @@ def _reason(error: pickle.UnpicklingError) -> str:
     text = str(error).split("\n\nCheck the documentation")[0]
     text = text.split("WeightsUnpickler error: ")[-1]
     lines = [line.strip() for line in text.strip().split("\n\n")[-1].splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
+    return lines[0].rstrip(".") if lines else type(error).__name__
