@@ -78,16 +78,31 @@ def load_rng(folder: str | os.PathLike, rank: int) -> None:
     try:
         state = safe_load.load(file)
     except UnsafeCheckpoint:
-        names = safe_load.unsafe_globals(file)
-        if names and all(n.startswith("numpy.") for n in names):  # what bandpo wrote before it loaded weights_only
-            raise RuntimeError(
-                f"old checkpoint format: {file} holds numpy's RNG state as pickled numpy objects, which bandpo "
-                f"no longer loads (checkpoint files may hold only tensors and plain data); resume from a "
-                f"checkpoint written since, or start anew with trainer.resume=never") from None
+        _refuse_old_rng_format(file)
         raise
     except Exception as e:
         raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from e
     set_rng_state(state)
+
+
+def _refuse_old_rng_format(file: Path) -> None:
+    """Raise when ``file`` is an RNG file of the format bandpo wrote before it loaded checkpoints
+    with ``weights_only`` (numpy's state pickled with its ndarray); return otherwise."""
+    names = safe_load.unsafe_globals(file)
+    if names and all(n.startswith("numpy.") for n in names):
+        raise RuntimeError(
+            f"old checkpoint format: {file} holds numpy's RNG state as pickled numpy objects, which bandpo "
+            f"no longer loads (checkpoint files may hold only tensors and plain data); resume from a "
+            f"checkpoint written since, or start anew with trainer.resume=never")
+
+
+def check_files(folder: str | os.PathLike) -> None:
+    """Refuse an actor checkpoint before any rank reads it: an RNG file of the older format, or a file
+    whose pickle names code (``UnsafeCheckpoint``, naming it). Imports no DeepSpeed (its classes are
+    allowed by name); the ranks' own loads refuse the same files."""
+    for file in sorted(Path(folder).glob("rng_rank*.pt")):
+        _refuse_old_rng_format(file)
+    safe_load.check_folder(folder, names=safe_load.DEEPSPEED_GLOBALS)
 
 
 def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException) -> None:

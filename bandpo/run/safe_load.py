@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,19 +28,27 @@ from bandpo.errors import UnsafeCheckpoint
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
-def deepspeed_globals() -> list:
-    """The DeepSpeed classes that its ZeRO-2/3 checkpoint files pickle (DeepSpeed 0.19; found with
-    ``torch.serialization.get_unsafe_globals_in_checkpoint`` on files it wrote): plain data holders
-    whose unpickling runs no code of the file's choosing. The model-state files hold none."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+# The DeepSpeed classes its ZeRO-2/3 checkpoint files pickle (DeepSpeed 0.19: found with
+# torch.serialization.get_unsafe_globals_in_checkpoint on files it wrote; its model-state files hold
+# none), and why each may be rebuilt: plain data holders whose unpickling runs no code of the file's choosing.
+DEEPSPEED_GLOBALS = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler":
+        "optimizer states' loss_scaler: the static loss scale (1.0 in fp32 and bf16, bandpo's dtypes)",
+    "deepspeed.runtime.zero.config.ZeroStageEnum": "optimizer states' zero_stage: an int enum",
+    "deepspeed.utils.tensor_fragment.fragment_address":
+        "ZeRO-2 optimizer states' param_slice_mappings: each parameter's (numel, start) in its partition",
+}
 
-    return [
-        LossScaler,  # optimizer states, "loss_scaler": the static scale (1.0 in fp32 and bf16, bandpo's dtypes)
-        ZeroStageEnum,  # optimizer states, "zero_stage": an int enum
-        fragment_address,  # ZeRO-2 optimizer states, "param_slice_mappings": (numel, start) of each parameter
-    ]
+
+def deepspeed_globals() -> list:
+    """The classes ``DEEPSPEED_GLOBALS`` names (imports DeepSpeed)."""
+    import importlib
+
+    out = []
+    for name in DEEPSPEED_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        out.append(getattr(importlib.import_module(module), attr))
+    return out
 
 
 def load(file: str | os.PathLike, allowed: Sequence[Any] = (), **kwargs) -> Any:
@@ -58,17 +66,19 @@ def load(file: str | os.PathLike, allowed: Sequence[Any] = (), **kwargs) -> Any:
         raise UnsafeCheckpoint(refusal(file, unsafe_globals(file, allowed) or [_reason(e)])) from None
 
 
-def unsafe_globals(file: str | os.PathLike, allowed: Sequence[Any] = ()) -> list[str]:
-    """The globals ``file``'s pickle names beyond torch's safe ones and ``allowed``, read without
-    unpickling. Empty also when the file is no zip ``torch.save`` file (legacy format, truncated):
-    loading it then tells what is wrong."""
+def unsafe_globals(file: str | os.PathLike, allowed: Sequence[Any] = (), names: Iterable[str] = ()) -> list[str]:
+    """The globals ``file``'s pickle names beyond torch's safe ones, ``allowed`` (classes) and ``names``
+    (their ``module.qualname``, for a check that need not import them), read without unpickling.
+    Empty also when the file is no zip ``torch.save`` file (legacy format, truncated): loading it
+    then tells what is wrong."""
     import torch
 
     try:
         with torch.serialization.safe_globals(list(allowed)):
-            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(file)
     except (ValueError, RuntimeError):
         return []
+    return sorted(set(found) - set(names))
 
 
 def refusal(file: str | os.PathLike, names: Sequence[str]) -> str:
@@ -77,13 +87,14 @@ def refusal(file: str | os.PathLike, names: Sequence[str]) -> str:
             f"bandpo refuses to run it (checkpoint files may hold only tensors and plain data)")
 
 
-def check_folder(folder: str | os.PathLike, allowed: Sequence[Any] = ()) -> None:
+def check_folder(folder: str | os.PathLike, allowed: Sequence[Any] = (), names: Iterable[str] = ()) -> None:
     """Raise ``UnsafeCheckpoint`` for the first ``.pt`` file under ``folder`` (sorted) whose pickle names
-    globals beyond torch's and ``allowed``. Cheap: only the pickles are read, no tensor data."""
+    globals beyond torch's, ``allowed`` and ``names`` (see ``unsafe_globals``). Cheap: only the
+    pickles are read, no tensor data."""
     for file in sorted(Path(folder).rglob("*.pt")):
-        names = unsafe_globals(file, allowed)
-        if names:
-            raise UnsafeCheckpoint(refusal(file, names))
+        found = unsafe_globals(file, allowed, names)
+        if found:
+            raise UnsafeCheckpoint(refusal(file, found))
 
 
 @contextmanager

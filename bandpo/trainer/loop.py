@@ -347,12 +347,15 @@ class Trainer:
         """Continue from the latest complete checkpoint, or start fresh; either way the metrics
         file then holds exactly the steps before ``self.step`` (what a killed attempt logged past
         its last checkpoint is written again)."""
+        from bandpo.actor.checkpoint import check_files
+
         self.ckpt.remove_stale()
         folder = self.ckpt.latest() if self.cfg.trainer.resume != "never" else None
         if folder is None:
             self.logger.truncate_after(-1)
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
+        check_files(folder / "actor")  # a file holding code: one line here, not a worker's failure
         with stage("resume", "actor"):  # colocated: the engines sleep while the states load (offload: and go back)
             self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))

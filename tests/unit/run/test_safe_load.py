@@ -160,3 +160,28 @@ def test_rng_file_of_the_older_format_is_refused_as_such(tmp_path):
     with pytest.raises(RuntimeError, match=rf"old checkpoint format: {file} holds numpy's RNG state") as e:
         ckpt.load_rng(tmp_path, 0)
     assert len(str(e.value).splitlines()) == 1
+
+
+def test_the_drivers_check_allows_deepspeeds_classes_by_name_and_refuses_older_rng_files(tmp_path):
+    """``check_files`` (the trainer's, before any rank loads) passes a folder of DeepSpeed's own shards and
+    new RNG files, refuses an older RNG file as such and a shard holding code by name."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    optim = tmp_path / "state" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim.parent.mkdir()
+    torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.weights,
+                "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}]}, optim)
+    ckpt.save_rng(tmp_path, 0)
+    ckpt.check_files(tmp_path)
+
+    torch.save({"numpy": np.random.get_state()}, tmp_path / "rng_rank1.pt")
+    with pytest.raises(RuntimeError, match="old checkpoint format: .*rng_rank1.pt"):
+        ckpt.check_files(tmp_path)
+    (tmp_path / "rng_rank1.pt").unlink()
+    shard = tmp_path / "state" / "mp_rank_00_model_states.pt"
+    craft(shard, MakeDir(tmp_path / "pwned"))
+    with pytest.raises(UnsafeCheckpoint) as e:
+        ckpt.check_files(tmp_path)
+    assert_refused(e, shard, tmp_path / "pwned", "posix.mkdir")
