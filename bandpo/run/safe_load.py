@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,9 @@ from bandpo.errors import UnsafeCheckpoint
 
 # torch reads it at every torch.load and then loads with weights_only=True whatever the call passes.
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+# The variable is process-wide: one weights_only_loads block at a time, so none ends another's override
+# (re-entrant for a block inside a block). Loads in other threads meanwhile are only held stricter.
+_FORCING = threading.RLock()
 
 
 # The DeepSpeed classes its ZeRO-2/3 checkpoint files pickle (DeepSpeed 0.19: found with
@@ -109,18 +113,19 @@ def weights_only_loads(folder: str | os.PathLike, allowed: Sequence[Any] = ()) -
     import torch
 
     check_folder(folder, allowed)
-    previous = os.environ.get(FORCE_WEIGHTS_ONLY)
-    os.environ[FORCE_WEIGHTS_ONLY] = "1"
-    try:
-        with torch.serialization.safe_globals(list(allowed)):
-            yield
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(refusal(f"a file under {folder}", [f"torch: {_reason(e)}"])) from None
-    finally:
-        if previous is None:
-            os.environ.pop(FORCE_WEIGHTS_ONLY, None)
-        else:
-            os.environ[FORCE_WEIGHTS_ONLY] = previous
+    with _FORCING:
+        previous = os.environ.get(FORCE_WEIGHTS_ONLY)
+        os.environ[FORCE_WEIGHTS_ONLY] = "1"
+        try:
+            with torch.serialization.safe_globals(list(allowed)):
+                yield
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpoint(refusal(f"a file under {folder}", [f"torch: {_reason(e)}"])) from None
+        finally:
+            if previous is None:
+                os.environ.pop(FORCE_WEIGHTS_ONLY, None)
+            else:
+                os.environ[FORCE_WEIGHTS_ONLY] = previous
 
 
 def _reason(error: pickle.UnpicklingError) -> str:
