@@ -43,6 +43,14 @@ class HubUnreachable(InputError):
     """A dataset or model given by hub id is neither on a reachable Hub nor in the local cache."""
 
 
+class UnsafeCheckpoint(InputError):
+    """A checkpoint file's pickle names functions or classes beyond tensors and plain data: loading it
+    would run code of the file's choosing, so bandpo refuses it unread (``bandpo.run.safe_load``).
+
+    The message names the file and what its pickle names.
+    """
+
+
 class EvalUsageError(ValueError):
     """A mistake in the eval command's arguments; the message names it and what would be valid."""
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bandpo.errors import UnsafeCheckpoint
+from bandpo.run import safe_load
 from bandpo.run.checkpoint import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -38,17 +40,26 @@ def staging_dir(path: str | os.PathLike) -> Path:
 
 
 def rng_state() -> dict:
-    """Python, numpy and torch (CPU + CUDA when present) RNG states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch (CPU + CUDA when present) RNG states, as tensors and plain data only
+    (a checkpoint file loads with ``weights_only=True``): numpy's key array becomes an int64 tensor."""
+    np_state = np.random.get_state(legacy=False)  # {bit_generator, state: {key, pos}, has_gauss, gauss}
+    key = torch.from_numpy(np_state["state"]["key"].astype(np.int64))  # uint32 values: exact in int64
+    state = {
+        "python": random.getstate(),  # (version, tuple of ints, gauss_next)
+        "numpy": {**np_state, "state": {**np_state["state"], "key": key}},
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what ``rng_state`` captured."""
+    """Restore what ``rng_state`` captured, exactly."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np_state = state["numpy"]
+    key = np_state["state"]["key"].numpy().astype(np.uint32)
+    np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -65,22 +76,48 @@ def load_rng(folder: str | os.PathLike, rank: int) -> None:
             f"checkpoint {folder} has no RNG state for rank {rank} (saved with fewer ranks?)"
         )
     try:
-        # numpy's state is a tuple with an ndarray: not loadable with weights_only.
-        state = torch.load(file, weights_only=False)
+        state = safe_load.load(file)
+    except UnsafeCheckpoint:
+        _refuse_old_rng_format(file)
+        raise
     except Exception as e:
         raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from e
     set_rng_state(state)
 
 
+def _refuse_old_rng_format(file: Path) -> None:
+    """Raise when ``file`` is an RNG file of the format bandpo wrote before it loaded checkpoints
+    with ``weights_only`` (numpy's state pickled with its ndarray); return otherwise."""
+    names = safe_load.unsafe_globals(file)
+    if names and all(n.startswith("numpy.") for n in names):
+        raise RuntimeError(
+            f"old checkpoint format: {file} holds numpy's RNG state as pickled numpy objects, which bandpo "
+            f"no longer loads (checkpoint files may hold only tensors and plain data); resume from a "
+            f"checkpoint written since, or start anew with trainer.resume=never")
+
+
+def check_files(folder: str | os.PathLike) -> None:
+    """Refuse an actor checkpoint before any rank reads it: an RNG file of the older format, or a file
+    whose pickle names code (``UnsafeCheckpoint``, naming it). Imports no DeepSpeed (its classes are
+    allowed by name); the ranks' own loads refuse the same files."""
+    for file in sorted(Path(folder).glob("rng_rank*.pt")):
+        _refuse_old_rng_format(file)
+    safe_load.check_folder(folder, names=safe_load.DEEPSPEED_GLOBALS)
+
+
 def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException) -> None:
-    """After a failed load from ``folder``: raise naming the first ``.pt`` file torch cannot open.
+    """After a failed load from ``folder``: raise naming the first ``.pt`` file torch cannot open
+    (``UnsafeCheckpoint`` for one holding code, else "corrupt checkpoint").
 
     Returns (without raising) when every file opens, so the caller re-raises the original error.
     Cheap enough for an error path: with ``mmap`` the tensor data is mapped, not read.
     """
+    allowed = safe_load.deepspeed_globals()
     for file in sorted(Path(folder).rglob("*.pt")):
         try:
-            torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+            safe_load.load(file, allowed, map_location="cpu", mmap=True)
+        except UnsafeCheckpoint as e:
+            raise e from error
         except Exception as e:
             raise RuntimeError(f"corrupt checkpoint: {file} is unreadable ({e})") from error
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 
 from bandpo.actor import checkpoint as ckpt
+from bandpo.errors import UnsafeCheckpoint
+from bandpo.run import safe_load
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
 
@@ -109,9 +111,13 @@ class ActorStateIO:
         offloaded = self.offloader is not None and self.offloader.offloaded
         self.reload()  # DeepSpeed loads into the states where it made them
         try:
-            load_path, client = self.engine.load_checkpoint(
-                path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-            )
+            # DeepSpeed's torch.load calls pass weights_only=False: overridden, its own classes allowed
+            with safe_load.weights_only_loads(os.path.join(path, CKPT_TAG), safe_load.deepspeed_globals()):
+                load_path, client = self.engine.load_checkpoint(
+                    path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+                )
+        except UnsafeCheckpoint:
+            raise
         except Exception as e:  # DeepSpeed's own errors do not say which file is damaged
             ckpt.raise_naming_unreadable_file(os.path.join(path, CKPT_TAG), e)
             raise

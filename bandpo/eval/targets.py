@@ -132,13 +132,16 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from bandpo.hub import hub_error, keyed
+    from bandpo.run import safe_load
 
     try:  # the run's base model: its config (and below its tokenizer), from a folder, the Hub or its cache
         config = AutoConfig.from_pretrained(model_source)
     except (OSError, ValueError) as e:
         raise keyed(hub_error(f"base model {model_source}", e), "base_model (default: model.path of the run's "
                     "config.yaml)", "base_model=<local folder>") from e
-    state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
+    # zero_to_fp32's torch.load calls pass weights_only=False: overridden, DeepSpeed's own classes allowed
+    with safe_load.weights_only_loads(step_dir / ACTOR_DIR / DS_TAG, safe_load.deepspeed_globals()):
+        state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
     target = _target_dtype(config, dtype)
     state = {k: v.to(target) for k, v in state.items()}
     with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +63,21 @@ def save_in_flight(obj: Any, path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def load_in_flight(path: Path) -> Any:
-    """The batch ``save_in_flight`` wrote, or None without the file; an unreadable one raises, naming it."""
-    import torch
+def load_in_flight(path: Path, types: Sequence[type]) -> Any:
+    """The batch ``save_in_flight`` wrote, or None without the file; an unreadable one raises, naming it.
+
+    Loaded with ``weights_only=True``: ``types`` are the classes the batch is made of (the trainer's
+    dataclasses), any other pickled global is refused (``bandpo.run.safe_load``).
+    """
+    from bandpo.errors import UnsafeCheckpoint
+    from bandpo.run import safe_load
 
     if not path.exists():
         return None
     try:
-        return torch.load(path, weights_only=False)  # the run's own file: dataclasses of tensors and lists
+        return safe_load.load(path, types)
+    except UnsafeCheckpoint:
+        raise
     except Exception as e:
         raise RuntimeError(f"corrupt checkpoint: {path} is unreadable ({e})") from None
 

@@ -82,7 +82,7 @@ from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
-from bandpo.trainer.overlap import Background, InFlight, check_layout, overlap_seconds
+from bandpo.trainer.overlap import IN_FLIGHT_TYPES, Background, InFlight, check_layout, overlap_seconds
 from bandpo.trainer.startup import (
     Workers,
     clean_shm,
@@ -347,19 +347,22 @@ class Trainer:
         """Continue from the latest complete checkpoint, or start fresh; either way the metrics
         file then holds exactly the steps before ``self.step`` (what a killed attempt logged past
         its last checkpoint is written again)."""
+        from bandpo.actor.checkpoint import check_files
+
         self.ckpt.remove_stale()
         folder = self.ckpt.latest() if self.cfg.trainer.resume != "never" else None
         if folder is None:
             self.logger.truncate_after(-1)
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
+        check_files(folder / "actor")  # a file holding code: one line here, not a worker's failure
         with stage("resume", "actor"):  # colocated: the engines sleep while the states load (offload: and go back)
             self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
             self.workers.rollout.wake(lambda: self.load_engines(True))
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.engine_version = self.step
-        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE)  # None: the next batch is drawn at its step
+        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, IN_FLIGHT_TYPES)  # None: the next batch is drawn at its step
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)

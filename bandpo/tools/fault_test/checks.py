@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from bandpo.run import safe_load
+
 STEP_RE = re.compile(r"^step_\d{6,}$")
 # Compared per step; they depend on the rollouts, the rewards and the weights before the update.
 DEFAULT_KEYS = ("reward/mean", "actor/loss", "actor/entropy", "actor/grad_norm", "response/length_mean")
@@ -68,7 +70,8 @@ def final_weights(run: Path) -> tuple[str, dict[str, torch.Tensor]]:
         return "none", {}
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted((folder / "actor").rglob("*model_states.pt")):
-        _flatten(torch.load(file, map_location="cpu", weights_only=False).get("module", {}), file.name, tensors)
+        state = safe_load.load(file, safe_load.deepspeed_globals(), map_location="cpu")
+        _flatten(state.get("module", {}), file.name, tensors)
     return str(folder / "actor"), tensors
 
 

@@ -212,3 +212,30 @@ def test_corrupt_checkpoint_file_is_named(tiny_model_dir, tmp_path):
     states.write_bytes(states.read_bytes()[:1000])  # cut short, as by a crash outside our atomic write
     with pytest.raises(RuntimeError, match=rf"corrupt checkpoint: {states} is unreadable"):
         actor.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_checkpoint_shard_holding_code_is_refused(tiny_model_dir, tmp_path, zero_stage):
+    """A real checkpoint whose ZeRO optimizer shard also pickles a call (``os.mkdir`` of a marker):
+    resuming refuses it in one line naming the file, and the marker never appears. The untouched
+    checkpoint loads: DeepSpeed's own classes in its shards are allowed (``safe_load.deepspeed_globals``)."""
+    import os
+
+    from bandpo.errors import UnsafeCheckpoint
+    from bandpo.run import safe_load
+
+    class MakeDir:
+        def __reduce__(self):
+            return os.mkdir, (str(tmp_path / "pwned"),)
+
+    actor = new_actor(tiny_model_dir, zero_stage=zero_stage)
+    actor.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1})
+    assert actor.load_checkpoint(str(tmp_path / "ckpt")) == {"step": 1}
+    [optim] = (tmp_path / "ckpt").rglob("*optim_states.pt")
+    state = safe_load.load(optim, safe_load.deepspeed_globals())
+    torch.save({**state, "extra": MakeDir()}, optim)
+    with pytest.raises(UnsafeCheckpoint) as e:
+        actor.load_checkpoint(str(tmp_path / "ckpt"))
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith(f"unsafe checkpoint: {optim} holds pickled code (posix.mkdir)")
+    assert not (tmp_path / "pwned").exists()

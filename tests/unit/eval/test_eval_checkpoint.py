@@ -93,3 +93,29 @@ def test_cli_user_errors_exit_2_with_one_line(tmp_path, monkeypatch, capsys):
     assert proc.returncode == 2, (argv, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and len(err) == 1 and err[0].startswith("eval: error:"), (argv, err)
     assert expected in err[0], (argv, err)
+
+
+def test_cli_refuses_a_checkpoint_holding_code_in_one_line(tmp_path, tiny_model_dir, capsys):
+    """A shared run whose ZeRO shard pickles a call (here ``os.mkdir`` of a marker): the eval command
+    stops before consolidating, exit 2, one line naming the file; the marker never appears."""
+    import torch
+
+    from bandpo.eval.cli import main
+
+    class MakeDir:
+        def __reduce__(self):
+            return os.mkdir, (str(tmp_path / "pwned"),)
+
+    run = fake_run(tmp_path, steps=(1,))
+    (run / "config.yaml").write_text(f"model:\n  path: {tiny_model_dir}\n")
+    shard = run / "checkpoints" / "step_000001" / "actor" / "state" / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.ones(2)}, "extra": MakeDir()}, shard)
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "a", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"checkpoint={run}", f"eval.paths=[{data}]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"eval: error: unsafe checkpoint: {shard} holds pickled code (posix.mkdir)"), err
+    assert "bandpo refuses to run it" in err[0]
+    assert not (tmp_path / "pwned").exists() and not (shard.parents[2] / "hf").exists()

@@ -165,6 +165,37 @@ def test_the_batch_drawn_ahead_is_checkpointed_and_resumed(tmp_path):
     assert [r["health/staleness"] for r in rows] == [1, 1]
 
 
+class MakeDir:
+    """Unpickling it calls ``os.mkdir(path)``: what a crafted checkpoint file would do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.path,)
+
+
+@pytest.mark.parametrize("file", ["in_flight.pt", "actor/state/mp_rank_00_model_states.pt"])
+def test_resume_refuses_a_checkpoint_file_holding_code_before_any_worker_reads_it(tmp_path, file):
+    """The driver checks the step folder (only the pickles, nothing unpickled) before the actor loads it;
+    the batch drawn ahead is loaded with weights_only=True and its own dataclasses allowed."""
+    from bandpo.errors import UnsafeCheckpoint
+
+    t = make_trainer(tmp_path, 1, steps=4)
+    run(t, 2)
+    crafted = tmp_path / "checkpoints" / "step_000002" / file
+    crafted.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"module": {"w": torch.ones(2)}, "extra": MakeDir(tmp_path / "pwned")}, crafted)
+    resumed = make_trainer(tmp_path, 1, steps=4)
+    with pytest.raises(UnsafeCheckpoint, match=rf"^unsafe checkpoint: {crafted} holds pickled code \(posix.mkdir\)"):
+        resumed._resume()
+    assert not (tmp_path / "pwned").exists()
+    if file != "in_flight.pt":
+        assert resumed.workers.actor.version == 0  # refused before the actor's load_checkpoint
+
+
 def test_background_returns_and_reraises():
     bg = Background(lambda: 7, "t")
     assert bg.join() == 7 and bg.interval[0] <= bg.interval[1]
