@@ -156,3 +156,16 @@ def test_fused_packed_and_tied_vllm_tensors_map_back_to_checkpoint_names(packed)
         model.gate_up_proj.weight.data[4, 0] += 1.0
     with pytest.raises(WeightSyncMismatch, match=r"gate_up_proj\.weight \(checkpoint tensor up_proj\.weight\)"):
         _check(sent, [[module_entries(model, head=model.embed)]])
+
+
+@pytest.mark.gpu
+def test_cuda_checksums_equal_the_cpu_ones():
+    """The ipc and nccl engines hold CUDA tensors, and the actor sums its own on its GPU: the integer
+    sums and the cast to the engine's dtype must give the CPU's exact numbers there too."""
+    sent = {**_weights(), "big.weight": torch.randn(3000, 1000, generator=torch.Generator().manual_seed(2))}
+    sent["big.weight"][0, :3] = torch.tensor([0.0, -0.0, 1.0])
+    on_gpu = {k: v.cuda() for k, v in sent.items()}
+    wanted = {k: ["bfloat16", "float32"] for k in sent}
+    assert actor_checksums(on_gpu.items(), wanted) == actor_checksums(sent.items(), wanted)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in on_gpu.items()}
+    assert _check(sent, [[entries_of(bf16.items())]]) == 4
