@@ -118,13 +118,12 @@ def compare(actor: dict, reports: list[list[list[EngineEntry]]]) -> int:
         held = {name for _, name in groups}
         missing = [n for n in actor if n not in held]
         if missing:
-            raise WeightSyncMismatch(f"weight sync verification: engine {i} holds no tensor for {missing[0]} (sent by "
-                                     f"the actor; {len(missing)} such in all), so it keeps weights the actor never sent")
+            raise _mismatch(f"engine {i} holds no tensor for {missing[0]} (sent by the actor; {len(missing)} "
+                            f"such in all), so it keeps weights the actor never sent")
         for (label, name), shards in groups.items():
             where = f"engine {i} tensor {label}" + ("" if label == name else f" (checkpoint tensor {name})")
             if name not in actor:
-                raise WeightSyncMismatch(f"weight sync verification: {where} is not among the tensors the actor sent, "
-                                         f"so it keeps its old value")
+                raise _mismatch(f"{where} is not among the tensors the actor sent, so it keeps its old value")
             for w, e in shards:
                 _compare_one(actor[name], e, f"{where}, TP rank {w}", whole_only=len(shards) == 1)
             if len(shards) > 1 and any(e.numel != actor[name][e.dtype][0] for _, e in shards):
@@ -137,11 +136,11 @@ def _compare_one(sent: dict, e: EngineEntry, where: str, whole_only: bool) -> No
     numel, expected = sent[e.dtype]
     if e.numel != numel:
         if whole_only:
-            raise WeightSyncMismatch(f"weight sync verification: {where} has {e.numel} elements, the actor sent {numel}")
+            raise _mismatch(f"{where} has {e.numel} elements, the actor sent {numel}")
         return  # a shard: checked by _compare_sum
     if e.checksum != expected:
-        raise WeightSyncMismatch(f"weight sync verification: {where} differs from the actor's: checksum {e.checksum} "
-                                 f"vs {expected} over {numel} {e.dtype} elements")
+        raise _mismatch(f"{where} differs from the actor's: checksum {e.checksum} vs {expected} over {numel} "
+                        f"{e.dtype} elements")
 
 
 def _compare_sum(sent: dict, shards: list[EngineEntry], where: str) -> None:
@@ -149,8 +148,12 @@ def _compare_sum(sent: dict, shards: list[EngineEntry], where: str) -> None:
     numel, expected = sent[shards[0].dtype]
     total_numel, total = sum(e.numel for e in shards), sum(e.checksum for e in shards)
     if total_numel != numel * copies or total != expected * copies:
-        raise WeightSyncMismatch(f"weight sync verification: {where} differs from the actor's: {total_numel} elements "
-                                 f"with checksum {total} vs {numel} x {copies} copies with checksum {expected} each")
+        raise _mismatch(f"{where} differs from the actor's: {total_numel} elements with checksum {total} vs "
+                        f"{numel} x {copies} copies with checksum {expected} each")
+
+
+def _mismatch(what: str) -> WeightSyncMismatch:
+    return WeightSyncMismatch(f"weight sync verification: {what}")
 
 
 # ---- the vLLM model, walked by duck typing (runs inside each vLLM worker) -------------------------------
@@ -207,7 +210,8 @@ def _probe_parts(module, sizes: list[int | None], out_features: int | None = Non
     """(numel, checksum) of each output-row part of a linear layer's weight [N, K], read through the
     layer's GEMM: y = x @ w.T with x the identity rows k0..k1 gives w[:, k0:k1].T exactly."""
     w = module.weight
-    k = int(getattr(module, "input_size_per_partition", 0) or getattr(module, "embedding_dim", 0) or w.shape[-1])
+    k = int(getattr(module, "input_size_per_partition", 0) or getattr(module, "embedding_dim", 0)
+            or w.shape[-1])
     n = out_features or sum(s for s in sizes if s is not None) or int(module.output_size_per_partition)
     cuts = [s if s is not None else n for s in sizes]
     keep = sum(cuts)  # rows past the parts (vocabulary padding) are not the checkpoint's
@@ -236,10 +240,10 @@ def _split(module, full: str, dtype: str, packed: dict[str, list[str]],
     prefix, fused, pname = _name_parts(full)
     sub = packed.get(fused)
     if sub is None or len(sub) != len(parts):
-        raise RuntimeError(f"verify: {full} holds {len(parts)} fused tensors but the model's packed_modules_mapping "
-                           f"names {sub} for {fused}")
+        raise RuntimeError(f"verify: {full} holds {len(parts)} fused tensors but the model's "
+                           f"packed_modules_mapping names {sub} for {fused}")
     kv = getattr(module, "num_kv_head_replicas", None)
-    return [EngineEntry(full, f"{prefix}{s}.{pname}", dtype, numel, total, kv if kv is not None and j > 0 else 1)
+    return [EngineEntry(full, f"{prefix}{s}.{pname}", dtype, numel, total, kv if kv and j > 0 else 1)
             for j, (s, (numel, total)) in enumerate(zip(sub, parts))]
 
 
