@@ -78,6 +78,19 @@ class ActorStateIO:
         return [(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
                 for name, p in self.engine.module.named_parameters()]
 
+    def weight_checksums(self, dtypes: dict[str, list[str]]) -> dict:
+        """Checksums of the weights a sync sends, cast to the dtypes the engines hold them in
+        (``bandpo.weight_sync.verify.actor_checksums``); rank 0 returns them, the others an empty dict.
+        Collective under ZeRO-3 (each bucket's gather); under ZeRO-2 the other ranks return at once."""
+        from bandpo.weight_sync.verify import actor_checksums
+
+        if self.rank != 0:
+            if self.zero_stage == 3:
+                for _ in self.gathered_buckets():  # take part in the gathers
+                    pass
+            return {}
+        return actor_checksums(ckpt.iter_tensors(self.gathered_buckets()), dtypes)
+
     def state_fingerprint(self) -> float:
         """Sum of |parameter| over the full model (float64); equal fingerprints ~ equal weights."""
         return float(sum(t.double().abs().sum() for b in self.named_weights() for _, t in b))

@@ -41,6 +41,11 @@ class RolloutEngine(Protocol):
         """Load weights from a flat shared-memory buffer written by ``write_weights_shm``."""
         ...
 
+    def weight_checksums(self) -> list[list[tuple]]:
+        """Per worker (tensor-parallel rank), checksums of the weights the engine samples with, under
+        checkpoint names: ``bandpo.weight_sync.verify.EngineEntry`` tuples."""
+        ...
+
     def sleep(self) -> None:
         """Release accelerator memory (weights + KV cache) for a colocated trainer; no-op if unsupported."""
         ...

@@ -177,6 +177,13 @@ class HfEngine:
         """Load weights from a flat shared-memory file written by ``write_weights_shm``."""
         self.update_weights(read_weights_shm(path, metas))
 
+    @torch.no_grad()
+    def weight_checksums(self) -> list[list[tuple]]:
+        """The model's checksums (``bandpo.weight_sync.verify``), as the one worker of this engine."""
+        from bandpo.weight_sync.verify import entries_of
+
+        return [[tuple(e) for e in entries_of(self.model.named_parameters())]]
+
     # ---- memory ---------------------------------------------------------------------------
 
     def sleep(self) -> None:

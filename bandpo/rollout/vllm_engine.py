@@ -149,6 +149,11 @@ class VllmEngine:
         self.llm.collective_rpc("bandpo_load_shm", args=(path, metas_to_wire(metas)))
         self.llm.reset_prefix_cache()
 
+    def weight_checksums(self) -> list[list[tuple]]:
+        """Per worker (tensor-parallel rank), the checksums of the weights it samples with
+        (``bandpo.weight_sync.verify``)."""
+        return self.llm.collective_rpc("bandpo_weight_checksums")
+
     def ipc_update(self, op: str, payload: dict[str, bytes] | None = None) -> None:
         """One step of a CUDA IPC sync (``bandpo.weight_sync.ipc.send_ipc``): "begin" (layerwise reload),
         "load" (payload: GPU UUID -> bucket; every worker maps its own GPU's), "finish" (the prefix

@@ -37,6 +37,7 @@ class BandpoWorkerExtension:
     ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets from the
     colocated actor ranks (``rollout.weight_sync=ipc``; ``VllmEngine.ipc_update``). The nccl transport
     goes through vLLM's own weight-transfer engine instead (``bandpo.weight_sync.nccl``).
+    ``bandpo_weight_checksums``: what every transport is verified by (``bandpo.weight_sync.verify``).
     """
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
@@ -82,6 +83,14 @@ class BandpoWorkerExtension:
             finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
         self.model_runner.reset_lora_state()
         self._bandpo_refresh_tied_head()
+
+    def bandpo_weight_checksums(self) -> list[tuple]:
+        """Checksums of the weights this worker samples with, under checkpoint names
+        (``bandpo.weight_sync.verify.module_entries``): the same call after every transport."""
+        from bandpo.weight_sync.verify import module_entries
+
+        model = self.model_runner.get_model()
+        return [tuple(e) for e in module_entries(model, head=getattr(model, "lm_head", None))]
 
     def _bandpo_tied_head(self):
         """The model's ``lm_head`` when it shares its weight with ``embed_tokens``, else None."""

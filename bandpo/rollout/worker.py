@@ -60,6 +60,10 @@ class RolloutWorker:
         self.engine.update_weights_from_shm(path, metas)
         return self.node_id(), path
 
+    def weight_checksums(self) -> list[list[tuple]]:
+        """The engine's per-worker weight checksums (``bandpo.weight_sync.verify``)."""
+        return self.engine.weight_checksums()
+
     def node_id(self) -> str:
         """The Ray node this worker runs on (weight files are per node: /dev/shm is per machine)."""
         import ray

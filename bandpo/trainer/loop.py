@@ -17,7 +17,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
                    (``ActorGroup.old_logprobs``)
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed (``ActorGroup.train``)
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
-                   (``RolloutGroup.wake``, ``bandpo.weight_sync``)
+                   (``RolloutGroup.wake``, ``bandpo.weight_sync``); the first sync of a run, and
+                   every one with rollout.verify_sync, is checked tensor by tensor against the
+                   actor's weights (``bandpo.weight_sync.verify``; ``time/verify_sync``)
     8. log / eval / checkpoint
 
 With ``trainer.max_staleness=1`` (one-step off-policy, ``bandpo.trainer.overlap``) the stages
@@ -115,6 +117,7 @@ class Trainer:
         self.loss = loss_options(cfg)  # the policy loss's options, validated once
         self.workers = Workers()
         self.weight_sync = None  # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
+        self.synced = False  # a sync has been verified (the first of a run always is: bandpo.weight_sync.verify)
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
         self.engine_version = 0  # the engines hold the weights after this step's update (0: the initial model)
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
@@ -302,7 +305,8 @@ class Trainer:
         """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
         CUDA IPC buckets (colocated GPU), NCCL broadcast (split GPU), or node-local /dev/shm files
         (CPU; ``bandpo.weight_sync.node``: they stay between syncs, rewritten in place through the
-        actor's kept mapping, and ``close`` removes them)."""
+        actor's kept mapping, and ``close`` removes them). The first sync of a run, and every one
+        with ``rollout.verify_sync``, is then verified (``verify_sync``)."""
         from bandpo.trainer.startup import weight_transport
         from bandpo.weight_sync.transport import make_weight_sync
 
@@ -311,6 +315,17 @@ class Trainer:
                 weight_transport(self.cfg, self.plan), self.workers.actor.workers, self.workers.rollout.workers,
                 prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size))
         self.weight_sync.sync()
+        if not self.synced or self.cfg.rollout.verify_sync:
+            with self.timed("verify_sync"):  # within time/weight_sync too: it runs inside that stage
+                self.verify_sync()
+            self.synced = True
+
+    def verify_sync(self) -> None:
+        """Every engine's weights against the actor's, tensor by tensor (``bandpo.weight_sync.verify``):
+        a difference stops the run with ``WeightSyncMismatch`` naming the tensor and the engine."""
+        from bandpo.weight_sync.verify import verify_engines
+
+        verify_engines(self.workers.actor.workers, self.workers.rollout.workers)
 
     def evaluate(self) -> dict:
         from bandpo.eval.evaluate import run_eval

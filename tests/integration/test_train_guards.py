@@ -32,6 +32,8 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     )
     assert [(r["step"], r["trainer/skipped_steps"]) for r in rows] == [(1, 1), (2, 1)]
     assert "actor/loss" not in rows[0] and math.isfinite(rows[1]["actor/loss"])  # step 2 updated
+    # The run's first sync (step 2's: step 1 had nothing to sync) is verified; rollout.verify_sync is off.
+    assert "time/verify_sync" not in rows[0] and 0 < rows[1]["time/verify_sync"] <= rows[1]["time/weight_sync"]
     check_updated_step(rows[1], band=True)
     check_outputs(out, 2)
     from safetensors.torch import load_file

@@ -75,6 +75,7 @@ def test_defaults_follow_the_paper():
     ("trainer.verifier_actors=0", "trainer.verifier_actors"),
     ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
     ("trainer.verifier_workers=0", "trainer.verifier_workers"),
+    ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -27,6 +27,7 @@ from tests.unit.rollout.test_rollout import (  # noqa: F401  (fixtures and tests
     test_same_seed_same_samples,
     test_shapes_and_layout,
     test_sleep_wake_are_safe,
+    test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipped_tensor,
     test_weight_sync_is_exact,
 )
 

@@ -59,6 +59,7 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
     from bandpo.actor import ActorGroup
     from bandpo.weight_sync.node import NodeWeightSync
     from bandpo.weight_sync.shm import read_file_bytes
+    from bandpo.weight_sync.verify import WeightSyncMismatch, verify_engines
 
     group = ActorGroup(tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4,
                        micro_batch_size=2)
@@ -79,8 +80,13 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
         prompts = [[5, 17, 42, 9], [7, 7, 100]]
         sp = SamplingParams(n=2, max_tokens=6, seed=1)
         assert _max_gap(group, ray.get(engines[2].generate.remote(prompts, sp))) > 1e-2  # not yet synced
+        # The verification (ZeRO-3: both ranks gather, rank 0 sums) sees the engines' stale weights.
+        with pytest.raises(WeightSyncMismatch, match=r"engine 0 tensor \S+, TP rank 0 differs from the actor's"):
+            verify_engines(group.workers, engines)
 
         sync.sync()
+        sent = len(group.call("weight_specs")[0])
+        assert verify_engines(group.workers, engines) == 3 * sent  # every tensor on each engine, exact
         # Each engine loaded the file named for its own node; every node's file holds the same bytes.
         assert sync.last_loads == [(node_of[n], sync.path(node_of[n])) for n in NODES]
         assert set(sync.publishers().values()) == {sync.path(node_of["node_a"]), sync.path(node_of["node_b"])}

@@ -244,3 +244,46 @@ def test_weight_sync_is_exact(engine, tiny_model_dir):
     restored = engine.generate(prompts, sp)
     assert torch.equal(restored.response_ids, before.response_ids)
     assert _max_gap(_gather(_forward_logits(original, restored).log_softmax(-1), restored), restored) < 1e-3
+
+
+def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipped_tensor(engine, tiny_model_dir):
+    """The checksums the engine reports (``weight_checksums``: on vLLM read inside its workers, fused
+    qkv / gate-up cut back into checkpoint tensors, CPU-packed linears and the tied head's packed GEMM
+    copy read through their GEMMs) against the tensors sent through /dev/shm (the CPU transport)."""
+    from bandpo.weight_sync.verify import WeightSyncMismatch, actor_checksums, compare, requested_dtypes
+
+    original = _hf_model(tiny_model_dir)
+    actor = _hf_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    sent = dict(actor.named_parameters())
+
+    def sync_then_verify(named) -> int:
+        path = f"/dev/shm/bandpo-test-verify-{id(engine)}.bin"
+        try:
+            engine.update_weights_from_shm(path, write_weights_shm(named, path))
+        finally:
+            remove_shm(path)
+        reports = [engine.weight_checksums()]
+        return compare(actor_checksums(sent.items(), requested_dtypes(reports)), reports)
+
+    try:
+        # Every sent tensor, plus the tied lm_head's GEMM copy where the engine keeps one (vLLM on CPU).
+        assert sync_then_verify(sent.items()) >= len(sent)
+
+        corrupt = {n: t.detach().clone() for n, t in sent.items()}
+        corrupt["model.layers.1.mlp.up_proj.weight"][5, 7] += 0.5  # one element of one half of gate_up_proj
+        # vLLM names the fused tensor it holds, and the checkpoint tensor inside it.
+        fused = r"model\.layers\.1\.mlp\.gate_up_proj\.weight \(checkpoint tensor model\.layers\.1\.mlp\.up_proj\.weight\)"
+        with pytest.raises(WeightSyncMismatch, match=rf"engine 0 tensor ({fused}|model\.layers\.1\.mlp\.up_proj\.weight), "
+                                                     r"TP rank 0 differs from the actor's"):
+            sync_then_verify(corrupt.items())
+
+        engine.update_weights(original.named_parameters())
+        skipped = [(n, t) for n, t in sent.items() if n != "model.norm.weight"]  # the engine keeps the original's
+        with pytest.raises(WeightSyncMismatch, match=r"engine 0 tensor model\.norm\.weight, TP rank 0 differs"):
+            sync_then_verify(skipped)
+    finally:
+        engine.update_weights(original.named_parameters())

@@ -92,11 +92,15 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
     trainer.cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", *overrides])
     trainer.plan, trainer.weight_sync = placement_plan(trainer.cfg, "cuda"), None
     trainer.workers = SimpleNamespace(actor=SimpleNamespace(workers=["rank0"]), rollout=g)
+    trainer.synced, trainer.timings = False, {}
+    trainer.verify_sync = lambda: g.log.append(("actor", "verify"))  # the real check needs the engines
     g.sleep()
     g.wake(trainer.sync_weights)
     g.wake(trainer.sync_weights)  # the sync object is made once per run
     assert made == [transport]
-    assert g.log[:7] == [("engine0", "sleep"), ("engine1", "sleep"),
+    assert g.log[:8] == [("engine0", "sleep"), ("engine1", "sleep"),
                          ("engine0", "wake_up", ("weights",)), ("engine1", "wake_up", ("weights",)),
-                         ("actor", f"sync:{transport}"),
+                         ("actor", f"sync:{transport}"), ("actor", "verify"),  # the run's first sync is verified
                          ("engine0", "wake_up", ("kv_cache",)), ("engine1", "wake_up", ("kv_cache",))]
+    assert g.log.count(("actor", "verify")) == 1  # rollout.verify_sync=false: the later syncs are not
+    assert "verify_sync" in trainer.timings
