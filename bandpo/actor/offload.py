@@ -96,7 +96,7 @@ class ActorOffload:
 
         # offload_states skips what is already on the host; reload_states brings back all it moved.
         self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in states], device=OffloadDeviceEnum.cpu,
-                                   pin_memory=self.device.type == "cuda")
+                                   pin_memory=self.device.type != "cpu")
 
     def reload(self) -> None:
         if not (self.offloaded or self.weights_offloaded):
