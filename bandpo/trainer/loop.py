@@ -73,6 +73,7 @@ from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, stage
+from bandpo.distributed.nodes import check_nodes
 from bandpo.distributed.plan import layout_of
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
@@ -103,7 +104,7 @@ class Trainer:
         from omegaconf import OmegaConf
 
         self.cfg = cfg
-        self.out = Path(cfg.trainer.output_dir)
+        self.out = Path(os.path.abspath(cfg.trainer.output_dir))  # the driver's: every node writes the same folder
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
@@ -143,6 +144,7 @@ class Trainer:
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
             self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
+            check_nodes(str(self.out))  # other nodes: bandpo imports there and the run folder is this one
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
