@@ -249,6 +249,7 @@ def validate(cfg) -> None:
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)
     _number(cfg, "rollout.max_tokens", low=1, integer=True)
     _number(cfg, "rollout.num_workers", low=1, integer=True)
+    _choice(cfg, "rollout.sleep_level", [1, 2])
     tp = _get(cfg, "rollout.tensor_parallel_size")
     _check(_get(cfg, "rollout.backend") != "hf" or tp in (None, 1), "rollout.tensor_parallel_size",
            "must be 1 with rollout.backend=hf (transformers generate runs each engine on one device; tensor "

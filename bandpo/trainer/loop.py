@@ -7,7 +7,8 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
        (dynamic_sampling, DAPO, when algorithm.filter_groups.enable: rounds of 1-3 until B groups
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped;
        ``bandpo.trainer.dynamic_sampling``)
-       sleep       colocated GPU layout only: the vLLM engines sleep (level 1) until stage 7
+       sleep       colocated GPU layout only: the vLLM engines sleep until stage 7 (rollout.sleep_level; at
+                   level 2 they drop their weights, and stage 7 loads them even after a skipped update)
        reload      with actor.offload_during_rollout: the actor's states back from host memory
                    (``offload`` sends them there again before stage 7, the weights the sync reads
                    once it has read them; ``bandpo.actor.offload``)
@@ -231,7 +232,8 @@ class Trainer:
                 actor.offload()
         if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                rollout.wake(lambda: self.load_engines(updated))
+                # At sleep level 2 the engines kept no weights: a skipped update loads the unchanged ones.
+                rollout.wake(lambda: self.load_engines(updated or rollout.drops_weights))
         self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
         metrics["trainer/skipped_steps"] = self.guard.skipped
         return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint)}
