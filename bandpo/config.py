@@ -244,6 +244,7 @@ def validate(cfg) -> None:
 
     _choice(cfg, "rollout.backend", available_engines())
     _choice(cfg, "rollout.weight_sync", TRANSPORTS)  # checked against the layout at start-up (choose_transport)
+    _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)
     _number(cfg, "rollout.n", low=2, integer=True)
     _number(cfg, "rollout.temperature", low=0, strict_low=True)
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)

@@ -313,7 +313,8 @@ class Trainer:
         if self.weight_sync is None:
             self.weight_sync = make_weight_sync(
                 weight_transport(self.cfg, self.plan), self.workers.actor.workers, self.workers.rollout.workers,
-                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size))
+                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size),
+                timeout_s=float(self.cfg.rollout.weight_sync_timeout))
         self.weight_sync.sync()
 
     def evaluate(self) -> dict:
