@@ -44,7 +44,8 @@ def moves(zero_stage: int, ref_model: bool) -> dict[str, tuple[str, ...]]:
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    """A host copy of ``t``, page-locked where there is a GPU to copy back to (a plain copy on a CPU machine)."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
     host.copy_(t)
     return host
 
@@ -118,8 +119,9 @@ class ActorOffload:
         if self.zero_stage == 3:  # a DeepSpeed engine: each parameter's own partition (ds_tensor)
             for p in self.ref.module.parameters():
                 p.ds_tensor.data = _pinned(p.ds_tensor.data) if device == "cpu" else p.ds_tensor.data.to(device)
-        else:
-            self.ref.to(device)
+        else:  # a module: Module.to("cpu") would give pageable memory, so each tensor moves on its own
+            for t in [*self.ref.parameters(), *self.ref.buffers()]:
+                t.data = _pinned(t.data) if device == "cpu" else t.data.to(device, non_blocking=True)
 
     def _release(self) -> None:
         import gc
