@@ -77,9 +77,10 @@ class DeviceWeightSync:
         actors: the actor ranks' handles in rank order; engines: the rollout workers' handles.
         engine_tp: GPUs per engine (nccl: engine i's workers take ranks 1 + i * tp ...).
         timeout_s: the longest any one wait inside a rank may take (``rollout.weight_sync_timeout``);
-            the ranks name the stage that ran out (``bandpo.weight_sync.waits``). The driver's wait
-            for the ranks gets ``RANKS_GRACE_S`` more, so a rank's own error arrives first; it ends
-            on its own only for a rank stuck where no wait of ours is (a collective).
+            the ranks name the stage that ran out (``bandpo.weight_sync.waits``). The driver waits
+            ``timeout_s + RANKS_GRACE_S`` for the whole sync, so a rank's own error arrives first; its
+            own limit ends a sync only for a rank stuck where no wait of ours is (a collective), or
+            one whose many waits add up past it.
     """
 
     def __init__(self, transport: str, actors: list[ActorHandle], engines: list[ActorHandle], engine_tp: int = 1,
