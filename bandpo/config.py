@@ -246,11 +246,13 @@ def validate(cfg) -> None:
     _choice(cfg, "rollout.weight_sync", TRANSPORTS)  # checked against the layout at start-up (choose_transport)
     _check(isinstance(_get(cfg, "rollout.verify_sync"), bool), "rollout.verify_sync", "must be true or false",
            _get(cfg, "rollout.verify_sync"))
+    _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)
     _number(cfg, "rollout.n", low=2, integer=True)
     _number(cfg, "rollout.temperature", low=0, strict_low=True)
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)
     _number(cfg, "rollout.max_tokens", low=1, integer=True)
     _number(cfg, "rollout.num_workers", low=1, integer=True)
+    _choice(cfg, "rollout.sleep_level", [1, 2])
     tp = _get(cfg, "rollout.tensor_parallel_size")
     _check(_get(cfg, "rollout.backend") != "hf" or tp in (None, 1), "rollout.tensor_parallel_size",
            "must be 1 with rollout.backend=hf (transformers generate runs each engine on one device; tensor "

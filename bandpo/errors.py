@@ -67,3 +67,7 @@ def check(cond: bool, key: str, msg: str, shown: object) -> None:
 
 class SharedMemoryFull(RuntimeError):
     """/dev/shm has too little free space for the weight sync (names its size, the bytes needed and the fix)."""
+
+
+class WeightSyncTimeout(WorkerFailure):
+    """A wait of the GPU weight sync ran past ``rollout.weight_sync_timeout``; names the stage and what to check."""

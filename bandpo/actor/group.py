@@ -12,13 +12,12 @@ rollout) and the update's first forward fills the first mini-batch's rows (ratio
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
 
 from bandpo.algo.losses import LossOptions
-from bandpo.distributed import FORWARDED_ENV
+from bandpo.distributed import forwarded_env
 from bandpo.types import RolloutBatch, TrainBatch
 
 
@@ -123,7 +122,7 @@ class ActorGroup:
 
         addr, port = ray.get(ray.remote(_rendezvous).options(
             num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"]).remote())
-        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env = forwarded_env()  # the driver's of now: init_ray sets DS_ACCELERATOR after the job's env is taken
         remote_cls = ray.remote(Actor)
         self.workers = [
             remote_cls.options(

@@ -120,8 +120,9 @@ class ActorOffload:
         if self.zero_stage == 3:  # a DeepSpeed engine: each parameter's own partition (ds_tensor)
             for p in self.ref.module.parameters():
                 p.ds_tensor.data = _pinned(p.ds_tensor.data) if device == "cpu" else p.ds_tensor.data.to(device)
-        else:
-            self.ref.to(device)
+        else:  # a module: Module.to("cpu") would give pageable memory, so each tensor moves on its own
+            for t in [*self.ref.parameters(), *self.ref.buffers()]:
+                t.data = _pinned(t.data) if device == "cpu" else t.data.to(device, non_blocking=True)
 
     def _release(self) -> None:
         import gc

@@ -20,6 +20,7 @@ import torch
 from bandpo.actor import checkpoint as ckpt
 from bandpo.errors import UnsafeCheckpoint
 from bandpo.run import safe_load
+from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S
 
 CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
 
@@ -56,12 +57,18 @@ class ActorStateIO:
             yield from self._gathered_bucket(bucket)
 
     def _gathered_bucket(self, bucket: list[tuple[str, torch.nn.Parameter]]):
+        # ZeRO-2 parameters are this rank's own, written by a step long finished: no wait. A ZeRO-3
+        # gather is ordered on the current stream only, and its memory goes back when the bucket is
+        # released: readers on other streams (vLLM's packing streams, which pull this iterator with
+        # their stream current) must see it landed and must have read it by then. A stream's wait,
+        # never the whole device's.
+        stream_sync = self.zero_stage == 3 and not self.on_cpu
         with self._gathered([p for _, p in bucket]):
-            if not self.on_cpu:  # readers may use other streams (NCCL's, IPC's): the gather must have landed
-                torch.cuda.synchronize(self.device)
+            if stream_sync:
+                torch.cuda.current_stream(self.device).synchronize()
             yield [(name, p.detach()) for name, p in bucket]
-            if not self.on_cpu:  # ... and finished reading before the gathered memory is released
-                torch.cuda.synchronize(self.device)
+            if stream_sync:
+                torch.cuda.current_stream(self.device).synchronize()
 
     @contextmanager
     def _gathered(self, params):
@@ -186,25 +193,36 @@ class ActorStateIO:
                 copy_into(buf, [by_name[n] for n, _ in bucket], [t for _, t in bucket])
         return metas if path is not None else []
 
-    def send_weights(self, transport: str, engines: list, engine_tp: int = 1) -> None:
+    def send_weights(self, transport: str, engines: list, engine_tp: int = 1,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """GPU weight sync into the engines without host memory (``bandpo.weight_sync.transport``):
-        ``ipc`` (colocated) or ``nccl`` (split). Collective: every rank calls it."""
+        ``ipc`` (colocated) or ``nccl`` (split). Collective: every rank calls it. ``timeout_s``: the
+        longest any one wait of it may take (``rollout.weight_sync_timeout``)."""
         if transport == "ipc":
             from bandpo.weight_sync.ipc import send_ipc
 
             send_ipc(self.gathered_buckets(), engines, driver=self.rank == 0, all_gather=self._all_gather_object,
-                     barrier=self._barrier)
+                     timeout_s=timeout_s)
         elif transport == "nccl":
             from bandpo.weight_sync.format import plan_layout
+            from bandpo.weight_sync.ipc import exchange
             from bandpo.weight_sync.nccl import NcclSender
 
+            failure = None
+            if self.rank == 0 and getattr(self, "_nccl", None) is None:
+                try:
+                    self._nccl = NcclSender(engines, engine_tp, timeout_s)
+                except Exception as e:
+                    failure = e
+            if self.zero_stage == 3:  # the other ranks would wait for rank 0 in the first gather: tell them first
+                exchange(self._all_gather_object, None, failure, "joining the NCCL group with the engines")
+            elif failure is not None:
+                raise failure
             if self.rank != 0:
-                if self.zero_stage == 3:
-                    for _ in self.gathered_buckets():  # take part in the gathers
+                if self.zero_stage == 3:  # rank 0 sends: the others only take part in the gathers
+                    for _ in self.gathered_buckets():
                         pass
                 return
-            if getattr(self, "_nccl", None) is None:
-                self._nccl = NcclSender(engines, engine_tp)
             self._nccl.send(plan_layout(self.weight_specs())[0], ckpt.iter_tensors(self.gathered_buckets()))
         else:
             raise ValueError(f"send_weights: transport must be ipc or nccl, got {transport!r}")

@@ -4,7 +4,9 @@ Where the workers go is ``plan`` (the placement plan, pure Python), ``placement`
 Ray placement groups and options) and ``check`` (the plan on a simulated cluster). One node with
 n GPUs: the actor ranks and the vLLM engines share the GPUs (colocated, vLLM sleeps during the
 update) unless the config splits them. A multi-node cluster is joined through ``RAY_ADDRESS``
-(or ``trainer.ray_address``). On CPU everything runs in one local Ray instance.
+(or ``trainer.ray_address``): the job carries the bandpo package and the variables users set
+(``forwarded_env``) to every node, and ``bandpo.distributed.nodes`` checks at start-up that every
+node imports bandpo and sees the run folder. On CPU everything runs in one local Ray instance.
 """
 
 from __future__ import annotations
@@ -15,10 +17,26 @@ from contextlib import contextmanager
 from bandpo.distributed.plan import decide_device
 from bandpo.errors import WorkerFailure
 
-# Environment every worker needs, forwarded into Ray's runtime_env.
-FORWARDED_ENV = ("DS_ACCELERATOR", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "TOKENIZERS_PARALLELISM",
-                 "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "OMP_NUM_THREADS",
-                 "PYTHONPATH", "VLLM_LOGGING_LEVEL")
+# What users set for the workers, forwarded to every Ray worker on every node (the job's
+# runtime_env and each actor rank's): variables by prefix and by name. Ray starts a node's workers
+# from that node's raylet, so anything exported only in the driver's shell (a token for a gated
+# model, the network NCCL must use) would otherwise never reach a worker on another machine.
+# Ray shows a job's runtime_env in its dashboard: HF_TOKEN is visible there like every other one.
+FORWARDED_PREFIXES = ("HF_", "HUGGING_FACE_", "NCCL_", "TORCH_NCCL_", "VLLM_", "WANDB_", "TRANSFORMERS_", "DS_")
+FORWARDED_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
+                   "TORCH_DISTRIBUTED_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "GLOO_SOCKET_IFNAME",
+                   "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "PYTHONPATH")
+# Matched by a prefix but different on every node or process: vLLM's address of its own node and
+# its data-parallel rank (the GPUs a worker sees, CUDA_VISIBLE_DEVICES, Ray sets per worker).
+NOT_FORWARDED = ("VLLM_HOST_IP", "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL")
+
+
+def forwarded_env(environ=None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that every worker gets: ``FORWARDED_PREFIXES``
+    and ``FORWARDED_NAMES``, less ``NOT_FORWARDED``."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k not in NOT_FORWARDED}
 
 
 def resolve_device(device: str) -> str:
@@ -62,7 +80,7 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
         device = resolve_device(device)
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    kw = ray_init_options(logs_dir)
+    kw = ray_init_options(logs_dir, ship_code=bool(address))
     if address:
         ray.init(address=address, **kw)
         device = cluster_device(device)
@@ -77,13 +95,24 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
     return device
 
 
-def ray_init_options(logs_dir=None) -> dict:
-    """``ray.init`` options shared by both ways of starting: the job's runtime_env (``FORWARDED_ENV``
-    and, with ``logs_dir``, the worker-log hook) and how much of the workers' output reaches the console."""
+def ray_init_options(logs_dir=None, ship_code: bool = False) -> dict:
+    """``ray.init`` options shared by both ways of starting: the job's runtime_env (``forwarded_env``,
+    with ``logs_dir`` the worker-log hook, with ``ship_code`` the bandpo package) and how much of the
+    workers' output reaches the console.
+
+    ``ship_code`` (joining an existing cluster): the driver's bandpo package goes with the job
+    (Ray's ``py_modules``), so every node runs the driver's code, whether or not bandpo is
+    installed there (a node's own copy would be shadowed; ``bandpo.distributed.nodes`` checks it imports).
+    """
     import logging
 
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env = forwarded_env()
     runtime_env: dict = {"env_vars": env}
+    if ship_code:
+        import bandpo
+
+        runtime_env["py_modules"] = [os.path.dirname(os.path.abspath(bandpo.__file__))]
+        runtime_env["excludes"] = ["__pycache__", "*.pyc"]
     quiet = logs_dir is not None
     if quiet:
         from bandpo.run.worker_logs import SETUP_HOOK, worker_log_env

@@ -3,7 +3,9 @@
 Generation is data-parallel over the engines (``generate_on_workers``: contiguous prompt
 chunks, seeds offset so the result equals one engine's). In the colocated GPU layout the
 engines sleep while the actor computes (vLLM sleep level 1: weights to host memory, KV
-cache freed) and wake in two steps around the weight sync.
+cache freed; level 2, ``rollout.sleep_level``: weights dropped) and wake in two steps around
+the weight sync. At level 2 an engine wakes with its weight memory uninitialised, so every wake
+must load the actor's weights, even after a step that left them unchanged (``drops_weights``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ class RolloutGroup:
     up); ``sleeps`` says whether ``sleep`` / ``wake`` really sleep the engines (vLLM's sleep
     mode in the colocated GPU layout) or only run the weight load. The other arguments are
     ``spawn_rollout_workers``'s. ``workers`` are the actor handles (the weight sync loads into them).
+    ``drops_weights``: the engines sleep at level 2 (``sleep_level`` in the engine kwargs), so every
+    ``wake`` needs a weight load.
     """
+
+    drops_weights = False
 
     def __init__(self, k: int, backend: str, model_path: str, *, sleeps: bool = False, **spawn_kwargs: Any):
         self.sleeps = sleeps
+        self.drops_weights = sleeps and spawn_kwargs.get("sleep_level", 1) == 2
         self.workers = spawn_rollout_workers(k, backend, model_path, wait=False, **spawn_kwargs)
         self._ready = [w.ready.remote() for w in self.workers]
 
@@ -56,7 +63,11 @@ class RolloutGroup:
     def wake(self, load_weights: Callable[[], None] | None = None) -> None:
         """Before the next rollout or evaluation: weights back on the GPU, ``load_weights()`` (the
         actor's into them), then the KV cache (verl / OpenRLHF order: the KV cache is reallocated
-        only once the sync's buffers are gone). Without sleep mode only ``load_weights`` runs."""
+        only once the sync's buffers are gone). Without sleep mode only ``load_weights`` runs.
+        Engines that dropped their weights (sleep level 2) refuse to wake without a load."""
+        if self.drops_weights and load_weights is None:
+            raise ValueError("RolloutGroup.wake: the engines sleep at level 2 (rollout.sleep_level=2) and hold no "
+                             "weights; wake them with the actor's weights (load_weights)")
         if self.sleeps:
             self.call("wake_up", ["weights"])
         if load_weights is not None:

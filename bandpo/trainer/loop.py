@@ -7,7 +7,8 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
        (dynamic_sampling, DAPO, when algorithm.filter_groups.enable: rounds of 1-3 until B groups
        have varying accuracy/reward or max_gen_rounds is reached; equal-metric groups are dropped;
        ``bandpo.trainer.dynamic_sampling``)
-       sleep       colocated GPU layout only: the vLLM engines sleep (level 1) until stage 7
+       sleep       colocated GPU layout only: the vLLM engines sleep until stage 7 (rollout.sleep_level; at
+                   level 2 they drop their weights, and stage 7 loads them even after a skipped update)
        reload      with actor.offload_during_rollout: the actor's states back from host memory
                    (``offload`` sends them there again before stage 7, the weights the sync reads
                    once it has read them; ``bandpo.actor.offload``)
@@ -75,6 +76,7 @@ from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, stage
+from bandpo.distributed.nodes import check_nodes
 from bandpo.distributed.plan import layout_of
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
@@ -105,7 +107,7 @@ class Trainer:
         from omegaconf import OmegaConf
 
         self.cfg = cfg
-        self.out = Path(cfg.trainer.output_dir)
+        self.out = Path(os.path.abspath(cfg.trainer.output_dir))  # the driver's: every node writes the same folder
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
@@ -146,6 +148,7 @@ class Trainer:
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
             self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
+            check_nodes(str(self.out))  # other nodes: bandpo imports there and the run folder is this one
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
@@ -232,7 +235,8 @@ class Trainer:
                 actor.offload()
         if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                rollout.wake(lambda: self.load_engines(updated))
+                # At sleep level 2 the engines kept no weights: a skipped update loads the unchanged ones.
+                rollout.wake(lambda: self.load_engines(updated or rollout.drops_weights))
         self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
         metrics["trainer/skipped_steps"] = self.guard.skipped
         return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint)}
@@ -313,7 +317,8 @@ class Trainer:
         if self.weight_sync is None:
             self.weight_sync = make_weight_sync(
                 weight_transport(self.cfg, self.plan), self.workers.actor.workers, self.workers.rollout.workers,
-                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size))
+                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size),
+                timeout_s=float(self.cfg.rollout.weight_sync_timeout))
         self.weight_sync.sync()
         if not self.synced or self.cfg.rollout.verify_sync:
             with self.timed("verify_sync"):  # within time/weight_sync too: it runs inside that stage

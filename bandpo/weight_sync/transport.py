@@ -19,11 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bandpo.errors import ConfigError
+from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, get_within
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 TRANSPORTS = ("auto", "ipc", "nccl", "shm")
+RANKS_GRACE_S = 60.0  # the driver's wait for the ranks past rollout.weight_sync_timeout (DeviceWeightSync)
 KEY = "rollout.weight_sync"
 
 
@@ -54,14 +56,15 @@ def choose_transport(choice: str, layout: str, backend: str = "vllm") -> str:
 
 
 def make_weight_sync(transport: str, actors: list[ActorHandle], engines: list[ActorHandle], *, prefix: str,
-                     engine_tp: int = 1):
+                     engine_tp: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S):
     """The sync object of a resolved ``transport``: ``sync()`` loads the actor's weights into every
-    engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``)."""
+    engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``).
+    ``timeout_s`` bounds each wait of the ipc and nccl transports (``DeviceWeightSync``)."""
     if transport == "shm":
         from bandpo.weight_sync.node import NodeWeightSync
 
         return NodeWeightSync(actors, engines, prefix)
-    return DeviceWeightSync(transport, actors, engines, engine_tp)
+    return DeviceWeightSync(transport, actors, engines, engine_tp, timeout_s)
 
 
 class DeviceWeightSync:
@@ -73,17 +76,25 @@ class DeviceWeightSync:
         transport: "ipc" or "nccl".
         actors: the actor ranks' handles in rank order; engines: the rollout workers' handles.
         engine_tp: GPUs per engine (nccl: engine i's workers take ranks 1 + i * tp ...).
+        timeout_s: the longest any one wait inside a rank may take (``rollout.weight_sync_timeout``);
+            the ranks name the stage that ran out (``bandpo.weight_sync.waits``). The driver waits
+            ``timeout_s + RANKS_GRACE_S`` for the whole sync, so a rank's own error arrives first; its
+            own limit ends a sync only for a rank stuck where no wait of ours is (a collective), or
+            one whose many waits add up past it.
     """
 
-    def __init__(self, transport: str, actors: list[ActorHandle], engines: list[ActorHandle], engine_tp: int = 1):
+    def __init__(self, transport: str, actors: list[ActorHandle], engines: list[ActorHandle], engine_tp: int = 1,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         if transport not in ("ipc", "nccl"):
             raise ValueError(f"DeviceWeightSync: transport must be ipc or nccl, got {transport!r}")
         self.transport, self.actors, self.engines, self.engine_tp = transport, actors, engines, engine_tp
+        self.timeout_s = timeout_s
 
     def sync(self) -> None:
-        import ray
-
-        ray.get([a.send_weights.remote(self.transport, self.engines, self.engine_tp) for a in self.actors])
+        refs = [a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s) for a in self.actors]
+        get_within(refs, self.timeout_s + RANKS_GRACE_S, f"{self.transport} sync (the actor ranks)",
+                   "a rank is stuck in a collective with the others: see the run's logs/actor.log; "
+                   "rollout.weight_sync_timeout sets the limit")
 
     def close(self) -> None:
         """Nothing to remove: the buckets live only during a sync, the NCCL group dies with its processes."""

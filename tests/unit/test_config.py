@@ -76,6 +76,8 @@ def test_defaults_follow_the_paper():
     ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
     ("trainer.verifier_workers=0", "trainer.verifier_workers"),
     ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
+    ("rollout.sleep_level=3", "rollout.sleep_level"),
+    ("rollout.weight_sync_timeout=0", "rollout.weight_sync_timeout"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

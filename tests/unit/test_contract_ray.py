@@ -101,9 +101,9 @@ def _literals(tp) -> set:
     return {x for a in typing.get_args(tp) for x in _literals(a)}
 
 
-@pytest.mark.parametrize("logs", [None, "runs/r/logs"])
-def test_contract_ray_init_options(logs):
-    kw = ray_init_options(logs)
+@pytest.mark.parametrize("logs, ship_code", [(None, False), ("runs/r/logs", False), (None, True)])
+def test_contract_ray_init_options(logs, ship_code):
+    kw = ray_init_options(logs, ship_code=ship_code)
     inspect.signature(ray.init).bind(address="local", num_cpus=8, include_dashboard=False, **kw)
     env = kw["runtime_env"]
     assert set(env) <= RuntimeEnv.known_fields

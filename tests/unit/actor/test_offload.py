@@ -79,8 +79,9 @@ def test_offload_then_reload_on_a_stand_in_engine(monkeypatch, zero_stage):
     (state,) = engine.optimizer.optimizer.state.values()
     (flat,) = engine.optimizer.fp32_partitioned_groups_flat
     before = dict(state)
-    ref = SimpleNamespace(moves=[])  # ZeRO-2's reference model: a module moved whole
-    ref.to = ref.moves.append
+    ref = torch.nn.Linear(4, 3, device="meta")  # ZeRO-2's reference model: a module, each tensor pinned
+    ref.register_buffer("scale", torch.empty(3, device="meta"))
+    ref_tensors = [ref.weight, ref.bias, ref.scale]
     off = ActorOffload(engine, ref if zero_stage == 2 else None, zero_stage, torch.device("meta"))
     off.offload()
     off.offload()  # idempotent
@@ -88,7 +89,8 @@ def test_offload_then_reload_on_a_stand_in_engine(monkeypatch, zero_stage):
     first = {2: ("hp_params", "lp_grads"), 3: moves(3, False)["deepspeed"]}[zero_stage]
     assert engine.calls == [("offload_states", first, "cpu", True)]
     assert [k for k in state if state[k] is not before[k]] == ["exp_avg", "exp_avg_sq"]  # not the host step
-    assert moved == [(4,)] * ((zero_stage == 3) + 2)  # (ZeRO-3's master partition,) Adam's m and v
+    # (ZeRO-3's master partition,) Adam's m and v, (ZeRO-2's reference model: its parameters and buffers)
+    assert moved == [(4,)] * ((zero_stage == 3) + 2) + ([(3, 4), (3,), (3,)] if zero_stage == 2 else [])
     off.offload_weights()  # ... and leave once it has read them (ZeRO-3 keeps its partition: nothing)
     off.offload_weights()
     assert engine.calls[1:] == ([("offload_states", ("lp_params",), "cpu", True)] if zero_stage == 2 else [])
@@ -98,5 +100,27 @@ def test_offload_then_reload_on_a_stand_in_engine(monkeypatch, zero_stage):
     assert engine.calls[calls:] == [("reload_states",)]
     # Each tensor goes back where it came from: AdamW's step counter stays on the host.
     assert {k: v.device.type for k, v in state.items()} == {"step": "cpu", "exp_avg": "meta", "exp_avg_sq": "meta"}
-    if zero_stage == 2:  # the reference model went to the host and came back
-        assert ref.moves == ["cpu", torch.device("meta")]
+    if zero_stage == 2:  # the reference model went to the host and came back: the same tensors, on the device
+        assert [t.device.type for t in ref_tensors] == ["meta"] * 3
+        assert [t is u for t, u in zip(ref_tensors, [ref.weight, ref.bias, ref.scale])] == [True] * 3
+
+
+def test_host_copies_are_plain_on_a_cpu_machine_and_equal():
+    # No GPU: nothing to page-lock for (pin_memory needs one); the copy is the tensor's.
+    t = torch.arange(6.0).view(2, 3)
+    host = offload_module._pinned(t)
+    assert torch.equal(host, t) and host.data_ptr() != t.data_ptr() and not host.is_pinned()
+
+
+@pytest.mark.gpu
+def test_the_zero2_reference_model_waits_in_pinned_host_memory():
+    device = torch.device("cuda", 0)
+    ref = torch.nn.Linear(64, 32).to(device)
+    ref.register_buffer("scale", torch.ones(32, device=device))
+    want = {k: v.clone() for k, v in ref.state_dict().items()}
+    off = ActorOffload(SimpleNamespace(), ref, 2, device)
+    off._move_ref("cpu")
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in [*ref.parameters(), *ref.buffers()])
+    off._move_ref(device)
+    torch.cuda.synchronize(device)
+    assert all(torch.equal(v, want[k]) and v.device == device for k, v in ref.state_dict().items())

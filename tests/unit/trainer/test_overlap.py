@@ -25,7 +25,7 @@ N, R = 8, 3  # rows (one prompt x rollout.n=8 of the tiny default), response pos
 class Engines:
     """The engines' weights version: the actor's update count at the last sync."""
 
-    sleeps = False
+    sleeps = drops_weights = False
 
     def __init__(self):
         self.version = 0

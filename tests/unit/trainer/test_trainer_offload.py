@@ -44,7 +44,7 @@ class _Actor:
 
 
 class _Rollout:
-    sleeps = True
+    sleeps, drops_weights = True, False
 
     def __init__(self, log):
         self.log = log
@@ -71,8 +71,8 @@ class _Rollouts:
         return Drawn(Round([0, 1], batch, ["a"] * 4, []), {}, [], int(rb.response_mask.sum()))
 
 
-def _trainer(offloads):
-    cfg = compose(["rollout.n=2", "algorithm.kl_coef=0", "actor.micro_batch_size=2"])
+def _trainer(offloads, *overrides):
+    cfg = compose(["rollout.n=2", "algorithm.kl_coef=0", "actor.micro_batch_size=2", *overrides])
     trainer = loop.Trainer.__new__(loop.Trainer)
     log = []
     trainer.cfg, trainer.step, trainer.timings = cfg, 1, {}
@@ -94,6 +94,20 @@ def test_states_leave_the_gpu_before_the_engines_wake_and_return_once_they_sleep
     assert log == ["engines.generate", "engines.sleep", *moves[:1], "actor.old_logprobs", "actor.train", *moves[1:],
                    "engines.wake_up(weights)", "actor->engines weight sync", *weights, "engines.wake_up(kv_cache)"]
     assert ("time/reload" in metrics and "time/offload" in metrics) is offloads
+
+
+@pytest.mark.parametrize("drops_weights", [False, True])
+def test_a_skipped_step_syncs_only_when_the_engines_slept_without_their_weights(monkeypatch, drops_weights):
+    # Step 1's rewards are made NaN (the test hook): the guard skips the update, the weights are unchanged.
+    # At sleep level 1 the engines wake with their own copy; at level 2 they have none and must load the actor's.
+    monkeypatch.setattr(loop, "reward_metrics", lambda scores: {})
+    trainer, log = _trainer(True, "trainer.inject_nonfinite_step=1")
+    trainer.workers.rollout.drops_weights = drops_weights
+    metrics = trainer.train_step()
+    assert metrics["trainer/skipped_steps"] == 1 and "actor.train" not in log
+    sync = ["actor->engines weight sync"] if drops_weights else []
+    assert log[log.index("actor.offload"):] == ["actor.offload", "engines.wake_up(weights)", *sync,
+                                                "actor.offload_weights", "engines.wake_up(kv_cache)"]
 
 
 def test_resume_loads_the_states_while_the_engines_sleep(tmp_path):

@@ -42,6 +42,35 @@ def test_skipped_update_still_wakes_without_sync():
     assert g.log[-1] == ("engine1", "wake_up", ("kv_cache",))
 
 
+def test_engines_that_dropped_their_weights_refuse_to_wake_without_a_load():
+    g = _RecordingGroup(sleeps=True)
+    g.drops_weights = True  # sleep level 2
+    g.sleep()
+    with pytest.raises(ValueError, match="rollout.sleep_level=2"):
+        g.wake(None)
+    g.wake(_sync(g))
+    assert ("actor", "sync") in g.log
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_the_weights(monkeypatch, level):
+    from types import SimpleNamespace
+
+    from bandpo.config import compose
+    from bandpo.distributed.plan import ClusterShape, make_plan
+    from bandpo.rollout import group as group_module
+    from bandpo.trainer.startup import rollout_engine_kwargs
+
+    cfg = compose(["model=qwen2.5-3b", f"rollout.sleep_level={level}"])
+    kw, sleeps = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))
+    assert sleeps and kw["sleep_level"] == level
+    spawned = []  # the engines need Ray and GPUs; what the group hands them does not
+    engine = SimpleNamespace(ready=SimpleNamespace(remote=lambda: None))
+    monkeypatch.setattr(group_module, "spawn_rollout_workers", lambda *a, **k: spawned.append(k) or [engine])
+    g = RolloutGroup(1, "vllm", "unused", sleeps=sleeps, **kw)
+    assert spawned[0]["sleep_level"] == level and g.drops_weights is (level == 2)
+
+
 @pytest.mark.parametrize("sync", [True, False])
 def test_without_sleep_mode_only_the_sync_runs(sync):
     g = _RecordingGroup(sleeps=False)

@@ -83,9 +83,27 @@ def test_nccl_group_ranks_and_update_info():
 class _Engine:
     """Records ``ipc_update`` calls; ``.remote`` returns the value ``ray.get`` (faked) hands back."""
 
-    def __init__(self, name, log):
+    def __init__(self, name, log, fail_on=None):
         self.name, self.log = name, log
-        self.ipc_update = types.SimpleNamespace(remote=lambda op, payload=None: log.append((name, op, payload)))
+
+        def remote(op, payload=None):
+            log.append((name, op, payload))
+            return RuntimeError(f"{name} cannot {op}") if op == fail_on else None
+
+        self.ipc_update = types.SimpleNamespace(remote=remote)
+
+
+def _fake_ray(monkeypatch):
+    """Ray as the IPC driver uses it, for refs that are already values (an exception: a failed call)."""
+
+    def get(refs, timeout=None):
+        for r in refs if isinstance(refs, list) else [refs]:
+            if isinstance(r, Exception):
+                raise r
+        return refs
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
+        get=get, wait=lambda pending, num_returns, timeout: (pending[:num_returns], pending[num_returns:])))
 
 
 @pytest.mark.parametrize("driver", [True, False])
@@ -93,24 +111,97 @@ def test_ipc_driver_begins_loads_each_bucket_with_every_rank_s_handle_then_finis
     from bandpo.weight_sync import ipc
 
     log: list = []
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get=lambda refs: refs))
+    _fake_ray(monkeypatch)
     # Packing needs CUDA; the protocol does not: a bucket "packs" to (this rank's GPU, its names).
     monkeypatch.setattr(ipc, "pack_ipc_bucket", lambda b: ("gpu0", ",".join(n for n, _ in b), object()))
-    other_rank = ("gpu1", "other")
     engines = [_Engine("e0", log), _Engine("e1", log)]
     buckets = [[("a", None), ("b", None)], [("c", None)]]
-    n = ipc.send_ipc(buckets, engines, driver=driver, all_gather=lambda mine: [mine, other_rank],
-                     barrier=lambda: log.append(("barrier",)))
+
+    def all_gather(mine):  # the other rank (GPU 1) is fine throughout
+        log.append(("exchange", mine[0]))
+        return [mine, ("ok", None if mine[1] is None else ("gpu1", "other"))]
+
+    n = ipc.send_ipc(buckets, engines, driver=driver, all_gather=all_gather)
     assert n == 2
-    loads = [("e0", "load", {"gpu0": "a,b", "gpu1": "other"}), ("e1", "load", {"gpu0": "a,b", "gpu1": "other"}),
-             ("barrier",),
+    loads = [("exchange", "ok"),
+             ("e0", "load", {"gpu0": "a,b", "gpu1": "other"}), ("e1", "load", {"gpu0": "a,b", "gpu1": "other"}),
+             ("exchange", "ok"), ("exchange", "ok"),
              ("e0", "load", {"gpu0": "c", "gpu1": "other"}), ("e1", "load", {"gpu0": "c", "gpu1": "other"}),
-             ("barrier",)]
+             ("exchange", "ok")]
     if driver:
         assert log == [("e0", "begin", None), ("e1", "begin", None), *loads,
                        ("e0", "finish", None), ("e1", "finish", None)]
-    else:  # other ranks only pack, gather and wait at the barrier: rank 0 drives the engines
-        assert log == [("barrier",), ("barrier",)]
+    else:  # other ranks only pack and exchange: rank 0 drives the engines
+        assert log == [("exchange", "ok")] * 4
+
+
+def _two_ranks(monkeypatch, fail_pack_at=None, engine_fails=None):
+    """Two ranks' ``send_ipc`` in two threads over a real exchange (a barrier); rank 0 drives the
+    engines. Returns each rank's exception (None: it finished) and the engines' log."""
+    import threading
+
+    from bandpo.weight_sync import ipc
+
+    _fake_ray(monkeypatch)
+    packed = {0: 0, 1: 0}
+
+    def pack(bucket):
+        rank = int(threading.current_thread().name)
+        packed[rank] += 1
+        if rank == 0 and packed[0] == fail_pack_at:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory packing a bucket")
+        return f"gpu{rank}", "payload", object()
+
+    monkeypatch.setattr(ipc, "pack_ipc_bucket", pack)
+    slots, barrier = [None, None], threading.Barrier(2, timeout=30)  # a bound for a broken test, never reached
+
+    def all_gather(mine):
+        rank = int(threading.current_thread().name)
+        slots[rank] = mine
+        barrier.wait()
+        out = list(slots)
+        barrier.wait()  # both have read before the next exchange writes
+        return out
+
+    log: list = []
+    engines = [_Engine("e0", log, fail_on=engine_fails)]
+    errors: dict = {}
+
+    def run(rank):
+        try:
+            ipc.send_ipc([[("w", None)]] * 3, engines, driver=rank == 0, all_gather=all_gather)
+            errors[rank] = None
+        except Exception as e:
+            errors[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,), name=str(r)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank was left waiting in an exchange"
+    return errors, log, packed
+
+
+def test_a_rank_0_that_fails_packing_ends_every_rank_at_the_next_exchange(monkeypatch):
+    errors, log, packed = _two_ranks(monkeypatch, fail_pack_at=2)
+    assert isinstance(errors[0], torch.cuda.OutOfMemoryError)  # rank 0 raises its own error
+    assert "actor rank 0 failed packing bucket 1: OutOfMemoryError: CUDA out of memory" in str(errors[1])
+    assert packed == {0: 2, 1: 2}  # nobody went on to bucket 2
+    assert [op for _, op, _ in log] == ["begin", "load", "finish"]  # the engines' sync still ends
+
+
+def test_an_engine_that_fails_loading_ends_every_rank(monkeypatch):
+    errors, log, _ = _two_ranks(monkeypatch, engine_fails="load")
+    assert str(errors[0]) == "e0 cannot load"
+    assert "actor rank 0 failed loading bucket 0 into the engines: RuntimeError: e0 cannot load" in str(errors[1])
+    assert [op for _, op, _ in log] == ["begin", "load", "finish"]
+
+
+def test_an_engine_that_fails_to_begin_ends_every_rank_before_any_load(monkeypatch):
+    errors, log, packed = _two_ranks(monkeypatch, engine_fails="begin")
+    assert str(errors[0]) == "e0 cannot begin" and "actor rank 0 failed packing bucket 0" in str(errors[1])
+    assert packed == {0: 0, 1: 1} and [op for _, op, _ in log] == ["begin", "finish"]
 
 
 def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
