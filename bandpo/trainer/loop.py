@@ -86,7 +86,7 @@ from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
-from bandpo.trainer.overlap import IN_FLIGHT_TYPES, Background, InFlight, check_layout, overlap_seconds
+from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
 from bandpo.trainer.startup import (
     Workers,
     clean_shm,
@@ -382,7 +382,7 @@ class Trainer:
             self.workers.rollout.wake(lambda: self.load_engines(True))
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.engine_version = self.step
-        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, IN_FLIGHT_TYPES)  # None: the next batch is drawn at its step
+        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, in_flight_types())  # None: the next batch is drawn at its step
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)

@@ -62,13 +62,13 @@ def payload(request, tmp_path):
 
 def test_the_batch_drawn_ahead_holding_code_is_refused(tmp_path, payload):
     from bandpo.run.checkpoint import load_in_flight
-    from bandpo.trainer.overlap import IN_FLIGHT_TYPES
+    from bandpo.trainer.overlap import in_flight_types
 
     obj, marker, name = payload
     file = tmp_path / "step_000002" / "in_flight.pt"
     craft(file, obj)
     with pytest.raises(UnsafeCheckpoint) as e:
-        load_in_flight(file, IN_FLIGHT_TYPES)  # the trainer's dataclasses are allowed, os.* never
+        load_in_flight(file, in_flight_types())  # the trainer's dataclasses are allowed, os.* never
     assert_refused(e, file, marker, name)
 
 
