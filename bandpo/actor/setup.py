@@ -73,3 +73,30 @@ def init_distributed(
         MASTER_PORT=str(port),
     )
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min))
+
+
+def destroy_engines(engines: list, zero_stage: int) -> None:
+    """Undo what keeps DeepSpeed ``engines`` alive after their last reference is dropped (other
+    entries, e.g. ZeRO-2's reference model as a plain module, are skipped).
+
+    The optimizer and ZeRO-3's parameter hooks hold the module and the module holds them:
+    ``destroy`` removes the hooks, a cyclic collection the rest. DeepSpeed 0.19's ZeRO-3 also keeps
+    two process-wide references: the top module on its module-level ``FWD_MODULE_STACK`` (pushed at
+    initialisation, never popped), and every parameter coordinator in the class-level ``lru_cache``
+    of its ``__params_to_release`` method (keyed by ``self``).
+    """
+    engines = [e for e in engines if hasattr(e, "destroy")]
+    if zero_stage == 3:
+        from deepspeed.runtime.zero import parameter_offload
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+        own = {id(m) for e in engines for m in e.module.modules()}
+        parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
+        # A cache: emptying it costs the other engines of this process (if any) one recomputation.
+        # The lru_cache sits under DeepSpeed's nvtx wrapper, which keeps it in its closure.
+        wrapper = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
+        for cell in wrapper.__closure__ or ():
+            if hasattr(cell.cell_contents, "cache_clear"):
+                cell.cell_contents.cache_clear()
+    for engine in engines:
+        engine.destroy()

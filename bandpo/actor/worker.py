@@ -38,6 +38,7 @@ counts such steps (``nonfinite_steps``) and raises if one was applied anyway.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -62,6 +63,7 @@ from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys, s
 from bandpo.actor.setup import (
     LinearWarmup,
     cpu_threads_per_rank,
+    destroy_engines,
     init_distributed,
     seed_everything,
 )
@@ -495,32 +497,9 @@ class Actor(ActorStateIO):
 
     # ------------------------------------------------------------------ misc
     def close(self) -> None:
-        """Release this rank's memory while the process lives on (a Ray actor's process simply exits).
-
-        ``del actor`` alone keeps the states alive: the optimizer and ZeRO-3's parameter hooks
-        hold the module and the module holds them (``destroy`` removes the hooks, a cyclic
-        collection the rest). DeepSpeed 0.19's ZeRO-3 also keeps two process-wide references: the
-        top module on its module-level ``FWD_MODULE_STACK`` (pushed at initialisation, never
-        popped), and every parameter coordinator in the class-level ``lru_cache`` of its
-        ``__params_to_release`` method (keyed by ``self``).
-        """
-        import gc
-
-        engines = [e for e in (self.engine, self.ref) if hasattr(e, "destroy")]  # the ZeRO-2 ref is a plain module
-        if self.zero_stage == 3:
-            from deepspeed.runtime.zero import parameter_offload
-            from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
-
-            own = {id(m) for e in engines for m in e.module.modules()}
-            parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
-            # A cache: emptying it costs the other engines of this process (if any) one recomputation.
-            # The lru_cache sits under DeepSpeed's nvtx wrapper, which keeps it in its closure.
-            wrapper = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
-            for cell in wrapper.__closure__ or ():
-                if hasattr(cell.cell_contents, "cache_clear"):
-                    cell.cell_contents.cache_clear()
-        for engine in engines:
-            engine.destroy()
+        """Release this rank's memory while the process lives on (a Ray actor's process simply exits;
+        ``scripts/gpu_smoke.py`` builds one rank after another): ``bandpo.actor.setup.destroy_engines``."""
+        destroy_engines([self.engine, self.ref], self.zero_stage)
         self.engine = self.ref = self.offloader = None
         gc.collect()
         self._release_cache()
