@@ -28,9 +28,10 @@ def test_smollm2_config_trains_a_tied_llama_under_zero3(tmp_path):
     model = build_tiny_model(tmp_path / "llama", architecture="llama")
     assert json.loads((model / "config.json").read_text())["tie_word_embeddings"] is True
     out = tmp_path / "run"
-    proc, rows = train(out, "model=smollm2-135m", f"model.path={model}", "model.build=null", "actor.zero_stage=3",
-                       "trainer.total_steps=2", "trainer.save_every=2", "trainer.prompts_per_step=4", "rollout.n=4",
-                       "rollout.max_tokens=16", "actor.mini_batch_prompts=4", "rollout.kv_cache_gib=1")
+    proc, rows = train(out, "actor.zero_stage=3", "trainer.total_steps=2", "trainer.save_every=2",
+                       "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16", "actor.mini_batch_prompts=4",
+                       "rollout.kv_cache_gib=1",
+                       model=["model=smollm2-135m", f"model.path={model}", "model.build=null"])
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         check_updated_step(r, band=True)
