@@ -37,6 +37,12 @@ def is_unreachable(err: BaseException) -> bool:
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
     kinds = (ConnectionError, TimeoutError, httpx.TransportError, LocalEntryNotFoundError, OfflineModeIsEnabled)
+    try:  # recent huggingface_hub releases make their requests with httpx2, whose errors are its own classes
+        import httpx2
+
+        kinds += (httpx2.TransportError,)
+    except ImportError:
+        pass
     seen: set[int] = set()
     todo: list[BaseException | None] = [err]
     while todo:

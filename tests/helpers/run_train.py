@@ -30,14 +30,18 @@ REQUIRED = ["reward/mean", "reward/accuracy", "actor/entropy", "actor/clip_frac_
 BAND = ["actor/band/lower_mean"]  # and with algorithm=bandpo
 
 
-def train(out: Path, *overrides: str, timeout: int = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def train(out: Path, *overrides: str, timeout: int = 900,
+          model: list[str] = TEST_MODEL) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run train.sh into ``out``; returns the finished process and its metrics.jsonl rows.
+
+    ``model``: the overrides that pick the model (default: the tiny recipe's short warm start);
+    a test of another model config passes its own.
 
     A run that fails is not returned: its console is the assertion message. A finished run
     must leave nothing new in /dev/shm (the weight-sync buffer and vLLM's queues are RAM).
     """
     args = ["trainer.eval_before_train=false", "trainer.eval_every=0", "trainer.wandb.mode=disabled",
-            f"trainer.output_dir={out}", *TEST_MODEL, *overrides]
+            f"trainer.output_dir={out}", *model, *overrides]
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})

@@ -19,3 +19,18 @@ def test_summary_gives_before_after_change_and_reference(tmp_path):
     assert "  reward/accuracy                    step 1: 0.7500 -> step 2: 0.8000" in text.splitlines()
     assert text.splitlines()[-1] == "  reference: seeds 0-2: +5.6 to +6.4"
     assert "reference" not in summary(path, 2)
+
+
+def test_reference_line_only_for_the_config_it_was_measured_with():
+    from bandpo.config import compose
+    from bandpo.train import reference_result
+
+    default = compose([])
+    assert reference_result(default) == default.trainer.reference_result
+    # seeds and where the run writes do not change what the reference describes
+    assert reference_result(compose(["trainer.seed=2", "trainer.output_dir=/tmp/x"])) == default.trainer.reference_result
+    # another model (its own config sets no reference), another step count, or the tiny config with
+    # another model folder: the number does not describe the run
+    assert reference_result(compose(["model=smollm2-135m"])) is None
+    assert reference_result(compose(["trainer.total_steps=2"])) is None
+    assert reference_result(compose(["model.path=/tmp", "model.build=null"])) is None

@@ -78,3 +78,16 @@ def test_ray_workers_split_and_sync(tiny_model_dir, prompts):  # noqa: F811 (pro
     finally:
         remove_shm(path)
         ray.shutdown()
+
+
+def test_weight_sync_is_exact_on_a_tied_llama(tmp_path):
+    """model=smollm2-135m's architecture, a Llama with tied embeddings: the reload refreshes vLLM's
+    CPU-prepacked lm_head from the new embedding exactly as for the tied Qwen2 (same checks)."""
+    from bandpo.models.tiny import build_tiny_model
+
+    llama = str(build_tiny_model(tmp_path / "llama", architecture="llama"))
+    eng = make_engine("vllm", llama, dtype="float32", seed=0, enforce_eager=True)
+    try:
+        test_weight_sync_is_exact(eng, llama)
+    finally:
+        eng.shutdown()
