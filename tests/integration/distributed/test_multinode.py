@@ -15,6 +15,7 @@ driver's environment nor its directory unless the job carries them.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,9 @@ def cluster(tmp_path_factory):
 
     from bandpo.distributed import init_ray
 
+    # This module's remote functions travel by value: the workers have bandpo (shipped by the job)
+    # but not the tests package, which only the driver's own sys.path holds.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     driver_dir, other_dir = tmp_path_factory.mktemp("driver"), tmp_path_factory.mktemp("other-node")
     cwd, saved = os.getcwd(), dict(os.environ)
     os.chdir(driver_dir)
@@ -49,6 +53,7 @@ def cluster(tmp_path_factory):
         nodes = {("other" if n["Resources"].get("other_node") else "head"): n["NodeID"] for n in ray.nodes()}
         yield nodes, driver_dir, other_dir
     finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         ray.shutdown()
         c.shutdown()
         os.chdir(cwd)
