@@ -56,6 +56,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bandpo.errors import ConfigError
+
 ZERO3_SUB_GROUP_ELEMENTS = 1e9  # DeepSpeed's default stage3 sub_group_size
 SIZE_KEYS = ("num_params", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
              "vocab_size")
@@ -81,12 +83,12 @@ class ModelShape:
 
 def model_shape(model_cfg) -> ModelShape | None:
     """The sizes from ``cfg.model``; None when ``model.num_params`` is not set (no estimate), and a
-    ``ValueError`` naming the key when it is set but another size is missing."""
+    ``ConfigError`` naming the key when it is set but another size is missing."""
     if model_cfg.get("num_params") is None:
         return None
     missing = [k for k in SIZE_KEYS if model_cfg.get(k) is None]
     if missing:
-        raise ValueError(f"model.{missing[0]} is required for the memory estimate when model.num_params is set "
+        raise ConfigError(f"config error: model.{missing[0]} is required for the memory estimate when model.num_params is set "
                          f"(from the model's config.json)")
     return ModelShape(**{k: int(model_cfg.get(k)) for k in SIZE_KEYS})
 
