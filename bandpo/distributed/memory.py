@@ -23,9 +23,11 @@ The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master c
     grads        4P/W    the gradient partition, accumulated in fp32 (bandpo.actor.ds_config)
     bucket       2 x 5e8  ZeRO's reduce bucket (DeepSpeed's default reduce_bucket_size, bf16 staging)
     live_params  ZeRO-3: the largest gathered module (the [V, H] lm_head) + the 5e7-element prefetch bucket
-    activations  with gradient checkpointing one bf16 hidden state per layer per token, plus one
-                 layer recomputed in backward (34 H bytes per token, Korthikanti et al. 2022 without
-                 the attention-score term, which flash/SDPA kernels never store); without, 34 H L per token
+    activations  what autograd keeps per token (``bandpo.distributed.footprint``, from the hidden and
+                 intermediate sizes and the heads): every layer's, or with gradient checkpointing each
+                 layer's input plus one layer recomputed in backward; and the final norm and head's
+    optimizer_step  the optimizer step's temporary: one fp32 tensor the size of the rank's partition
+                 (footprint); activations are freed by then, so the peak holds the larger of the two
     head         padding-free: the chunked lm_head's fp32 [chunk, V] logits, probabilities and gradient
                  (3 x 4 x chunk x V) and its weight gradient: an fp32 [V, H] accumulator and its bf16
                  copy (6 V H, bandpo.actor.chunked); padded: fp32 logits and softmax per token (8 V)
@@ -49,6 +51,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bandpo.distributed.footprint import (
+    head_activation_bytes,
+    layers_activation_bytes,
+    model_shape,
+    optimizer_step_bytes,
+)
 from bandpo.distributed.plan import Plan
 
 GIB = float(1 << 30)
@@ -119,9 +127,10 @@ def offload_during_rollout(cfg, layout: str) -> bool:
 def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     """The actor's memory in GiB on one of ``world`` ranks; None without model sizes in the config."""
     m, a = cfg.model, cfg.actor
-    if m.get("num_params") is None:
+    shape = model_shape(m)
+    if shape is None:
         return None
-    P, H, L, V = float(m.num_params), int(m.hidden_size), int(m.num_layers), int(m.vocab_size)
+    P, H, V = float(shape.num_params), shape.hidden_size, shape.vocab_size
     W = max(1, world)
     z3 = int(a.zero_stage) == 3
     lp = 2 if bf16 else 4  # bytes per weight as the model computes
@@ -132,22 +141,23 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     if z3:
         parts["live_params"] = lp * (V * H + ZERO3_PREFETCH_ELEMENTS)
     ckpt = bool(a.get("gradient_checkpointing") or m.get("gradient_checkpointing"))
-    if a.get("padding_free") and a.get("max_tokens_per_micro_batch"):
+    padding_free = bool(a.get("padding_free") and a.get("max_tokens_per_micro_batch"))
+    if padding_free:
         tokens = int(a.max_tokens_per_micro_batch)
         chunk = int(a.get("logits_chunk_tokens") or 512)
-        parts["head"] = 3 * 4 * chunk * V + (4 + lp) * V * H
-        per_token = 8  # fp32 log-prob and entropy per token
+        parts["head"] = 3 * 4 * chunk * V + (4 + (lp if lp != 4 else 0)) * V * H
     else:
         tokens = int(a.micro_batch_size) * int(m.max_model_len)
         parts["head"] = 0.0
-        per_token = 8 * V  # fp32 logits and their softmax per token
-    layers = (2 * H * L + 34 * H) if ckpt else 34 * H * L  # bytes per token
-    parts["activations"] = tokens * (layers + per_token)
+    per_token = layers_activation_bytes(shape, lp, ckpt, packed=padding_free)
+    parts["activations"] = tokens * (per_token + head_activation_bytes(shape, lp, padding_free))
+    parts["optimizer_step"] = optimizer_step_bytes(shape, W, int(a.zero_stage))
     return {k: v / GIB for k, v in parts.items()}
 
 
 RESIDENT = ("weights", "ref_weights", "master", "optimizer", "grads", "bucket")  # between the actor's stages
 TRANSIENT = ("live_params", "activations", "head")  # during a forward/backward only
+STEP = ("optimizer_step",)  # during the optimizer step only, after the activations are freed
 
 
 def actor_residue(parts: dict[str, float], offload: bool, zero_stage: int) -> float:
@@ -169,7 +179,7 @@ def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
         return None
     offload = offload_during_rollout(cfg, plan.layout)
     resident = sum(parts.get(k, 0.0) for k in RESIDENT)
-    peak = resident + sum(parts.get(k, 0.0) for k in TRANSIENT)
+    peak = resident + max(sum(parts.get(k, 0.0) for k in TRANSIENT), sum(parts.get(k, 0.0) for k in STEP))
     residue = actor_residue(parts, offload, int(cfg.actor.zero_stage))
     share = None if capacity_gib is None else float(cfg.rollout.gpu_memory_utilization) * capacity_gib
     parts = {**parts, "actor_peak": peak, "actor_residue": residue}
@@ -224,10 +234,11 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
     if plan.layout == "cpu":
         return "memory: CPU layout (no GPU estimate)"
     if est is None:
-        return "memory: no model sizes (model.num_params / hidden_size / num_layers / vocab_size) in the config"
+        return ("memory: no model sizes (model.num_params / hidden_size / intermediate_size / num_layers / "
+                "num_heads / num_kv_heads / vocab_size) in the config")
     p = est.parts
     keys = [k for k in ("weights", "ref_weights", "master", "optimizer", "grads", "bucket", "live_params",
-                        "activations", "head", "actor_peak", "actor_residue", "vllm_share") if k in p]
+                        "activations", "head", "optimizer_step", "actor_peak", "actor_residue", "vllm_share") if k in p]
     cap = "unknown" if est.capacity is None else f"{est.capacity:.1f}"
     lines = [f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
              + "  ".join(f"{k} {p[k]:.1f}" for k in keys)]

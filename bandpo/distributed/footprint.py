@@ -1,0 +1,136 @@
+"""What one training step of a Qwen2/Llama-architecture model holds, from its sizes: the bytes
+autograd saves per token, and the optimizer step's temporaries.
+
+Pure arithmetic (no torch): ``bandpo.distributed.memory`` adds these up per GPU and phase, and
+``scripts/check_memory_model.py`` compares them with a measured CPU peak.
+
+Activations of one decoder layer (SwiGLU MLP, RMSNorms computing in float32), per token, with
+``lp`` bytes per element of the model's dtype (2 bf16, 4 fp32), H the hidden size, I the MLP's
+intermediate size, n the attention heads, K = kv_heads x head_dim (grouped-query attention),
+listing every tensor autograd keeps for backward (each storage once)::
+
+    input RMSNorm       x in float32 (pow's input; the layer input itself in fp32)    4 H
+                        rsqrt(mean(x^2) + eps) (the normalising mul's operand)        4
+                        (x * rsqrt).to(dtype) (the weight multiply's operand)         lp H
+                        weight * that = the norm's output (q/k/v_proj's input)        lp H
+    attention           q after rotary (SDPA's input)                                 lp H
+                        k after rotary, v (SDPA's inputs)                             2 lp K
+                        SDPA's output (it keeps it for backward), o_proj's input      lp H
+                        SDPA's logsumexp, float32 per head                            4 n
+    post-attn RMSNorm   as the input norm, on the residual sum                        4 H + 4 + 2 lp H
+    MLP                 gate output g (SiLU's input)                                  lp I
+                        SiLU(g) and the up output (the product's operands)            2 lp I
+                        their product (down_proj's input)                             lp I
+
+    native attention (transformers' sdpa without a mask, flash-attention):
+        8 H + 6 lp H + 2 lp K + 4 lp I + 4 n + 8
+    packed attention (``bandpo.actor.attention``, the actor's padding-free path): k and v are
+    gathered per bucket and repeated to every query head (2 lp H instead of 2 lp K), and o_proj
+    reads a gathered copy of SDPA's output (another lp H):
+        8 H + 9 lp H + 4 lp I + 4 n + 8
+
+Nothing else is kept: rotary embedding multiplies q and k by cos and sin, so it keeps cos and
+sin (computed once per forward and shared by every layer), not q or k; the projections' and
+the residual adds' outputs are read by nothing that keeps them. Qwen2.5-7B in bf16 (H 3584,
+I 18944, 28 heads, 4 KV heads) keeps 244,856 bytes per token and layer packed (68.3 H), the
+34 H of GPT's 4H-MLP layer (Korthikanti et al. 2022) less than half of it. The packed buckets
+pad each row to its bucket's longest (at most 1 / BUCKET_RATIO, 1.25x, of the attention terms);
+that padding and the attention mask of padded batches (under which CUDA's sdpa repeats k and v
+too) are not counted. tests/unit/distributed/test_footprint.py checks the two sums against the
+tensors a real Qwen2 and Llama layer saves (saved-tensor hooks).
+
+Gradient checkpointing (non-reentrant, as the actor enables it) keeps each layer's input (lp H
+per token and layer) and recomputes one layer at a time in backward, whose activations then
+add up as above: L lp H + A per token.
+
+The optimizer step's temporaries: torch's AdamW on the foreach path (``_multi_tensor_adam``,
+CUDA's default) updates m, v, the weight decay and the parameters in place, and allocates one
+temporary, ``sqrt(v)``, for all the tensors of a device/dtype group at once: 4 bytes per fp32
+parameter it steps. Under DeepSpeed ZeRO-2 it steps the rank's flat fp32 partition (P / W),
+built just before from the gradients (a flat copy of them while the per-parameter ones are still
+held, then freed): one fp32 partition's size more than the gradients at either moment. ZeRO-3
+steps its partition in sub-groups of at most ``ZERO3_SUB_GROUP_ELEMENTS`` at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bandpo.errors import ConfigError
+
+ZERO3_SUB_GROUP_ELEMENTS = 1e9  # DeepSpeed's default stage3 sub_group_size
+SIZE_KEYS = ("num_params", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+             "vocab_size")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only SwiGLU model's sizes (``model.<key>`` in the config, ``SIZE_KEYS``)."""
+
+    num_params: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+
+    @property
+    def kv_size(self) -> int:
+        """K: the width of the k and v projections (kv_heads x head_dim, head_dim = H / heads)."""
+        return self.num_kv_heads * (self.hidden_size // self.num_heads)
+
+
+def model_shape(model_cfg) -> ModelShape | None:
+    """The sizes from ``cfg.model``; None when ``model.num_params`` is not set (no estimate), and a
+    ``ConfigError`` naming the key when it is set but another size is missing."""
+    if model_cfg.get("num_params") is None:
+        return None
+    missing = [k for k in SIZE_KEYS if model_cfg.get(k) is None]
+    if missing:
+        raise ConfigError(f"config error: model.{missing[0]} is required for the memory estimate when model.num_params is set "
+                         f"(from the model's config.json)")
+    return ModelShape(**{k: int(model_cfg.get(k)) for k in SIZE_KEYS})
+
+
+def layer_activation_bytes(shape: ModelShape, lp: int, packed: bool = True) -> int:
+    """Bytes one decoder layer keeps for backward per token (module docstring): ``packed`` the
+    actor's packed attention, else the native one."""
+    H, I, n = shape.hidden_size, shape.intermediate_size, shape.num_heads
+    norms = 2 * (4 * H + 4 + 2 * lp * H)
+    kv = 2 * lp * (H if packed else shape.kv_size)
+    attention = lp * H + kv + lp * H + 4 * n + (lp * H if packed else 0)
+    return norms + attention + 4 * lp * I
+
+
+def layers_activation_bytes(shape: ModelShape, lp: int, checkpointing: bool, packed: bool = True) -> int:
+    """Bytes per token all layers keep at the start of backward; with gradient checkpointing
+    their inputs plus the one layer recomputed at a time."""
+    layer = layer_activation_bytes(shape, lp, packed)
+    L, H = shape.num_layers, shape.hidden_size
+    return L * lp * H + layer if checkpointing else L * layer
+
+
+def head_activation_bytes(shape: ModelShape, lp: int, padding_free: bool) -> int:
+    """Bytes per token the final RMSNorm and the head keep: the norm as in a layer (its output
+    is the head's input), then padding-free float32 log-prob, log Z and entropy
+    (``bandpo.actor.chunked``), padded the float32 logits and their log-softmax."""
+    H = shape.hidden_size
+    return 4 * H + 4 + 2 * lp * H + (12 if padding_free else 8 * shape.vocab_size)
+
+
+def head_transient_bytes(shape: ModelShape, lp: int, chunk: int) -> int:
+    """The chunked head's backward (``bandpo.actor.chunked``): three float32 [chunk, V] buffers
+    (log p, p, the logits' gradient) and the weight gradient's float32 [V, H] accumulator plus
+    its copy in the model's dtype (none in fp32)."""
+    V, H = shape.vocab_size, shape.hidden_size
+    return 3 * 4 * chunk * V + (4 + (lp if lp != 4 else 0)) * V * H
+
+
+def optimizer_step_bytes(shape: ModelShape, world: int, zero_stage: int) -> float:
+    """The optimizer step's temporaries on one of ``world`` ranks beyond the states and gradients:
+    one fp32 tensor the size of the stepped partition (module docstring)."""
+    partition = shape.num_params / max(1, world)
+    if zero_stage == 3:
+        partition = min(partition, ZERO3_SUB_GROUP_ELEMENTS)
+    return 4 * partition

@@ -1,0 +1,72 @@
+"""The per-layer activation formula (bandpo.distributed.footprint) against the tensors a real
+tiny Qwen2 and Llama decoder layer saves for backward (saved-tensor hooks, random weights, CPU).
+
+Saved tensors are counted once per storage (views and tensors saved twice share one) and
+exclude the layer's parameters and the rotary cos/sin (built once per forward, shared by all
+layers). Both sides are integer byte counts, so the comparison is exact.
+"""
+
+import pytest
+import torch
+
+from bandpo.distributed.footprint import ModelShape, layer_activation_bytes
+
+H, I, HEADS, KV, T = 256, 704, 4, 2, 64
+
+
+def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str) -> float:
+    from transformers import LlamaConfig, Qwen2Config
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    config_cls, layer_cls, rotary_cls = {"qwen2": (Qwen2Config, Qwen2DecoderLayer, Qwen2RotaryEmbedding),
+                                         "llama": (LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding)}[kind]
+    cfg = config_cls(hidden_size=H, intermediate_size=I, num_attention_heads=HEADS, num_key_value_heads=KV,
+                     num_hidden_layers=1, vocab_size=100)
+    extra = {}
+    if attn == "packed":
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        from bandpo.actor import attention
+
+        AttentionInterface.register(attention.NAME, attention._attention)
+        AttentionMaskInterface.register(attention.NAME, attention._mask)
+        cfg._attn_implementation = attention.NAME
+        # two rows of T/2 tokens, one bucket without padding; built once per forward as the actor does
+        layout = attention.build_layout(attention.contiguous_rows([T // 2, T // 2]), T)
+        extra[attention.LAYOUT_KW] = layout
+        shared = [*layout.buckets, layout.source]
+    else:
+        cfg._attn_implementation = "sdpa"
+        shared = []
+    torch.manual_seed(0)
+    layer = layer_cls(cfg, 0).to(dtype).train()
+    x = torch.randn(1, T, H, dtype=dtype, requires_grad=True)
+    pos = torch.cat([torch.arange(T // 2), torch.arange(T // 2)])[None]
+    cos, sin = rotary_cls(cfg)(x, pos)
+    skip = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), cos, sin, *shared]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin), **extra)
+    return sum(seen.values()) / T
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attn", ["sdpa", "packed"])
+def test_layer_saves_what_the_formula_counts(kind, dtype, attn):
+    lp = 4 if dtype == torch.float32 else 2
+    shape = ModelShape(num_params=0, hidden_size=H, intermediate_size=I, num_layers=1, num_heads=HEADS,
+                       num_kv_heads=KV, vocab_size=100)
+    want = layer_activation_bytes(shape, lp, packed=attn == "packed")
+    # by hand, native fp32: 8H + 24H + 8K + 16I + 4n + 8 = 2048 + 6144 + 1024 + 11264 + 24 = 20504
+    assert {(4, False): 20504, (2, False): 11288}.get((lp, attn == "packed"), want) == want
+    assert _saved_bytes_per_token(kind, dtype, attn) == want
