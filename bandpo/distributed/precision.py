@@ -1,0 +1,80 @@
+"""The actor's compute precision (``actor.bf16``) and the rollout engines' dtype that follows it.
+
+``actor.bf16``: ``auto`` | ``true`` | ``false``.
+    auto   bf16 on GPU; on CPU bf16 only where the processor multiplies bf16 in hardware
+           (``cpu_has_fast_bf16``), else fp32. Without that hardware PyTorch's CPU GEMMs
+           emulate bf16 (measured on an AMD Zen 3: ~250x slower than fp32), while with
+           AVX512-BF16 or AMX they run ~2.5x faster than fp32.
+    true / false  as given, on any device (an explicit choice wins over the detection).
+bf16 means DeepSpeed's bf16 mode: bf16 weights and activations, fp32 master weights, fp32
+gradient accumulation (``bandpo.actor.ds_config``).
+
+``model.dtype``: the rollout engines' dtype. ``auto`` = the actor's resolved precision
+(``bfloat16`` / ``float32``), so the engines sample with the numerics the actor scores with
+(a mismatch shows up as pi_old / pi_rollout != 1: ``bandpo.algo.mismatch``). An explicit
+``float32`` / ``bfloat16`` / ``float16`` is used as given.
+
+The detection runs where ``auto`` is resolved: the driver (``bandpo.trainer.startup``). A
+cluster whose actor nodes have other CPUs than the driver's sets ``actor.bf16`` explicitly.
+
+Pure Python: no torch (the placement plan's memory arithmetic uses it too).
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+from bandpo.errors import ConfigError
+
+CPUINFO = Path("/proc/cpuinfo")
+# x86 feature flags of native bf16 arithmetic as Linux lists them: AVX512-BF16 dot products
+# (AMD Zen 4/5, Intel Cooper Lake and Sapphire Rapids on) and AMX's bf16 tile multiply (Intel
+# Sapphire Rapids on). oneDNN, behind PyTorch's CPU GEMMs, uses either.
+FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+BF16_CHOICES = ("auto", True, False)
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def cpu_has_fast_bf16(cpuinfo: str | None = None, system: str | None = None) -> bool:
+    """Whether this machine's CPU multiplies bf16 in hardware.
+
+    Detected on Linux from ``/proc/cpuinfo``: every processor's ``flags`` line must list
+    ``avx512_bf16`` or ``amx_bf16`` (a processor without them would run its share emulated).
+    Other operating systems (no ``/proc/cpuinfo``), and Linux CPUs that list no x86 ``flags``
+    line (ARM lists ``Features``), give False: fp32 there, where ``actor.bf16=true`` still
+    asks for bf16. ``cpuinfo`` / ``system`` replace the file's text and ``platform.system()``
+    (tests). An unreadable ``/proc/cpuinfo`` on Linux raises OSError naming ``actor.bf16``.
+    """
+    if (system or platform.system()) != "Linux":
+        return False
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError as e:
+            raise OSError(f"actor.bf16=auto reads the CPU's flags from {CPUINFO}, which is unreadable ({e}); "
+                          "set actor.bf16=true or false") from e
+    flag_sets = [set(value.split()) for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+                 if key.strip() == "flags"]
+    return bool(flag_sets) and all(flags.intersection(FAST_BF16_FLAGS) for flags in flag_sets)
+
+
+def resolve_bf16(setting, device: str, fast_cpu_bf16: bool | None = None) -> bool:
+    """``actor.bf16`` (auto / true / false) on ``device`` ("cuda" or "cpu") -> whether the actor computes
+    in bf16 (module docstring). ``fast_cpu_bf16`` replaces the CPU detection (tests)."""
+    if setting not in BF16_CHOICES or not isinstance(setting, (str, bool)):
+        raise ConfigError(f"config error: actor.bf16 must be one of auto, true, false, got {setting!r}")
+    if setting != "auto":
+        return bool(setting)
+    if device == "cuda":
+        return True
+    return cpu_has_fast_bf16() if fast_cpu_bf16 is None else fast_cpu_bf16
+
+
+def engine_dtype(model_dtype, bf16: bool) -> str:
+    """The rollout engines' dtype: ``model.dtype``, its ``auto`` being the actor's precision ``bf16``."""
+    if model_dtype not in ENGINE_DTYPES:
+        raise ConfigError(f"config error: model.dtype must be one of {', '.join(ENGINE_DTYPES)}, got {model_dtype!r}")
+    if model_dtype == "auto":
+        return "bfloat16" if bf16 else "float32"
+    return model_dtype
