@@ -58,6 +58,7 @@ from bandpo.distributed.footprint import (
     optimizer_step_bytes,
 )
 from bandpo.distributed.plan import Plan
+from bandpo.distributed.precision import resolve_bf16
 
 GIB = float(1 << 30)
 # Per process on a GPU: the CUDA context, cuBLAS/cuDNN workspaces and NCCL's communicator buffers.
@@ -173,8 +174,8 @@ def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
     unknown); None on CPU or without model sizes in the config."""
     if plan.layout == "cpu":
         return None
-    bf16 = True if cfg.actor.get("bf16", "auto") == "auto" else bool(cfg.actor.bf16)
-    parts = actor_parts(cfg, len(plan.of("actor")), bf16)
+    # GPU layouts only (CPU returned above): auto is bf16 there, the same resolution as the trainer's.
+    parts = actor_parts(cfg, len(plan.of("actor")), resolve_bf16(cfg.actor.get("bf16", "auto"), "cuda"))
     if parts is None:
         return None
     offload = offload_during_rollout(cfg, plan.layout)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.config import to_plain
+from bandpo.distributed.precision import engine_dtype, resolve_bf16
 from bandpo.errors import ConfigError, InputError
 from bandpo.run import shm
 
@@ -158,7 +159,9 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
     gpu = device == "cuda"
     tp = int(ro.get("tensor_parallel_size", 1) or 1)
     sleeps = gpu and (plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode))
-    kw: dict[str, Any] = dict(max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+    # The engines sample in the dtype the actor computes in, unless model.dtype names one (bandpo.distributed.precision).
+    dtype = engine_dtype(cfg.model.dtype, resolve_bf16(cfg.actor.bf16, device))
+    kw: dict[str, Any] = dict(max_model_len=cfg.model.max_model_len, dtype=dtype, seed=cfg.trainer.seed)
     if ro.backend == "vllm":
         kw["enforce_eager"] = (not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager)
         if gpu:
@@ -233,7 +236,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
 
     def start_actor() -> None:
         with stage("start", "actor"):
-            bf16 = gpu if ac.bf16 == "auto" else bool(ac.bf16)
+            bf16 = resolve_bf16(ac.bf16, device)
             into.actor = ActorGroup(
                 model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
                 options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),

@@ -78,6 +78,9 @@ def test_defaults_follow_the_paper():
     ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
     ("rollout.sleep_level=3", "rollout.sleep_level"),
     ("rollout.weight_sync_timeout=0", "rollout.weight_sync_timeout"),
+    ("actor.bf16=yes", "actor.bf16"),
+    ("actor.bf16=1", "actor.bf16"),
+    ("model.dtype=fp8", "model.dtype"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -72,3 +72,21 @@ def test_hf_wake_up_takes_vllms_tags(tiny_model_dir):
     engine.wake_up()
     with pytest.raises(ValueError, match="unknown tags"):
         engine.wake_up(["kv"])
+
+
+@pytest.mark.parametrize("overrides, device, fast_cpu_bf16, dtype", [
+    (["model=tiny"], "cpu", False, "float32"),  # this machine's kind: bf16 would be emulated
+    (["model=tiny"], "cpu", True, "bfloat16"),  # AVX512-BF16 / AMX: the actor computes in bf16, so do the engines
+    (["model=tiny", "actor.bf16=false"], "cpu", True, "float32"),
+    (["model=tiny", "actor.bf16=true"], "cpu", False, "bfloat16"),
+    (["model=tiny", "actor.bf16=true", "model.dtype=float32"], "cpu", False, "float32"),  # named: used as given
+    (["model=tiny", "rollout=hf"], "cpu", True, "bfloat16"),
+    (["model=qwen2.5-3b"], "cuda", False, "bfloat16"),
+    (["model=qwen2.5-3b", "actor.bf16=false"], "cuda", False, "float32"),
+])
+def test_engine_dtype_follows_the_actors_precision(monkeypatch, overrides, device, fast_cpu_bf16, dtype):
+    from bandpo.distributed import precision
+
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: fast_cpu_bf16)
+    kw, _ = _kwargs(overrides, device)
+    assert kw["dtype"] == dtype
