@@ -12,8 +12,16 @@ Per token t with target y, p = softmax(z), H = log Z - sum_k p_k z_k:
     d z / d(h W^T)  = 1 / temperature
 and with G = dL/d(h W^T) [C, V]: dL/dh = G W, dL/dW += G^T h.
 
-The matmul runs in the weight's dtype (bf16 on GPU, like the model's own lm_head);
-softmax arithmetic and the weight-gradient accumulator are float32.
+Precision (``actor.bf16``): the two matmuls with the [V, H] weight run in the weight's dtype,
+as the model's own lm_head and the rollout engine's do: bf16 products accumulate in fp32 and
+only the result is rounded, a logit z to within |z| 2^-8 (the engine's logits are rounded the
+same way). Everything after that, over the vocabulary, is float32 (``_logits`` upcasts first):
+logsumexp, log p = z - log Z, the entropy and the gradient G = dL/dz. In bf16 each of those
+results would be rounded again: log p to within |log p| 2^-8 (0.04 nats at log p = -10, a
+ratio pi / pi_old off by 4% before any update), and the small probabilities that make up G
+each by a relative 2^-8. The weight gradient dL/dW = G^T h is accumulated over the chunks in
+float32 from the float32 G; only the gradient handed back to the hidden states, G W, takes the
+weight's dtype, as the rest of the network's gradients do.
 """
 
 from __future__ import annotations
@@ -68,15 +76,17 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             if grad_logprobs is not None:
                 g.scatter_add_(-1, targets[s:e, None], grad_logprobs[s:e, None].float())
             del logp, p
-            g = g.div_(t).to(weight.dtype)  # dL/d(h W^T)
+            g = g.div_(t)  # dL/d(h W^T), float32
             if need_h:
-                grad_hidden[s:e] = g @ weight
-            if need_w:
-                grad_weight.addmm_(g.t().float(), hidden[s:e].float())
+                grad_hidden[s:e] = g.to(weight.dtype) @ weight
+            if need_w:  # from the float32 G: no bf16 rounding of its terms before the sum over tokens
+                grad_weight.addmm_(g.t(), hidden[s:e].float())
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[C, V] float32 logits / temperature: the matmul in the weight's dtype, the result upcast before
+    any arithmetic over the vocabulary (module docstring)."""
     z = (hidden @ weight.t()).float()
     return z / temperature if temperature != 1.0 else z
 

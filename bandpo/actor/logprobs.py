@@ -89,7 +89,10 @@ def response_logits(
         use_cache=False,
         logits_to_keep=width + 1,
     )
-    logits = out.logits[:, :-1].float()  # [n, R, V]: drop the prediction after the last column
+    # [n, R, V], the prediction after the last column dropped. Upcast before the log-softmax: under
+    # bf16 the logits are rounded once by the lm_head, the sums over V and log p then stay float32
+    # (why: bandpo.actor.chunked's docstring).
+    logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits

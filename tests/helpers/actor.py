@@ -120,3 +120,32 @@ def run_cuda_check(script: str, model_dir: str, timeout: float = 600) -> dict:
                           timeout=timeout, env={**os.environ, "DS_ACCELERATOR": "cuda"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
+# bf16 vs fp32 log-probs of one network: the bound's terms, derived in tests/unit/actor/test_bf16_logprobs.py.
+U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
+BF16_ROUNDINGS_PER_LAYER = 24
+BF16_ROUNDINGS_OUTSIDE_LAYERS = 5
+BF16_SIGMAS = 6
+
+
+def bf16_logprob_bound(model_dir: str, rb: RolloutBatch) -> tuple[float, dict]:
+    """``(bound, its terms)`` on max |log p_bf16 - log p_fp32| over ``rb``'s tokens for the model in ``model_dir``:
+    2 u (max|z| + 6 sqrt(n / 3) m2), with z the fp32 logits, m2 = max_k ||h * w_k||_2 (h the last hidden state
+    after the final norm, w_k the lm_head's row k) and n = 24 L + 5 bf16 roundings on the way to h."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    weight = model.get_output_embeddings().weight  # [V, H]
+    max_z = m2 = 0.0
+    prompts, responses, _ = rb.to_lists()
+    with torch.no_grad():
+        for p, r in zip(prompts, responses):
+            h = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]  # [T, H]
+            max_z = max(max_z, float((h @ weight.t()).abs().max()))
+            m2 = max(m2, float((h.square() @ weight.square().t()).sqrt().max()))
+    n = BF16_ROUNDINGS_PER_LAYER * model.config.num_hidden_layers + BF16_ROUNDINGS_OUTSIDE_LAYERS
+    bound = 2 * U_BF16 * (max_z + BF16_SIGMAS * math.sqrt(n / 3) * m2)
+    return bound, {"max_z": max_z, "m2": m2, "n": n}
