@@ -14,6 +14,17 @@ With bf16 the gradients are accumulated in fp32 (``data_types.grad_accum_dtype``
 default is the model's dtype, and summing tens of packed micro-batches per optimizer step in
 bf16 (8 mantissa bits) loses the small contributions of the later ones. The price is the ZeRO
 gradient partition in 4 instead of 2 bytes per parameter (``bandpo.distributed.memory``).
+
+bf16 is DeepSpeed's own bf16 mode on GPU and CPU alike (``actor.bf16``, resolved by
+``bandpo.distributed.precision``): the module's weights and activations in bf16, fp32 master
+weights in the ZeRO optimizer (ZeRO-2's ``single_partition_of_fp32_groups``, ZeRO-3's
+``fp32_partitioned_groups_flat``), which AdamW steps. The alternative on CPU, torch.autocast
+around an fp32 model, was not needed: DeepSpeed 0.19.8's CPU accelerator runs this mode
+unchanged, checked with ZeRO-2 and ZeRO-3 on one rank and on two gloo ranks (torch 2.13's gloo
+all-reduces and gathers bf16 tensors; both ranks end with the same gradient norms and weights).
+So CPU trains as the GPU does, with the bf16 weight copy the rollout engines are sent and half
+the weight memory, where autocast would keep fp32 weights and cast them to bf16 again in every
+forward and backward.
 """
 
 from __future__ import annotations

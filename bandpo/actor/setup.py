@@ -1,4 +1,4 @@
-"""Building blocks of an actor rank: seeding, process group, LR schedule (the model: ``bandpo.actor.loading``)."""
+"""Building blocks of an actor rank: seeding, process group, LR schedule, its DeepSpeed engines and GPU."""
 
 from __future__ import annotations
 
@@ -100,3 +100,57 @@ def destroy_engines(engines: list, zero_stage: int) -> None:
                 cell.cell_contents.cache_clear()
     for engine in engines:
         engine.destroy()
+
+
+def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zero_stage: int, bf16: bool, lr: float,
+                  betas, weight_decay: float, warmup_steps: int, gradient_checkpointing: bool, padding_free: bool,
+                  ref_model: bool):
+    """``(DeepSpeed training engine, frozen reference model or None, whether the packed attention runs)``.
+
+    The model is built where it lives: partitioned under ZeRO-3, else on ``device``
+    (``bandpo.actor.loading``), in bf16 with ``bf16`` (DeepSpeed keeps the fp32 master weights,
+    on GPU and CPU alike: ``bandpo.actor.ds_config``), else fp32. The reference model takes the
+    same dtype and, under ZeRO-3, the same partitioning.
+    """
+    import deepspeed
+
+    from bandpo.actor.attention import use_packed_attention
+    from bandpo.actor.ds_config import build_inference_config
+    from bandpo.actor.loading import load_model
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = load_model(model_path, dtype, device, ds_config if zero_stage == 3 else None)
+    packed_attention = padding_free and use_packed_attention(model)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_config, dist_init_required=False,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
+    )
+    if not ref_model:
+        return engine, None, packed_attention
+    inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
+    ref = load_model(model_path, dtype, device, inf_config if zero_stage == 3 else None)
+    ref.requires_grad_(False)
+    if padding_free and use_packed_attention(ref) != packed_attention:
+        raise RuntimeError("the reference model loaded with another attention implementation than the actor")
+    if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
+        ref = deepspeed.initialize(model=ref, config=inf_config, dist_init_required=False)[0]
+    else:
+        ref = ref.to(device)
+    ref.eval()  # DeepSpeedEngine.eval() returns None, so not chained
+    return engine, ref, packed_attention
+
+
+def assigned_gpu(rank: int, device_count: int) -> int:
+    """This rank's torch device index: from the GPU ids Ray assigned to it, else ``rank % device_count``."""
+    from bandpo.distributed import local_gpu_index
+
+    try:
+        import ray
+
+        assigned = ray.get_gpu_ids() if ray.is_initialized() else []
+    except ImportError:
+        assigned = []
+    return local_gpu_index(assigned, os.environ.get("CUDA_VISIBLE_DEVICES"), rank, device_count)

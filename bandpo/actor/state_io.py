@@ -3,8 +3,8 @@ memory, CUDA IPC, NCCL), checkpoints, and the Hugging Face export.
 
 ``ActorStateIO`` is a base of ``bandpo.actor.worker.Actor`` (Ray calls these methods on the actor)
 and reads the actor's attributes: ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``zero_stage``,
-``on_cpu``, ``device``, ``model_path``, ``offloader``, and its ``offload`` / ``reload`` /
-``_barrier`` / ``_all_gather_object``. Under ZeRO-3 every method that reads the full weights is
+``on_cpu``, ``device``, ``model_path``, ``offloader``, and its ``offload`` / ``reload``; the small
+collectives both use (``_all_reduce``, ``_all_gather_object``, ``_barrier``) are here. Under ZeRO-3 every method that reads the full weights is
 collective (each bucket is gathered on its own): all ranks must call it and iterate to the end.
 """
 
@@ -232,3 +232,26 @@ class ActorStateIO:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    # ------------------------------------------------------------------ collectives
+    def _all_reduce(self, t: torch.Tensor, max_: bool = False) -> torch.Tensor:
+        """Sum (or max) of a small CPU tensor over ranks, via the device (NCCL needs GPU tensors)."""
+        if self.world_size == 1:
+            return t
+        t = t.to(self.device)
+        torch.distributed.all_reduce(
+            t, op=torch.distributed.ReduceOp.MAX if max_ else torch.distributed.ReduceOp.SUM
+        )
+        return t.cpu()
+
+    def _all_gather_object(self, obj) -> list:
+        """Every rank's ``obj``, in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()

@@ -40,15 +40,12 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import time
 
 import torch
 
-from bandpo.actor.attention import use_packed_attention
 from bandpo.actor.chunked import DEFAULT_CHUNK
-from bandpo.actor.ds_config import build_ds_config, build_inference_config, grad_accum_steps
-from bandpo.actor.loading import load_model
+from bandpo.actor.ds_config import build_ds_config, grad_accum_steps
 from bandpo.actor.logprobs import (
     budget_chunks,
     check_padding,
@@ -61,7 +58,8 @@ from bandpo.actor.logprobs import (
 from bandpo.actor.metrics import MetricAccumulator
 from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys, split_to_count
 from bandpo.actor.setup import (
-    LinearWarmup,
+    assigned_gpu,
+    build_engines,
     cpu_threads_per_rank,
     destroy_engines,
     init_distributed,
@@ -87,7 +85,8 @@ class Actor(ActorStateIO):
         lr, betas, weight_decay: AdamW (decoupled weight decay on every parameter).
         warmup_steps: linear warmup over this many optimizer steps, then constant.
         grad_clip: max global gradient norm (0 disables).
-        bf16: bf16 weights/activations with fp32 master weights (GPU); fp32 otherwise.
+        bf16: DeepSpeed's bf16 mode (bf16 weights/activations, fp32 master weights and gradient
+            accumulation), on GPU or CPU (``bandpo.actor.ds_config``); fp32 otherwise.
         gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
         mini_batch_size: global rows per optimizer step (all ranks).
         micro_batch_size: rows per forward/backward on one rank.
@@ -149,7 +148,6 @@ class Actor(ActorStateIO):
         from bandpo.run.worker_logs import redirect_group_output
 
         redirect_group_output("actor")
-        import deepspeed
         from deepspeed.accelerator import get_accelerator
 
         if not 0 <= rank < world_size:
@@ -177,10 +175,8 @@ class Actor(ActorStateIO):
 
         accel = get_accelerator()
         self.on_cpu = accel.device_name() == "cpu"
-        if bf16 and self.on_cpu:
-            raise ValueError("bf16=True needs a GPU; the CPU path trains in fp32")
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
-        local_rank = 0 if self.on_cpu else _assigned_gpu(rank, accel.device_count())
+        local_rank = 0 if self.on_cpu else assigned_gpu(rank, accel.device_count())
         init_distributed(
             rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl",
             timeout_min=collective_timeout_min,
@@ -199,37 +195,13 @@ class Actor(ActorStateIO):
             grad_clip=grad_clip,
             bf16=bf16,
         )
-        dtype = torch.bfloat16 if bf16 else torch.float32
-        # Built where it lives: partitioned under ZeRO-3, else on this rank's device (bandpo.actor.loading)
-        model = load_model(model_path, dtype, self.device, ds_config if zero_stage == 3 else None)
-        packed_attention = padding_free and use_packed_attention(model)
+        self.engine, self.ref, packed_attention = build_engines(
+            model_path, self.device, ds_config, zero_stage=zero_stage, bf16=bf16, lr=lr, betas=betas,
+            weight_decay=weight_decay, warmup_steps=warmup_steps, gradient_checkpointing=gradient_checkpointing,
+            padding_free=padding_free, ref_model=ref_model,
+        )
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-        )
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            config=ds_config,
-            dist_init_required=False,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
-        )
-        self.ref = None
-        if ref_model:
-            inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
-            ref = load_model(model_path, dtype, self.device, inf_config if zero_stage == 3 else None)
-            ref.requires_grad_(False)
-            if padding_free and use_packed_attention(ref) != packed_attention:
-                raise RuntimeError("the reference model loaded with another attention implementation than the actor")
-            if zero_stage == 3:  # partitioned like the actor; DeepSpeed gathers layers during forward
-                ref = deepspeed.initialize(model=ref, config=inf_config, dist_init_required=False)[0]
-            else:
-                ref = ref.to(self.device)
-            ref.eval()  # DeepSpeedEngine.eval() returns None, so not chained
-            self.ref = ref
         self.offloader = None
         if offload_during_rollout and not self.on_cpu:
             from bandpo.actor.offload import ActorOffload
@@ -515,38 +487,3 @@ class Actor(ActorStateIO):
             "zero_stage": self.zero_stage,
             "global_steps": int(self.engine.global_steps),
         }
-
-    def _all_reduce(self, t: torch.Tensor, max_: bool = False) -> torch.Tensor:
-        """Sum (or max) of a small CPU tensor over ranks, via the device (NCCL needs GPU tensors)."""
-        if self.world_size == 1:
-            return t
-        t = t.to(self.device)
-        torch.distributed.all_reduce(
-            t, op=torch.distributed.ReduceOp.MAX if max_ else torch.distributed.ReduceOp.SUM
-        )
-        return t.cpu()
-
-    def _all_gather_object(self, obj) -> list:
-        """Every rank's ``obj``, in rank order."""
-        if self.world_size == 1:
-            return [obj]
-        out = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
-    def _barrier(self) -> None:
-        if self.world_size > 1:
-            torch.distributed.barrier()
-
-
-def _assigned_gpu(rank: int, device_count: int) -> int:
-    """This rank's torch device index: from the GPU ids Ray assigned to it, else ``rank % device_count``."""
-    from bandpo.distributed import local_gpu_index
-
-    try:
-        import ray
-
-        assigned = ray.get_gpu_ids() if ray.is_initialized() else []
-    except ImportError:
-        assigned = []
-    return local_gpu_index(assigned, os.environ.get("CUDA_VISIBLE_DEVICES"), rank, device_count)

@@ -80,9 +80,9 @@ def test_actor_rank_device_index_is_the_gpu_ray_assigned(cluster, noset):
 
     @ray.remote
     def seat(rank):
-        from bandpo.actor.worker import _assigned_gpu
+        from bandpo.actor.setup import assigned_gpu
 
-        return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), _assigned_gpu(rank, 8)
+        return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), assigned_gpu(rank, 8)
 
     env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if noset else {}
     try:
