@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.errors import EvalUsageError, InputError
-from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, resolve_targets
+from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, model_dtype, resolve_targets
 
 log = logging.getLogger("bandpo.eval.evaluate")
 
@@ -84,7 +84,7 @@ def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
             model_path = materialize(target, base_model=cfg.base_model, cache=cfg.cache, temp_root=tmp)
             if engine is None:
                 tokenizer = load_tokenizer(cfg.tokenizer or model_path, "tokenizer" if cfg.tokenizer else "checkpoint")
-                engine = make_engine(ev.backend, model_path, **ev.engine)
+                engine = make_engine(ev.backend, model_path, **engine_kwargs(ev.engine, model_path))
             else:  # same architecture, new weights: reload instead of restarting the engine
                 engine.update_weights(_read_weights(model_path))
             log.info("evaluating %s (%d/%d)", target.label, i + 1, len(targets))
@@ -101,6 +101,15 @@ def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
     if len(targets) == 1:
         return payloads[0]
     return _write_steps(cfg, targets, payloads)
+
+
+def engine_kwargs(engine: Mapping[str, Any], model_path: str) -> dict[str, Any]:
+    """``make_engine``'s kwargs: ``eval.engine``, with the checkpoint's dtype unless it names one (vLLM's own
+    ``auto`` would turn a float32 model into bf16: ``bandpo.eval.targets.model_dtype``)."""
+    kw = dict(engine)
+    if "dtype" not in kw:
+        kw["dtype"] = model_dtype(model_path)
+    return kw
 
 
 def _read_weights(model_path: str):

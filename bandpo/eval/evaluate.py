@@ -2,7 +2,7 @@
 
     python -m bandpo.eval checkpoint=PATH eval.datasets=[amc23,aime24,aime25] eval.n=32 \\
         [eval.paths=DIR_OR_FILES] [eval.out=DIR | --out DIR] [eval.max_tokens=4096] [eval.backend=vllm]
-        [eval.limit=N] [eval.engine.KEY=VALUE (make_engine kwargs)]
+        [eval.limit=N] [eval.engine.KEY=VALUE (make_engine kwargs; eval.engine.dtype: the checkpoint's)]
 
 Arguments are Hydra-style overrides of ``EvalCLIConfig``, whose defaults are the paper's
 protocol (``configs/eval/default.yaml`` is the trainer's eval group: it takes its template and
@@ -58,7 +58,8 @@ class EvalConfig:
     max_prompt_len: int | None = None
     pass_ks: list[int] | None = None  # None: 1, 2, 4, ..., n
     backend: str = "vllm"
-    engine: dict[str, Any] = field(default_factory=dict)  # extra make_engine kwargs
+    # extra make_engine kwargs; without a dtype the engine takes the checkpoint's (bandpo.eval.targets.model_dtype)
+    engine: dict[str, Any] = field(default_factory=dict)
     verifier_workers: int | None = None
     verifier_timeout: float = 5.0
     out: str | None = None  # output directory; None: <checkpoint>/eval or outputs/eval/<hub id>

@@ -231,3 +231,32 @@ def _target_dtype(config, dtype: str):
     if isinstance(cfg_dtype, str):
         cfg_dtype = getattr(torch, cfg_dtype, None)
     return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_dtype(model_path: str) -> str:
+    """The dtype the config of ``model_path`` (a folder or a hub id) names: what the eval engine loads the
+    model in unless ``eval.engine.dtype`` is given.
+
+    Passed explicitly because vLLM's own ``auto`` loads a float32 checkpoint in bf16 (its rule for
+    fp32 models): not the numerics the checkpoint was trained in, and on a CPU without native bf16
+    ~250x slower. A config naming no dtype, or another one, is an error naming ``eval.engine.dtype``.
+    """
+    import torch
+    from transformers import AutoConfig
+
+    from bandpo.errors import InputError
+    from bandpo.hub import hub_error, keyed
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError) as e:
+        raise keyed(hub_error(f"model {model_path}", e), "checkpoint", "checkpoint=<local folder>") from e
+    dtype = getattr(config, "dtype", None)
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, (torch.dtype, str)) else None
+    if name not in ENGINE_DTYPES:
+        raise InputError(f"eval.engine.dtype: the config of {model_path} names {'no dtype' if name is None else name}; "
+                         "give the engine's with eval.engine.dtype=float32 (or bfloat16)")
+    return name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -308,3 +309,26 @@ def test_hf_folder_of_a_checkpoint(tmp_path):
     assert [t.hf_path for t in resolve_targets("Qwen/Qwen2.5-3B-Instruct")] == ["Qwen/Qwen2.5-3B-Instruct"]
     with pytest.raises(EvalUsageError, match="config.json"):
         resolve_targets(str(tmp_path))
+
+
+def _config_copy(src: str, dst, **changes):
+    """``src``'s config.json in ``dst`` with ``changes`` (None removes a key): all AutoConfig reads."""
+    cfg = json.loads((Path(src) / "config.json").read_text())
+    cfg.update(changes)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    dst.mkdir()
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_eval_engine_takes_the_checkpoints_dtype_unless_given(tiny_model_dir, tmp_path):
+    from bandpo.errors import InputError
+    from bandpo.eval.cli import engine_kwargs
+
+    # vLLM's own "auto" would load this float32 model in bf16
+    assert engine_kwargs({}, tiny_model_dir) == {"dtype": "float32"}
+    assert engine_kwargs({"enforce_eager": True}, _config_copy(tiny_model_dir, tmp_path / "b", dtype="bfloat16")) == \
+        {"enforce_eager": True, "dtype": "bfloat16"}
+    assert engine_kwargs({"dtype": "bfloat16"}, str(tmp_path / "absent")) == {"dtype": "bfloat16"}  # not read
+    with pytest.raises(InputError, match=r"eval\.engine\.dtype: the config of .* names no dtype; .*eval\.engine\.dtype="):
+        engine_kwargs({}, _config_copy(tiny_model_dir, tmp_path / "none", dtype=None))
