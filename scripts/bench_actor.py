@@ -22,6 +22,14 @@ Two modes:
 
       DS_ACCELERATOR=cpu python scripts/bench_actor.py --compare --vocab 151936 --hidden 64 \
           --layers 2 --intermediate 256 --max-response 4096 --compare-r 1024,4096 [--group-size 8]
+
+Both modes also measure the machine's matmul peak in the same run, in the dtype the actor computes in
+(``--bf16 auto``: ``actor.bf16``'s rule, ``bandpo.distributed.precision``) and on each rank's threads
+(all ranks at once): the best torch.mm FLOP/s over the model's projection shapes ([T, H] x [H, H],
+[H, I], [I, H]). Each pass is then reported as a fraction of that peak, counting model FLOPs:
+6 x params x tokens for an update (forward 2, backward 4), 2 x params x tokens for a log-prob pass,
+tokens being those the passes process (shared prompts once, padding included). Attention's score
+products are not counted, nor is the lm_head's cost being paid only at the response tokens.
 """
 
 from __future__ import annotations
@@ -77,7 +85,65 @@ def _peak_rss_mib(_actor) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
+def matmul_peak(hidden: int, intermediate: int, dtype, device="cpu", min_seconds: float = 0.2,
+                max_tokens: int = 4096) -> dict:
+    """Best torch.mm FLOP/s on this process's threads in ``dtype`` over the projection shapes of a model of
+    ``hidden`` / ``intermediate`` sizes: T tokens doubled from 16 until one product takes ``min_seconds``
+    (or T reaches ``max_tokens``), then the fastest of 3 timings. Emulated bf16 (a CPU without
+    AVX512-BF16 / AMX) stops at small T; native types run up to ``max_tokens``."""
+    import torch
+
+    dev = torch.device(device)
+
+    def timed(a, b) -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    rates = {}
+    for k, n in ((hidden, hidden), (hidden, intermediate), (intermediate, hidden)):  # q/o, gate/up, down
+        b = torch.randn(k, n, device=dev).to(dtype)
+        t = 16
+        while True:
+            a = torch.randn(t, k, device=dev).to(dtype)
+            timed(a, b)  # warm-up: the kernel's first call
+            if timed(a, b) >= min_seconds or t >= max_tokens:
+                break
+            t *= 2
+        rates[f"{t}x{k}x{n}"] = 2.0 * t * k * n / min(timed(a, b) for _ in range(3))
+    return {"dtype": str(dtype).removeprefix("torch."), "device": str(dev), "threads": torch.get_num_threads(),
+            "flops_per_s": max(rates.values()), "by_shape": rates}
+
+
+def _rank_matmul_peak(actor, hidden: int, intermediate: int, bf16: bool) -> dict:
+    import torch
+
+    return matmul_peak(hidden, intermediate, torch.bfloat16 if bf16 else torch.float32, actor.device)
+
+
+def peak_fractions(params: int, update_tokens: int, update_s: float, logprob_tokens: int, logprob_s: float,
+                   peak: float) -> dict:
+    """Model FLOP/s of an update (6 P T) and a log-prob pass (2 P T), and their fractions of ``peak``."""
+    update, logprob = 6.0 * params * update_tokens / update_s, 2.0 * params * logprob_tokens / logprob_s
+    return {"update_flops_per_s": update, "update_peak_frac": update / peak,
+            "logprob_flops_per_s": logprob, "logprob_peak_frac": logprob / peak}
+
+
+def resolved_bf16(setting: str) -> bool:
+    """``--bf16`` (auto / true / false) as ``actor.bf16`` resolves it on this machine."""
+    import torch
+
+    from bandpo.distributed.precision import resolve_bf16
+
+    value = {"auto": "auto", "true": True, "false": False}[setting]
+    return resolve_bf16(value, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def bench(model_dir: str, world: int, args, cpus_per_rank: int, params: int) -> dict:
     import torch
 
     from bandpo.actor import ActorGroup
@@ -92,7 +158,7 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
         mini_batch_size=args.rows,
         micro_batch_size=args.micro,
         lr=1e-6,
-        bf16=gpu,
+        bf16=resolved_bf16(args.bf16),
         gradient_checkpointing=args.gradient_checkpointing,
         padding_free=not args.old_path,
         max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
@@ -114,12 +180,19 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int) -> dict:
         import ray
 
         rss = ray.get([w.__ray_call__.remote(_peak_rss_mib) for w in group.workers])
+        # every rank at once, on its own threads: the ranks share the machine as they did training
+        peaks = ray.get([w.__ray_call__.remote(_rank_matmul_peak, args.hidden, args.intermediate,
+                                               resolved_bf16(args.bf16)) for w in group.workers])
     finally:
         group.shutdown()
     step_s = sum(times) / len(times)
     resp_tokens = args.rows * args.response_len
-    all_tokens = args.rows * (args.prompt_len + args.response_len)
+    all_tokens = args.rows * (args.prompt_len + args.response_len)  # distinct fixed-length rows: no padding
+    peak = sum(p["flops_per_s"] for p in peaks)
     return {
+        **peak_fractions(params, all_tokens, step_s, all_tokens, logprob_s, peak),
+        "matmul_peak_flops_per_s": peak,
+        "matmul_peak_per_rank": peaks,
         "ranks": world,
         "update_s": step_s,
         "train_resp_tok_s": resp_tokens / step_s,
@@ -211,10 +284,11 @@ def single(args) -> dict:
     from bandpo.algo.losses import LossOptions
 
     loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
+    bf16 = resolved_bf16(args.bf16)
     with tempfile.TemporaryDirectory() as tmp:
-        build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads,
-                    args.prompt_len + args.max_response + 1)
-        actor = Actor(tmp, mini_batch_size=args.rows, micro_batch_size=args.micro, lr=1e-6,
+        params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads,
+                             args.prompt_len + args.max_response + 1)
+        actor = Actor(tmp, mini_batch_size=args.rows, micro_batch_size=args.micro, lr=1e-6, bf16=bf16,
                       padding_free=not args.old_path, max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
                       logprob_token_budget=args.logprob_budget, logits_chunk_tokens=args.chunk,
                       share_prompts=not args.no_share)
@@ -230,7 +304,11 @@ def single(args) -> dict:
     up_s, up_peak = timed_peak(lambda: actor.update(batch, loss_options))
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     update_run = processed_tokens(batch, actor, update=True)
+    logprob_run = processed_tokens(batch, actor, update=False)
+    peak = matmul_peak(args.hidden, args.intermediate, torch.bfloat16 if bf16 else torch.float32, actor.device)
     return {
+        **peak_fractions(params, update_run, up_s, logprob_run, lp_s, peak["flops_per_s"]),
+        "matmul_peak": peak,
         "path": "old" if args.old_path else "new" if actor.share_prompts or args.group_size == 1 else "unsh",
         "max_response": args.max_response,
         "real_tokens": real,
@@ -241,7 +319,7 @@ def single(args) -> dict:
         "update_tok_s": real / up_s,
         # padding: the share of processed tokens that are padding; run/rows: processed over the
         # rows' own tokens (below 1 when shared prompts run once per pass)
-        "logprob_padding_frac": max(0.0, 1 - real / processed_tokens(batch, actor, update=False)),
+        "logprob_padding_frac": max(0.0, 1 - real / logprob_run),
         "update_padding_frac": max(0.0, 1 - real / update_run),
         "update_run_over_rows": update_run / real,
         "torch_threads": torch.get_num_threads(),
@@ -267,16 +345,22 @@ def compare(args) -> None:
             raise SystemExit(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         results.append(json.loads(lines[-1]))
         print(json.dumps(results[-1]), flush=True)
-    print(f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows, prompts "
+    print(f"{results[0]['matmul_peak']['dtype']}, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, "
+          f"{args.rows} rows, prompts "
           f"{args.prompt_len // 2}-{args.prompt_len}, responses lognormal capped at R; new: max_tokens_per_micro_batch "
           f"{args.max_tokens}, chunk {args.chunk}; old: micro_batch_size {args.micro}; logprob_token_budget "
           f"{args.logprob_budget}; group size {args.group_size}; load average {os.getloadavg()}")
     print(f"{'path':>4} {'R':>5} {'tokens':>6} {'lp extra GB':>11} {'upd extra GB':>12} {'lp tok/s':>9} "
-          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7} {'run/rows':>8}")
+          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7} {'run/rows':>8} {'peak GFLOP/s':>12} {'lp/peak':>7} "
+          f"{'upd/peak':>8}")
     for x in results:
         print(f"{x['path']:>4} {x['max_response']:>5} {x['real_tokens']:>6} {x['logprob_extra_peak_gb']:>11.2f} "
               f"{x['update_extra_peak_gb']:>12.2f} {x['logprob_tok_s']:>9.0f} {x['update_tok_s']:>9.0f} "
-              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%} {x['update_run_over_rows']:>8.2f}")
+              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%} {x['update_run_over_rows']:>8.2f} "
+              f"{x['matmul_peak']['flops_per_s'] / 1e9:>12.2f} {x['logprob_peak_frac']:>7.1%} "
+              f"{x['update_peak_frac']:>8.1%}")
+    print(f"matmul peak in {results[0]['matmul_peak']['dtype']} on {results[0]['torch_threads']} threads (per run): "
+          + ", ".join(f"{x['matmul_peak']['flops_per_s'] / 1e9:.2f}" for x in results) + " GFLOP/s")
     new = {x["max_response"]: x for x in results if x["path"] == "new"}
     old = next(x for x in results if x["path"] == "old")
     same_r = new[old["max_response"]]
@@ -307,6 +391,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2, help="timed updates after one warm-up")
     p.add_argument("--zero-stage", type=int, default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--bf16", choices=("auto", "true", "false"), default="auto",
+                   help="actor.bf16: auto = bf16 on GPU and on CPUs with AVX512-BF16 / AMX, fp32 elsewhere")
     p.add_argument(
         "--cpus-per-rank",
         type=int,
@@ -342,24 +428,30 @@ def main() -> None:
     ray.init(address="local", num_cpus=total_cpus, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         n_params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads)
-        results = [bench(tmp, w, args, cpus_per_rank) for w in ranks]
+        results = [bench(tmp, w, args, cpus_per_rank, n_params) for w in ranks]
     ray.shutdown()
 
     print(
         f"model: Qwen2 random, {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, "
         f"vocab {args.vocab}); batch {args.rows} rows x ({args.prompt_len} prompt + {args.response_len} "
-        f"response) tokens, micro {args.micro}, ZeRO-{args.zero_stage}, "
+        f"response) tokens, micro {args.micro}, ZeRO-{args.zero_stage}, {'bf16' if resolved_bf16(args.bf16) else 'fp32'}, "
         f"{cpus_per_rank} CPU/rank of {total_cpus}, load average {os.getloadavg()[0]:.1f}"
     )
     print(
         f"{'ranks':>5} {'update s':>9} {'train resp tok/s':>17} {'train all tok/s':>16} "
-        f"{'logprob tok/s':>14} {'peak RSS/rank MiB':>18}"
+        f"{'logprob tok/s':>14} {'peak RSS/rank MiB':>18} {'peak GFLOP/s':>12} {'upd GFLOP/s':>11} {'upd/peak':>8} "
+        f"{'lp GFLOP/s':>10} {'lp/peak':>7}"
     )
     for r in results:
         print(
             f"{r['ranks']:>5} {r['update_s']:>9.2f} {r['train_resp_tok_s']:>17.1f} "
-            f"{r['train_all_tok_s']:>16.1f} {r['logprob_tok_s']:>14.1f} {r['peak_rss_mib_per_rank']:>18.0f}"
+            f"{r['train_all_tok_s']:>16.1f} {r['logprob_tok_s']:>14.1f} {r['peak_rss_mib_per_rank']:>18.0f} "
+            f"{r['matmul_peak_flops_per_s'] / 1e9:>12.2f} {r['update_flops_per_s'] / 1e9:>11.2f} "
+            f"{r['update_peak_frac']:>8.1%} {r['logprob_flops_per_s'] / 1e9:>10.2f} {r['logprob_peak_frac']:>7.1%}"
         )
+    first = results[0]["matmul_peak_per_rank"][0]
+    print(f"matmul peak: torch.mm in {first['dtype']}, {first['threads']} threads per rank, all ranks at once, summed; "
+          f"model FLOPs 6 x params x tokens (update), 2 x params x tokens (log-probs)")
     report = {
         "params": n_params,
         "config": vars(args),
