@@ -242,7 +242,7 @@ def model_dtype(model_path: str) -> str:
 
     Passed explicitly because vLLM's own ``auto`` loads a float32 checkpoint in bf16 (its rule for
     fp32 models): not the numerics the checkpoint was trained in, and on a CPU without native bf16
-    ~250x slower. A config naming no dtype, or another one, is an error naming ``eval.engine.dtype``.
+    two orders of magnitude slower. A config naming no dtype, or another one, is an error naming ``eval.engine.dtype``.
     """
     import torch
     from transformers import AutoConfig

@@ -1,7 +1,7 @@
 """The DeepSpeed actor in bf16 on CPU: DeepSpeed's bf16 mode on its CPU accelerator (bf16 weights, fp32
 master weights and gradient accumulation), ZeRO-2 and ZeRO-3, one rank here and two as Ray actors over gloo.
 
-Kept tiny (a few dozen tokens): on a CPU without AVX512-BF16 / AMX PyTorch emulates bf16 matmuls, ~250x
+Kept tiny (a few dozen tokens): on a CPU without AVX512-BF16 / AMX PyTorch emulates bf16 matmuls, 100x
 slower than fp32. The log-prob bound is derived in tests/unit/actor/test_bf16_logprobs.py.
 """
 

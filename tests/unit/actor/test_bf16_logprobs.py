@@ -1,6 +1,6 @@
 """Log-probs in bf16 against fp32, within bounds derived from bf16's unit roundoff u = 2^-8.
 
-Kept tiny: on a CPU without AVX512-BF16 / AMX PyTorch emulates bf16 matmuls (~250x slower than fp32).
+Kept tiny: on a CPU without AVX512-BF16 / AMX PyTorch emulates bf16 matmuls (100x and more slower than fp32).
 
 The bound for a whole network (``tests.helpers.actor.bf16_logprob_bound``), first order in u:
 
