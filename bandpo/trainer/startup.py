@@ -215,6 +215,9 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
 
     gpu = device == "cuda"
     ro, ac = cfg.rollout, cfg.actor
+    bf16 = resolve_bf16(ac.bf16, device)  # auto reads this machine's CPU flags: say what it chose
+    print(f"[bandpo] precision: actor {'bf16' if bf16 else 'fp32'} (actor.bf16={ac.bf16}), engines "
+          f"{engine_dtype(cfg.model.dtype, bf16)} (model.dtype={cfg.model.dtype})", flush=True)
     # CPU: synchronous, the engines generate while the actor waits, so they share all cores (Ray
     # would give each one thread: its num_cpus=1); overlapped, the two sides divide the cores.
     engine_threads, actor_threads = cpu_threads(cpu_threads_per_rank(1), ro.num_workers, ac.num_workers,
@@ -236,7 +239,6 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
 
     def start_actor() -> None:
         with stage("start", "actor"):
-            bf16 = resolve_bf16(ac.bf16, device)
             into.actor = ActorGroup(
                 model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
                 options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),
