@@ -26,6 +26,7 @@ STEPS=${STEPS:-12}
 RUNS=${RUNS:-runs/compare}
 RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
 SHARED_BEFORE=${SHARED_BEFORE:-0}
+TITLE=${TITLE:-}         # the report's title (compare.py's own by default)
 read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
 read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
 
@@ -87,6 +88,7 @@ for seed in $SEEDS; do
   done
 done
 
+[[ -n $TITLE ]] && SUMMARY_ARGS+=(--title "$TITLE")
 .venv/bin/python recipes/tiny_arith/compare.py --runs "$RUNS" --out "$RESULTS" "${SUMMARY_ARGS[@]}"
 if ((${#failed[@]})); then
   echo "failed runs: ${failed[*]}" >&2
