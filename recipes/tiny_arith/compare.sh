@@ -42,8 +42,8 @@ algo_overrides() {
     bandpo_adaptive) echo "$(algo_overrides bandpo) algorithm.band.adaptive=entropy" ;;
     bandpo_tv) echo "algorithm=bandpo algorithm.band.divergence=tv algorithm.band.delta=0.1" ;;
     # Rivals at their papers' thresholds (configs/algorithm/<name>.yaml).
-    dppo_tv | dppo_kl | gspo | cispo | sapo) echo "algorithm=$1" ;;
-    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv dppo_tv dppo_kl gspo cispo sapo)" >&2; return 1 ;;
+    dppo_tv | dppo_kl | gspo | cispo | sapo | dcpo) echo "algorithm=$1" ;;
+    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv dppo_tv dppo_kl gspo cispo sapo dcpo)" >&2; return 1 ;;
   esac
 }
 
