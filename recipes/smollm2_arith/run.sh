@@ -12,7 +12,7 @@
 # is unreachable (bandpo/models/smollm2.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export ALGOS=${ALGOS:-bandpo} SEEDS=${SEEDS:-0 1 2} STEPS=${STEPS:-20}
+export ALGOS=${ALGOS:-bandpo} SEEDS=${SEEDS:-0 1 2} STEPS=${STEPS:-10}
 export RUNS=${RUNS:-runs/smollm2_arith} RESULTS=${RESULTS:-recipes/smollm2_arith/results.md}
 export TITLE=${TITLE:-"smollm2_arith: SmolLM2-135M-Instruct on tiny_arith (boxed, T=0.6)"}
 exec bash recipes/tiny_arith/compare.sh model=smollm2-135m "$@"
