@@ -163,7 +163,8 @@ def loss_options(cfg):
                        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
                        tis_cap=_float(tis_cap), mismatch=a.mismatch.mode,
                        mismatch_cap=float(a.mismatch.cap), ratio_cap=_float(a.get("ratio_cap")),
-                       tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")))
+                       tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")),
+                       upper_cap=_float(a.get("upper_cap")))
     if a.name != "bandpo":
         return opts
     band = a.band
@@ -196,13 +197,17 @@ def validate(cfg) -> None:
         _number(cfg, "algorithm.eps_high", low=0, strict_low=True)
     if surrogate != "clip":
         _refuse(cfg, ("algorithm.dual_clip",), name, "the dual clip is the clipped surrogate's (grpo, clip_higher, "
-                "bandpo)")
+                "bandpo, dcpo)")
     elif _get(cfg, "algorithm.dual_clip") is not None:
         _number(cfg, "algorithm.dual_clip", low=1, strict_low=True)
     if not surrogate.startswith("dppo"):
         _refuse(cfg, ("algorithm.ratio_cap",), name, "it applies to dppo_tv and dppo_kl only")
     elif _get(cfg, "algorithm.ratio_cap") is not None:
         _number(cfg, "algorithm.ratio_cap", low=0, strict_low=True)
+    if not ALGORITHMS[name].dac:
+        _refuse(cfg, ("algorithm.upper_cap",), name, "it applies to dcpo only; bandpo's is algorithm.band.upper_cap")
+    elif _get(cfg, "algorithm.upper_cap") is not None:
+        _number(cfg, "algorithm.upper_cap", low=1, strict_low=True)
     if surrogate != "sapo":
         _refuse(cfg, ("algorithm.tau_pos", "algorithm.tau_neg"), name, "they apply to sapo only")
     else:

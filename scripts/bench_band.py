@@ -123,6 +123,7 @@ def main() -> None:
     # Adaptive: the radius is computed inside the loss from the entropy (counted in its time).
     loss_fns["bandpo-kl-adaptive"] = loss_fn("bandpo", "kl", band_adaptive="entropy", delta_min=d_range[0],
                                              delta_max=d_range[1], entropy_scale=0.5, old_entropy=entropy)
+    loss_fns["dcpo"] = loss_fn("dcpo", upper_cap=10.0)  # DAC's per-token bounds: a closed form, like tv
     # The rivals (their own surrogate, no dual clip) and the mismatch corrections on top of grpo.
     loss_fns.update({name: loss_fn(name, dual_clip=None)
                      for name in ("dppo_tv", "dppo_kl", "gspo", "cispo", "sapo")})

@@ -1,8 +1,8 @@
-"""Benchmark: bandpo vs TRL's GRPOTrainer, back to back on one machine, at two scales.
+"""Benchmark: bandpo vs TRL's GRPOTrainer, back to back on one machine, at three scales.
 
     .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate   # once, beside the venv
     .venv/bin/python scripts/bench_vs_trl.py [--trl-site /tmp/trl-site] [--steps 3] \\
-        [--scales tiny,25m] [--out bench_vs_trl.json]
+        [--scales tiny,25m,smollm2] [--out bench_vs_trl.json]
 
 For each scale, TRL first (``scripts/bench_trl.py``), then bandpo with ``algorithm=grpo``
 (``scripts/bench_step.py``), each as its own process with the same model, prompts, samples,
@@ -20,6 +20,10 @@ Scales:
   tokens, 2 optimizer steps of 4 prompts: compute-dominated. A random model rarely samples its
   end-of-sequence token, so most responses on both sides run the full 128 tokens; the tokens/s
   ratio is the comparison that does not depend on lengths.
+- ``smollm2``: the real pretrained SmolLM2-135M-Instruct (``model=smollm2-135m``, its cached
+  build), 8 prompts x 8 samples, at most 128 new tokens, one optimizer step of 8 prompts in
+  micro-batches of 8. Both sides sample at temperature 1.0 (TRL's benchmark script fixes it; the
+  recipe's 0.6 would change lengths on both sides alike).
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ CACHE = Path(os.environ.get("BANDPO_CACHE", Path.home() / ".cache" / "bandpo")) 
 SCALES = {
     "tiny": dict(prompts=16, n=32, max_tokens=48, mini_batch_prompts=8, micro_batch_size=64),
     "25m": dict(prompts=8, n=8, max_tokens=128, mini_batch_prompts=4, micro_batch_size=16),
+    "smollm2": dict(prompts=8, n=8, max_tokens=128, mini_batch_prompts=8, micro_batch_size=8),
 }
+# bandpo's overrides per scale beyond the shared ones (the model config brings its tokenizer and lengths).
+SCALE_OVERRIDES = {"smollm2": ["model=smollm2-135m", "rollout.temperature=1.0"]}
 SIZE_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                 intermediate_size=1536)
 
@@ -81,6 +88,17 @@ def random_25m_model(tiny: Path) -> Path:
     return out
 
 
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct as ``model=smollm2-135m`` resolves it: the Hub's copy, or the build from PyPI."""
+    from hydra import compose, initialize_config_dir
+
+    from bandpo.trainer.startup import ensure_model
+
+    with initialize_config_dir(str(REPO / "configs"), version_base=None):
+        cfg = compose("train", overrides=["model=smollm2-135m"])
+    return Path(ensure_model(cfg.model))
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -102,7 +120,8 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
          "--n", str(s["n"]), "--max-tokens", str(s["max_tokens"]), "--mini-batch-prompts", str(s["mini_batch_prompts"]),
          "--micro-batch-size", str(s["micro_batch_size"]), "--out", str(trl_json)], trl_env, f"{scale}: TRL")
     run([py, "scripts/bench_step.py", "--steps", str(steps), "--output-dir", str(workdir / f"run-{scale}"),
-         "--out", str(bandpo_json), "--", "algorithm=grpo", f"model.path={model}", "model.build=null",
+         "--out", str(bandpo_json), "--", "algorithm=grpo", *SCALE_OVERRIDES.get(scale, []),
+         f"model.path={model}", "model.build=null",
          f"trainer.prompts_per_step={s['prompts']}", f"rollout.n={s['n']}", f"rollout.max_tokens={s['max_tokens']}",
          f"eval.max_tokens={s['max_tokens']}", f"actor.mini_batch_prompts={s['mini_batch_prompts']}",
          f"actor.micro_batch_size={s['micro_batch_size']}", "actor.lr=2e-5",
@@ -138,7 +157,8 @@ def main() -> list[dict]:
         sys.exit(f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
                  f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate")
     tiny = tiny_model()
-    models = {"tiny": tiny, "25m": random_25m_model(tiny) if "25m" in scales else None}
+    models = {"tiny": tiny, "25m": random_25m_model(tiny) if "25m" in scales else None,
+              "smollm2": smollm2_model() if "smollm2" in scales else None}
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl.") as tmp:
         rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp)) for s in scales]
     print(f"\nmachine: {os.cpu_count()} CPUs, load {load()} at the end\n")

@@ -6,6 +6,7 @@ Imports nothing heavier than torch (no ray, vllm or deepspeed): a test enforces 
 from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, adaptive_delta, band_bounds_per_token
 from bandpo.algo.advantages import compute_advantages, group_advantages
 from bandpo.algo.band import DIVERGENCES, band_bounds
+from bandpo.algo.dcpo import dac_bounds
 from bandpo.algo.losses import (
     AGG_MODES,
     ALGORITHMS,
@@ -21,6 +22,6 @@ from bandpo.algo.mismatch import MISMATCH_MODES, mismatch_stats, mismatch_weight
 __all__ = [
     "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "LossOptions", "MISMATCH_MODES",
     "adaptive_delta", "aggregate",
-    "band_bounds", "band_bounds_per_token", "compute_advantages", "get_algorithm", "group_advantages",
+    "band_bounds", "band_bounds_per_token", "compute_advantages", "dac_bounds", "get_algorithm", "group_advantages",
     "kl_penalty", "mismatch_stats", "mismatch_weights", "policy_loss", "ratio_interval", "tis_weights",
 ]

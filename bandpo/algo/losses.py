@@ -1,12 +1,13 @@
-"""The policy loss of every algorithm: the clipped surrogate of GRPO, Clip-Higher and BandPO (BandPO,
-eq. 2-3: the clipped surrogate with a per-token interval), and the rivals' surrogates
+"""The policy loss of every algorithm: the clipped surrogate of GRPO, Clip-Higher, BandPO (BandPO,
+eq. 2-3: the clipped surrogate with a per-token interval) and DCPO, and the rivals' surrogates
 (``bandpo.algo.rivals``: DPPO-TV/-KL, GSPO, CISPO, SAPO) in its place.
 
-For the clipped family only the ratio interval differs between the three algorithms:
+For the clipped family only the ratio interval differs between the four algorithms:
 
     log_ratio = clamp(logp - old_logp, -20, 20);  r = exp(log_ratio)
     (lo, hi)  = (1 - eps_low, 1 + eps_high)            grpo 0.2/0.2, clip_higher 0.2/0.28
               | band_bounds(old_logp, divergence, delta)  bandpo (no grad through bounds)
+              | dac_bounds(old_logp, eps_low, eps_high)   dcpo 0.16/0.20 (``bandpo.algo.dcpo``)
     L = max(-A r, -A clamp(r, lo, hi))
     dual clip (c > 1): where A < 0, L = min(L, -A c)
     loss = agg(L) + kl_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
@@ -48,6 +49,7 @@ import torch
 from bandpo.algo import rivals
 from bandpo.algo.adaptive import ADAPTIVE_MODES, adaptive_delta, band_bounds_per_token
 from bandpo.algo.band import band_bounds
+from bandpo.algo.dcpo import dac_bounds
 from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, masked_mean, mismatch_weights
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -63,9 +65,9 @@ class Algorithm:
     """An algorithm's surrogate and the defaults of its thresholds (from each paper's recipe).
 
     ``surrogate``: ``clip`` (the clipped surrogate with the interval [1 - eps_low, 1 + eps_high],
-    or the band with ``band``) or the name of a rival's loss. What ``eps_low``/``eps_high`` bound is
-    the surrogate's: the ratio (clip, gspo: the sequence ratio, cispo: the weight), the divergence
-    (dppo_*); None where the surrogate has none (sapo).
+    the band with ``band``, DCPO's per-token bounds with ``dac``) or the name of a rival's loss. What
+    ``eps_low``/``eps_high`` bound is the surrogate's: the ratio (clip, gspo: the sequence ratio, cispo:
+    the weight), |r - 1| r q (dcpo), the divergence (dppo_*); None where the surrogate has none (sapo).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Algorithm:
     eps_high: float | None
     band: bool = False
     surrogate: str = "clip"
+    dac: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -84,6 +87,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "gspo": Algorithm("gspo", 3e-4, 4e-4, surrogate="gspo"),
     "cispo": Algorithm("cispo", 1.0, 0.28, surrogate="cispo"),
     "sapo": Algorithm("sapo", None, None, surrogate="sapo"),
+    "dcpo": Algorithm("dcpo", 0.16, 0.20, dac=True),
 }
 
 
@@ -98,9 +102,10 @@ class LossOptions:
     """Every option of ``policy_loss``, validated once when the record is built.
 
     Attributes:
-        algorithm: ``grpo`` | ``clip_higher`` | ``bandpo``.
-        eps_low, eps_high: override the algorithm's fixed interval (and bandpo's relax interval).
-        divergence, delta, upper_cap, relax_high_p: band options (bandpo only), see ``band_bounds``.
+        algorithm: a name of ``ALGORITHMS``.
+        eps_low, eps_high: override the algorithm's thresholds (and bandpo's relax interval).
+        divergence, delta, relax_high_p: band options (bandpo only), see ``band_bounds``.
+        upper_cap: ceiling of the per-token upper bound (bandpo and dcpo only); None = none.
         dual_clip: c > 1 caps the loss of negative-advantage tokens at -A c; None disables.
         agg: aggregation mode (``AGG_MODES``).
         norm_len: ``seq-mean-token-sum-norm``'s constant length (Dr. GRPO: the rollout's
@@ -170,8 +175,12 @@ class LossOptions:
         """Options another surrogate reads are refused by name, not ignored."""
         name, kind = self.algorithm, algo.surrogate
         if kind != "clip" and self.dual_clip is not None:
-            raise ValueError(f"dual_clip applies to the clipped surrogate (grpo, clip_higher, bandpo), not "
+            raise ValueError(f"dual_clip applies to the clipped surrogate (grpo, clip_higher, bandpo, dcpo), not "
                              f"algorithm={name!r}; set it to None")
+        if self.upper_cap is not None and not (algo.band or algo.dac):
+            raise ValueError(f"upper_cap applies to bandpo and dcpo only, not algorithm={name!r}")
+        if self.relax_high_p and not algo.band:
+            raise ValueError(f"relax_high_p applies to bandpo only, not algorithm={name!r}")
         if not kind.startswith("dppo") and self.ratio_cap is not None:
             raise ValueError(f"ratio_cap applies to dppo_tv and dppo_kl only, not algorithm={name!r}")
         if self.ratio_cap is not None and not self.ratio_cap > 0:
@@ -200,17 +209,20 @@ def ratio_interval(
     delta_t: torch.Tensor | None = None,
     delta_range: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-    """``(lo, hi)`` ratio bounds for ``algorithm``: floats for fixed clipping, tensors for band.
+    """``(lo, hi)`` ratio bounds for ``algorithm``: floats for fixed clipping, tensors for band and dcpo.
 
     ``eps_low``/``eps_high`` default to the algorithm's own; for bandpo they are used only
-    by ``relax_high_p`` (union with the fixed interval). ``delta_t`` (same shape as
-    ``old_logprobs``, within ``delta_range``) replaces ``delta`` by a per-token radius.
+    by ``relax_high_p`` (union with the fixed interval), for dcpo they are DAC's thresholds.
+    ``delta_t`` (same shape as ``old_logprobs``, within ``delta_range``) replaces ``delta`` by a
+    per-token radius (bandpo only).
     """
     algo = get_algorithm(algorithm)
     if algo.surrogate != "clip":
         raise ValueError(f"algorithm={algorithm!r} has no ratio interval (its surrogate is {algo.surrogate})")
     eps_low = algo.eps_low if eps_low is None else eps_low
     eps_high = algo.eps_high if eps_high is None else eps_high
+    if algo.dac and delta_t is None:
+        return dac_bounds(old_logprobs, eps_low, eps_high, upper_cap=upper_cap)
     if not algo.band:
         if delta_t is not None:
             raise ValueError(f"a per-token band radius applies to bandpo only, not algorithm={algorithm!r}")
@@ -358,9 +370,10 @@ def policy_loss(
             dual = (ratio.detach() > o.dual_clip) & (advantages < 0) & valid
             metrics["clip_frac_dual"] = dual.sum() / valid.sum().clamp(min=1)
         if isinstance(lo, torch.Tensor):
-            metrics["band/lower_mean"] = masked_mean(lo, maskf)
-            # upper grows like 1/p in the tail; its log is the readable summary.
-            metrics["band/log_upper_mean"] = masked_mean(torch.log(hi).clamp(max=100.0), maskf)
+            prefix = "band" if algo.band else algo.name  # per-token bounds: band/... or dcpo/...
+            metrics[f"{prefix}/lower_mean"] = masked_mean(lo, maskf)
+            # upper grows like 1/p (band) or 1/sqrt(p) (dcpo) in the tail; its log is the readable summary.
+            metrics[f"{prefix}/log_upper_mean"] = masked_mean(torch.log(hi).clamp(max=100.0), maskf)
         metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
         metrics["approx_kl"] = masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)

@@ -30,7 +30,9 @@ from contextlib import contextmanager
 from bandpo.distributed.plan import Plan
 from bandpo.errors import PlacementError
 
-UNPLACED_TIMEOUT_S = 60.0
+# Only a plan that cannot be placed waits this long; a placeable one is done once its workers have
+# started. Dozens of Ray worker processes start in well over a minute on a loaded 2-core machine.
+UNPLACED_TIMEOUT_S = 180.0
 # vLLM's CUDA platform (vllm/platforms/cuda.py, ray_noset_device_env_vars): set in the runtime_env of
 # its Ray workers by both Ray executors; a CPU build of vLLM cannot import that platform to read it.
 NOSET_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"

@@ -35,7 +35,7 @@ BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "
 PLOT_KEYS = ("accuracy", "mean@", "entropy", "clip_frac_up", "clip_frac_down", "actor/clip_frac_bin/lt0.01")
 # compare.sh runs these labels in this order; other labels found under --runs follow, sorted.
 LABEL_ORDER = ("grpo", "clip_higher", "bandpo", "bandpo_d0.02", "bandpo_d0.1", "bandpo_filter", "bandpo_adaptive",
-               "dppo_tv", "dppo_kl", "gspo", "cispo", "sapo", "bandpo_tv")
+               "dppo_tv", "dppo_kl", "gspo", "cispo", "sapo", "bandpo_tv", "dcpo")
 
 
 def find_runs(root: Path) -> dict[str, dict[int, Path]]:

@@ -26,6 +26,7 @@ STEPS=${STEPS:-12}
 RUNS=${RUNS:-runs/compare}
 RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
 SHARED_BEFORE=${SHARED_BEFORE:-0}
+TITLE=${TITLE:-}         # the report's title (compare.py's own by default)
 read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
 read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
 
@@ -41,8 +42,8 @@ algo_overrides() {
     bandpo_adaptive) echo "$(algo_overrides bandpo) algorithm.band.adaptive=entropy" ;;
     bandpo_tv) echo "algorithm=bandpo algorithm.band.divergence=tv algorithm.band.delta=0.1" ;;
     # Rivals at their papers' thresholds (configs/algorithm/<name>.yaml).
-    dppo_tv | dppo_kl | gspo | cispo | sapo) echo "algorithm=$1" ;;
-    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv dppo_tv dppo_kl gspo cispo sapo)" >&2; return 1 ;;
+    dppo_tv | dppo_kl | gspo | cispo | sapo | dcpo) echo "algorithm=$1" ;;
+    *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv dppo_tv dppo_kl gspo cispo sapo dcpo)" >&2; return 1 ;;
   esac
 }
 
@@ -87,6 +88,7 @@ for seed in $SEEDS; do
   done
 done
 
+[[ -n $TITLE ]] && SUMMARY_ARGS+=(--title "$TITLE")
 .venv/bin/python recipes/tiny_arith/compare.py --runs "$RUNS" --out "$RESULTS" "${SUMMARY_ARGS[@]}"
 if ((${#failed[@]})); then
   echo "failed runs: ${failed[*]}" >&2

@@ -20,7 +20,7 @@ from bandpo.run.checkpoint import CheckpointManager
 from bandpo.tools.fault_test.process import Session
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = ["model.build=null", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16",
          "actor.mini_batch_prompts=2", "actor.micro_batch_size=8", "trainer.eval_before_train=false",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.run_train import check_updated_step, train
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_overlapped_run_with_dynamic_sampling_traces_and_eval(tiny_model_dir, tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from tests.helpers.run_train import check_outputs, check_updated_step, train
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, tmp_path):

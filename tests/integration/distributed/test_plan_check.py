@@ -2,8 +2,9 @@
 
 One simulated cluster per shape (``check_plan(reuse=True)`` places several plans on it): 1x8 for
 the three shipped models (qwen2.5-7b and llama3-8b with TP=2 engines) and a split layout; 2x8
-through ``ray.cluster_utils.Cluster``; 1x4. Every invariant of ``bandpo.distributed.check`` must
-hold: each actor rank alone on its GPU, an engine's shards on distinct GPUs of one node, colocated
+through ``ray.cluster_utils.Cluster``. (A 1x4 node goes through the same placement code as 1x8;
+its own cluster cost CI ~25 s and is not simulated.) Every invariant of ``bandpo.distributed.check``
+must hold: each actor rank alone on its GPU, an engine's shards on distinct GPUs of one node, colocated
 pairs on the same GPU (the GPU each process computes on: vLLM's Ray workers pick theirs by local
 rank), split groups on disjoint GPUs, nothing unplaced.
 """
@@ -14,13 +15,12 @@ from bandpo.config import compose
 from bandpo.distributed.check import check_plan, cpus_needed, simulated_cluster, vllm_ray_executor
 from bandpo.distributed.plan import ClusterShape, make_plan
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.slow]
 
 SPLIT_7B = ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]
 SHAPES = {
     (1, 8): [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"], SPLIT_7B],
     (2, 8): [["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"]],
-    (1, 4): [["model=qwen2.5-3b", "actor.num_workers=4", "rollout.num_workers=4"]],
 }
 
 

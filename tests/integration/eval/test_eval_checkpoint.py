@@ -14,7 +14,7 @@ import torch
 from bandpo.eval.targets import materialize, resolve_targets
 from bandpo.run.checkpoint import CheckpointManager
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])

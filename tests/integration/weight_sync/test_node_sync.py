@@ -15,7 +15,7 @@ import torch
 from bandpo.types import SamplingParams, TrainBatch
 from tests.helpers.actor import BANDPO, make_rollout
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODES = ("node_a", "node_b", "node_c")
 STORE = 80 << 20  # bytes of object store per simulated node (the tiny model's weights are ~2 MB)

@@ -72,7 +72,7 @@ def test_dual_clip_engages_only_for_negative_advantage():
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
-@pytest.mark.parametrize("algorithm", ["grpo", "bandpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "bandpo", "dcpo"])
 def test_micro_batches_sum_to_full_batch(agg, algorithm):
     gen = torch.Generator().manual_seed(0)
     n, length = 8, 7
