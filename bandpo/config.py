@@ -300,7 +300,8 @@ def validate(cfg) -> None:
     _check(isinstance(share, bool), "actor.share_prompts", "must be true or false", share)
     _check(padding_free or not share, "actor.share_prompts",
            "must be false with actor.padding_free=false (padded rows hold their own prompt)", share)
-    reuse_old_logprobs(cfg)
+    reuse = reuse_old_logprobs(cfg)
+    _validate_lora(cfg, reuse)
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _validate_staleness(cfg)
@@ -352,6 +353,31 @@ def reuse_old_logprobs(cfg) -> bool:
                           "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
                           "old-logprob pass over every row); use auto or false, or adaptive_norm=logv")
     return not needs_pass and value is not False
+
+
+def _validate_lora(cfg, reuse_old: bool) -> None:
+    """``actor.lora.*``, and the settings LoRA cannot run with (``bandpo.actor.lora``)."""
+    rank = _number(cfg, "actor.lora.rank", low=0, integer=True)
+    _number(cfg, "actor.lora.alpha", low=0, strict_low=True)
+    dropout = _number(cfg, "actor.lora.dropout", low=0)
+    _check(dropout < 1, "actor.lora.dropout", "must be < 1", dropout)
+    targets = _get(cfg, "actor.lora.target_modules")
+    _check(isinstance(targets, Sequence) and not isinstance(targets, str) and len(targets) > 0
+           and all(isinstance(t, str) and t for t in targets), "actor.lora.target_modules",
+           "must be a non-empty list of module names", targets)
+    if rank == 0:
+        return
+    # Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers, and the
+    # merged weight sync would gather base weight and factors together: neither is built nor tested yet.
+    if _get(cfg, "actor.zero_stage") == 3:
+        raise ConfigError("config error: actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on "
+                          "a ZeRO-3 partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0")
+    # The reused old log-probs are the update's own training forward: with dropout on the adapter they
+    # would be one dropout draw's, not the policy's (the model's own dropout is forced off for this).
+    if dropout > 0 and reuse_old:
+        raise ConfigError("config error: actor.lora.dropout > 0 cannot be used with actor.reuse_old_logprobs="
+                          f"{_get(cfg, 'actor.reuse_old_logprobs')} (the first step's old log-probs would come "
+                          "from a forward with adapter dropout); set actor.reuse_old_logprobs=false or dropout=0")
 
 
 def _validate_staleness(cfg) -> None:

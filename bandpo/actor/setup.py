@@ -104,13 +104,17 @@ def destroy_engines(engines: list, zero_stage: int) -> None:
 
 def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zero_stage: int, bf16: bool, lr: float,
                   betas, weight_decay: float, warmup_steps: int, gradient_checkpointing: bool, padding_free: bool,
-                  ref_model: bool):
+                  ref_model: bool, lora=None):
     """``(DeepSpeed training engine, frozen reference model or None, whether the packed attention runs)``.
 
     The model is built where it lives: partitioned under ZeRO-3, else on ``device``
     (``bandpo.actor.loading``), in bf16 with ``bf16`` (DeepSpeed keeps the fp32 master weights,
     on GPU and CPU alike: ``bandpo.actor.ds_config``), else fp32. The reference model takes the
     same dtype and, under ZeRO-3, the same partitioning.
+
+    ``lora`` (a ``bandpo.actor.lora.LoraSettings`` that is on): the model is wrapped by PEFT first and
+    only the adapter factors go to the optimizer; no reference model is loaded (``ref_model`` is then
+    ignored): the reference is the same module with its adapters off (``bandpo.actor.lora``).
     """
     import deepspeed
 
@@ -123,12 +127,21 @@ def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zer
     packed_attention = padding_free and use_packed_attention(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    use_lora = lora is not None and lora.on
+    if use_lora:
+        if zero_stage == 3:
+            raise ValueError("LoRA (actor.lora.rank > 0) runs with actor.zero_stage=2 only, for now")
+        from bandpo.actor.lora import apply_lora
+
+        model = apply_lora(model, lora)
+    # Frozen parameters (LoRA's base weights) get no optimizer state at all.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config, dist_init_required=False,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
     )
-    if not ref_model:
+    if not ref_model or use_lora:
         return engine, None, packed_attention
     inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)
     ref = load_model(model_path, dtype, device, inf_config if zero_stage == 3 else None)

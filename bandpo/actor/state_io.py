@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import torch
 
 from bandpo.actor import checkpoint as ckpt
+from bandpo.actor.lora import SyncEntry, base_model, sync_entries
 from bandpo.errors import UnsafeCheckpoint
 from bandpo.run import safe_load
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S
@@ -41,32 +42,35 @@ class ActorStateIO:
 
     def gathered_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full parameters as (HF name, tensor on this rank's device) lists of about ``bucket_bytes``,
-        no copy: each list is valid only until the next is asked for (under ZeRO-3 its gather is
+        no copy (with LoRA: the base model's names, each target's weight a new merged tensor,
+        ``bandpo.actor.lora.sync_entries``): each list is valid only until the next is asked for (under ZeRO-3 its gather is
         released then). Collective under ZeRO-3: all ranks must iterate to the end. Names and
         order are ``weight_specs``'."""
-        bucket: list[tuple[str, torch.nn.Parameter]] = []
+        bucket: list[SyncEntry] = []
         size = 0
-        for name, p in self.engine.module.named_parameters():
+        for entry in sync_entries(self.engine.module):
+            p = entry.param
             nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
             if bucket and size + nbytes > bucket_bytes:
                 yield from self._gathered_bucket(bucket)
                 bucket, size = [], 0
-            bucket.append((name, p))
+            bucket.append(entry)
             size += nbytes
         if bucket:
             yield from self._gathered_bucket(bucket)
 
-    def _gathered_bucket(self, bucket: list[tuple[str, torch.nn.Parameter]]):
+    def _gathered_bucket(self, bucket: list[SyncEntry]):
         # ZeRO-2 parameters are this rank's own, written by a step long finished: no wait. A ZeRO-3
         # gather is ordered on the current stream only, and its memory goes back when the bucket is
         # released: readers on other streams (vLLM's packing streams, which pull this iterator with
         # their stream current) must see it landed and must have read it by then. A stream's wait,
         # never the whole device's.
         stream_sync = self.zero_stage == 3 and not self.on_cpu
-        with self._gathered([p for _, p in bucket]):
+        with self._gathered([p for e in bucket for p in e.params]):
             if stream_sync:
                 torch.cuda.current_stream(self.device).synchronize()
-            yield [(name, p.detach()) for name, p in bucket]
+            # A LoRA target's value is a new merged tensor (bandpo.actor.lora): the weights stay as they are.
+            yield [(e.name, e.value()) for e in bucket]
             if stream_sync:
                 torch.cuda.current_stream(self.device).synchronize()
 
@@ -82,8 +86,8 @@ class ActorStateIO:
 
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """(HF name, dtype, full shape) of every parameter, in ``gathered_buckets``' order, without a gather."""
-        return [(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
-                for name, p in self.engine.module.named_parameters()]
+        return [(e.name, e.param.dtype, tuple(getattr(e.param, "ds_shape", e.param.shape)))
+                for e in sync_entries(self.engine.module)]
 
     def weight_checksums(self, dtypes: dict[str, list[str]]) -> dict:
         """Checksums of the weights a sync sends, cast to the dtypes the engines hold them in
@@ -151,7 +155,9 @@ class ActorStateIO:
     def export_hf(self, path: str) -> None:
         """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
 
-        Weights are in the training dtype; the ranks write their share of the weight files and
+        Weights are in the training dtype; with LoRA the adapters are merged into the base model's
+        weights (a plain HF model of the base architecture; writing the adapter alone, in PEFT's
+        format, is not done yet). The ranks write their share of the weight files and
         fsync them; the folder appears atomically.
         """
         tmp = ckpt.staging_dir(path)
@@ -159,7 +165,7 @@ class ActorStateIO:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         self._barrier()
-        written = ckpt.save_hf_folder(self.engine.module, self.named_weights(), tmp, self.model_path, self.rank,
+        written = ckpt.save_hf_folder(base_model(self.engine.module), self.named_weights(), tmp, self.model_path, self.rank,
                                       self.world_size)
         ckpt.fsync_files(written)
         self._barrier()

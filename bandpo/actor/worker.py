@@ -55,6 +55,7 @@ from bandpo.actor.logprobs import (
     token_logprobs,
     trim_padding,
 )
+from bandpo.actor.lora import LoraSettings, reference_mode
 from bandpo.actor.metrics import MetricAccumulator
 from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys, split_to_count
 from bandpo.actor.setup import (
@@ -100,6 +101,9 @@ class Actor(ActorStateIO):
             packed attention, which replaces transformers' ``sdpa``; a model on another attention
             implementation packs every row's prompt).
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
+        lora: ``bandpo.actor.lora.LoraSettings`` (or its fields as a dict); with rank > 0 only LoRA
+            adapters train (ZeRO-2), and the reference log-probs come from the same model with its
+            adapters off, so ``ref_model`` loads nothing then.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.
         collective_timeout_min: how long a rank waits in a collective for the others (a checkpoint
@@ -139,6 +143,7 @@ class Actor(ActorStateIO):
         logits_chunk_tokens: int = DEFAULT_CHUNK,
         share_prompts: bool = True,
         ref_model: bool = False,
+        lora=None,
         temperature: float = 1.0,
         seed: int = 0,
         collective_timeout_min: float = 60,
@@ -195,10 +200,11 @@ class Actor(ActorStateIO):
             grad_clip=grad_clip,
             bf16=bf16,
         )
+        self.lora = LoraSettings.of(lora)  # None when off
         self.engine, self.ref, packed_attention = build_engines(
             model_path, self.device, ds_config, zero_stage=zero_stage, bf16=bf16, lr=lr, betas=betas,
             weight_decay=weight_decay, warmup_steps=warmup_steps, gradient_checkpointing=gradient_checkpointing,
-            padding_free=padding_free, ref_model=ref_model,
+            padding_free=padding_free, ref_model=ref_model, lora=self.lora,
         )
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
@@ -217,12 +223,17 @@ class Actor(ActorStateIO):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs [N, R] (and entropy [N, R] when asked) of the response tokens, float32 on CPU.
 
-        ``ref=True`` uses the frozen reference model. Rows are grouped into forward passes of
+        ``ref=True`` uses the frozen reference model (with LoRA: this model with its adapters off,
+        ``bandpo.actor.lora.reference_mode``). Rows are grouped into forward passes of
         at most ``logprob_token_budget`` tokens (packed; padded ones with ``padding_free=False``);
         padding positions hold 0.0.
         """
         model = self._model(ref)
         model.eval()
+        with reference_mode(model, active=ref):
+            return self._compute_logprobs(model, batch, with_entropy)
+
+    def _compute_logprobs(self, model, batch: TrainBatch, with_entropy: bool):
         check_padding(batch.prompt_mask, batch.response_mask)
         if not isinstance(batch, TrainBatch):
             batch = TrainBatch.from_rollout(batch)
@@ -274,7 +285,7 @@ class Actor(ActorStateIO):
         return prompt_keys(batch.prompt_ids, batch.prompt_mask) if self.share_prompts else None
 
     def _model(self, ref: bool):
-        if not ref:
+        if not ref or self.lora is not None:  # LoRA: the reference is the engine with its adapters off
             return self.engine
         if self.ref is None:
             raise ValueError("compute_logprobs(ref=True) needs an Actor built with ref_model=True")

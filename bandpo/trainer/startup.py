@@ -249,7 +249,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
                 logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
                 logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
-                ref_model=cfg.algorithm.kl_coef > 0,
+                ref_model=cfg.algorithm.kl_coef > 0, lora=to_plain(ac.lora),
                 temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads if gpu else actor_threads,
                 collective_timeout_min=ac.collective_timeout_min, wait=False, offload_during_rollout=offload)
 

@@ -1,4 +1,4 @@
-"""bandpo.algo and bandpo.reward must import without ray, vllm or deepspeed."""
+"""bandpo.algo and bandpo.reward must import without ray, vllm, deepspeed or peft."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ BLOCKER = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {'ray', 'vllm', 'deepspeed'}:
+        if name.split('.')[0] in {'ray', 'vllm', 'deepspeed', 'peft'}:
             raise ImportError('blocked heavy import: ' + name)
 sys.meta_path.insert(0, Block())
 import bandpo.algo, bandpo.reward
@@ -25,7 +25,7 @@ GPU_SMOKE_IMPORTS = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {'ray', 'vllm', 'math_verify', 'pebble', 'datasets', 'wandb'}:
+        if name.split('.')[0] in {'ray', 'vllm', 'math_verify', 'pebble', 'datasets', 'wandb', 'peft'}:
             raise ImportError('blocked import: ' + name)
 sys.meta_path.insert(0, Block())
 from bandpo.config import compose

@@ -1,0 +1,186 @@
+"""LoRA adapters on the actor: wrapping the HF model, the reference policy, merged weights for sync.
+
+With ``actor.lora.rank > 0`` the actor's model is wrapped by PEFT (``get_peft_model``) before
+``deepspeed.initialize``: every target ``nn.Linear`` gets a frozen ``base_layer`` and two trainable
+factors, and only those factors reach the optimizer. The layer computes
+
+    y = x W^T + s * (x A^T) B^T,    s = alpha / rank
+
+Shapes (legend): W [out, in] the base weight, A [rank, in] (``lora_A``), B [out, rank]
+(``lora_B``, zero at the start, so the wrapped model starts as the base model exactly).
+
+The reference policy is the base model: the same module with the adapters disabled (PEFT's
+``disable_adapter``), so no second copy of the weights is loaded for the KL term.
+
+The rollout engines hold the base architecture (no adapters): a sync sends every parameter
+under its base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live
+factors without writing into the training weights (``merged_weight``). PEFT's own
+``merge_and_unload`` on a deep copy is the slow, obvious reference (``merged_by_peft``).
+
+PEFT is imported only here and only when LoRA is on: ``bandpo.algo`` and ``bandpo.reward`` do not
+depend on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+# PEFT's module path segments: the wrapper's prefix, the frozen layer's, the adapter factors'.
+PEFT_PREFIX = "base_model.model."
+BASE_LAYER = ".base_layer"
+ADAPTER = "default"  # get_peft_model's adapter name
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """``actor.lora.*``: rank (0 = off), alpha (the scale is alpha / rank), dropout on the adapter's
+    input while training, and the names of the ``nn.Linear`` modules that get adapters."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    @classmethod
+    def of(cls, value) -> LoraSettings | None:
+        """Settings from a ``LoraSettings``, a mapping of its fields (a config block), or None;
+        None when LoRA is off (rank 0)."""
+        if value is None:
+            return None
+        if not isinstance(value, LoraSettings):
+            fields = dict(value)
+            if "target_modules" in fields:
+                fields["target_modules"] = tuple(fields["target_modules"])
+            value = cls(**fields)
+        return value if value.on else None
+
+    @property
+    def on(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+    """``model`` wrapped by PEFT with ``settings``' adapters; its own parameters frozen.
+
+    No task type: the plain ``PeftModel`` forwards every keyword to the HF model unchanged (the
+    packed attention's layout among them). A target list matching no module raises (PEFT's error).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=list(settings.target_modules), bias="none")
+    return get_peft_model(model, config)
+
+
+def is_lora(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (an HF model, a PEFT model, or a DeepSpeed engine around one) carries adapters."""
+    return hasattr(getattr(module, "module", module), "disable_adapter")
+
+
+def reference_mode(module: torch.nn.Module, active: bool = True):
+    """Context in which ``module`` (a PEFT model or a DeepSpeed engine around one) computes the base
+    model: the adapters are skipped, the base weights are the only ones used. A model without
+    adapters, or ``active=False``, is left as it is."""
+    inner = getattr(module, "module", module)
+    return inner.disable_adapter() if active and is_lora(inner) else nullcontext()
+
+
+def base_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The HF model inside a PEFT wrapper (with its adapter layers in place), else ``module``."""
+    return module.get_base_model() if is_lora(module) else module
+
+
+def base_name(name: str) -> str | None:
+    """The base model's name of the PEFT parameter ``name``; None for an adapter factor.
+
+    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
+    ``model.layers.0.self_attn.q_proj.weight``.
+    """
+    if ".lora_" in name:
+        return None
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):]
+    return name.replace(BASE_LAYER + ".", ".")
+
+
+def merged_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``W + scaling * (B @ A)`` as a new tensor in ``weight``'s dtype; the inputs are not written.
+
+    weight [out, in], lora_a [rank, in], lora_b [out, rank]. In float32 the operations and their
+    order are PEFT's merge (``(B @ A) * scaling``, then added), so the result equals
+    ``merge_and_unload``'s bit for bit. In lower precision the sum is formed in float32 and rounded
+    once (PEFT rounds the product, then the sum): the two differ by at most one unit in the last
+    place of the result's dtype.
+    """
+    if weight.dtype == torch.float32:
+        return weight + (lora_b @ lora_a) * scaling
+    delta = (lora_b.float() @ lora_a.float()) * scaling
+    return (weight.float() + delta).to(weight.dtype)
+
+
+@dataclass
+class SyncEntry:
+    """One tensor a sync sends: its base ``name``, the ``param`` holding it, and for a LoRA target
+    its factors (A [rank, in], B [out, rank]) and scale, merged into ``param`` when read."""
+
+    name: str
+    param: torch.nn.Parameter
+    lora_a: torch.nn.Parameter | None = None
+    lora_b: torch.nn.Parameter | None = None
+    scaling: float = 1.0
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """Every parameter the value is computed from (ZeRO-3 gathers them together)."""
+        return [p for p in (self.param, self.lora_a, self.lora_b) if p is not None]
+
+    def value(self) -> torch.Tensor:
+        """The tensor sent: the parameter itself (detached, no copy), or a new merged one."""
+        if self.lora_a is None:
+            return self.param.detach()
+        with torch.no_grad():
+            return merged_weight(self.param.detach(), self.lora_a.detach(), self.lora_b.detach(), self.scaling)
+
+
+def sync_entries(module: torch.nn.Module) -> list[SyncEntry]:
+    """The base model's parameters of ``module`` in ``named_parameters`` order (tied weights once), with
+    each LoRA target's factors attached; a model without adapters gives its parameters as they are."""
+    if not is_lora(module):
+        return [SyncEntry(name, p) for name, p in module.named_parameters()]
+    from peft.tuners.lora import LoraLayer
+
+    factors = {}  # full PEFT name of a base_layer weight -> (A, B, scaling)
+    for mod_name, mod in module.named_modules():
+        if isinstance(mod, LoraLayer) and ADAPTER in mod.lora_A:
+            factors[f"{mod_name}{BASE_LAYER}.weight"] = (
+                mod.lora_A[ADAPTER].weight, mod.lora_B[ADAPTER].weight, mod.scaling[ADAPTER])
+    entries = []
+    for name, p in module.named_parameters():
+        base = base_name(name)
+        if base is None:
+            continue
+        a, b, s = factors.get(name, (None, None, 1.0))
+        entries.append(SyncEntry(base, p, a, b, s))
+    return entries
+
+
+def merged_by_peft(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The slow, obvious reference: PEFT's ``merge_and_unload`` on a deep copy of ``module`` (whole
+    parameters, no ZeRO-3), as {base name: tensor}. Tied weights once, as ``named_parameters``."""
+    merged = copy.deepcopy(module).merge_and_unload()
+    return {name: p.detach().clone() for name, p in merged.named_parameters()}
+
+
+def trainable_names(module: torch.nn.Module) -> Iterator[str]:
+    """Names of ``module``'s parameters that require a gradient (with LoRA on: the factors only)."""
+    return (name for name, p in module.named_parameters() if p.requires_grad)
+
