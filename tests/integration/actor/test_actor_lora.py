@@ -1,0 +1,94 @@
+"""The DeepSpeed actor with LoRA adapters on CPU (real DeepSpeed ZeRO-2, gloo, fp32), tiny Qwen2 model.
+
+One rank in this process: only the adapter factors move in an update; the reference log-probs (adapters
+off) are the base model's bit for bit before and after it; the sync's merged tensors are PEFT's own
+merge_and_unload's; a checkpoint resumes the adapter and its optimizer state; the HF export is the
+merged model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bandpo.actor.lora import LoraSettings, merged_by_peft
+from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("peft")
+
+LORA = LoraSettings(rank=4, alpha=8.0)
+
+
+def _params(actor) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in actor.engine.module.named_parameters()}
+
+
+def test_lora_update_reference_and_merged_sync(tiny_model_dir):
+    rb = make_rollout(8, 11)
+    base = new_actor(tiny_model_dir)
+    base_lp, _ = base.compute_logprobs(rb)
+    base_weights = full_weights(base)
+
+    actor = new_actor(tiny_model_dir, lora=LORA, lr=1e-2)
+    assert actor.ref is None  # no second model: the reference is the adapters switched off
+    before = _params(actor)
+    assert all((".lora_A." in n or ".lora_B." in n) == p.requires_grad
+               for n, p in actor.engine.module.named_parameters())
+    in_optimizer = {id(p) for group in actor.engine.optimizer.bit16_groups for p in group}  # ZeRO-2's own list
+    assert in_optimizer == {id(p) for p in actor.engine.module.parameters() if p.requires_grad}
+    ref0, _ = actor.compute_logprobs(rb, ref=True)
+    pol0, _ = actor.compute_logprobs(rb)
+    assert torch.equal(ref0, base_lp) and torch.equal(pol0, base_lp)  # B starts at zero: x + 0 is x
+
+    for seed in (1, 2):  # the first step moves B only (A's gradient is B^T(...) = 0); the second moves A too
+        actor.update(make_train_batch(actor, 8, seed=seed), BANDPO)
+    after = _params(actor)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed == {n for n in before if ".lora_" in n}, sorted(changed)[:5]
+
+    ref1, _ = actor.compute_logprobs(rb, ref=True)
+    pol1, _ = actor.compute_logprobs(rb)
+    assert torch.equal(ref1, base_lp)
+    assert float((pol1 - base_lp).abs().max()) > 1e-3  # the adapters changed the policy
+
+    synced = full_weights(actor)
+    assert list(synced) == list(base_weights)  # the base model's names, in its order
+    assert [s[0] for s in actor.weight_specs()] == list(base_weights)
+    reference = merged_by_peft(actor.engine.module)
+    assert synced.keys() == reference.keys()
+    for name in reference:
+        assert torch.equal(synced[name], reference[name]), name
+    targets = [n for n in synced if not torch.equal(synced[n], base_weights[n])]
+    assert targets and all(any(t in n for t in LORA.target_modules) for n in targets)
+    assert all(torch.equal(p, after[n]) for n, p in _params(actor).items())  # the sync wrote nothing
+
+
+def test_lora_checkpoint_resumes_exactly_and_export_is_the_merged_model(tiny_model_dir, tmp_path):
+    kw = {"mini_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 3, "lr": 1e-2, "lora": LORA}
+    a = new_actor(tiny_model_dir, **kw)
+    b1, b2 = make_train_batch(a, 8, seed=21), make_train_batch(a, 8, seed=22)
+    a.update(b1, BANDPO)
+    a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1})
+    m_a = a.update(b2, BANDPO)
+    uninterrupted = _params(a)
+
+    b = new_actor(tiny_model_dir, **kw)
+    assert b.load_checkpoint(str(tmp_path / "ckpt")) == {"step": 1}
+    m_b = b.update(b2, BANDPO)
+    assert m_b["lr"] == pytest.approx(m_a["lr"])
+    # Same process, same order of operations: Adam's moments and the adapter come back exactly.
+    assert max_diff(uninterrupted, _params(b)) == 0.0
+
+    from transformers import AutoModelForCausalLM
+
+    a.export_hf(str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    assert not any("lora" in n for n, _ in exported.named_parameters())
+    ids = make_rollout(1, 0).response_ids
+    with torch.no_grad():
+        a.engine.module.eval()
+        # merged W x vs W x + s B A x: the same value summed in another order (fp32 rounding only)
+        torch.testing.assert_close(
+            exported(input_ids=ids).logits, a.engine.module(input_ids=ids).logits, atol=1e-5, rtol=0
+        )
