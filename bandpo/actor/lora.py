@@ -118,8 +118,9 @@ def merged_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tens
     weight [out, in], lora_a [rank, in], lora_b [out, rank]. In float32 the operations and their
     order are PEFT's merge (``(B @ A) * scaling``, then added), so the result equals
     ``merge_and_unload``'s bit for bit. In lower precision the sum is formed in float32 and rounded
-    once (PEFT rounds the product, then the sum): the two differ by at most one unit in the last
-    place of the result's dtype.
+    once, the best the dtype holds of ``W + s B A``; PEFT rounds the product ``d`` first, then the
+    sum. With u the dtype's unit roundoff (eps / 2) the two differ by at most about
+    ``2u |W + d| + u |d|``: not a bound relative to the result where ``W`` and ``d`` cancel.
     """
     if weight.dtype == torch.float32:
         return weight + (lora_b @ lora_a) * scaling

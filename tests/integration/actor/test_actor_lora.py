@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bandpo.actor.lora import LoraSettings, merged_by_peft
+from bandpo.actor.lora import LoraSettings, merged_by_peft, sync_entries
 from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
 
 pytestmark = pytest.mark.integration
@@ -92,3 +92,26 @@ def test_lora_checkpoint_resumes_exactly_and_export_is_the_merged_model(tiny_mod
         torch.testing.assert_close(
             exported(input_ids=ids).logits, a.engine.module(input_ids=ids).logits, atol=1e-5, rtol=0
         )
+
+
+def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):
+    """DeepSpeed's bf16 casts the adapters to bf16 too (fp32 masters in its optimizer): the reference is
+    still the bf16 base model bit for bit, and the sync sends bf16 tensors under the base names within
+    the bound derived in tests/unit/actor/test_lora.py of PEFT's merge."""
+    rb = make_rollout(8, 11)
+    base = new_actor(tiny_model_dir, bf16=True)
+    base_lp, _ = base.compute_logprobs(rb)
+    actor = new_actor(tiny_model_dir, bf16=True, lora=LORA, lr=1e-2)
+    assert {p.dtype for p in actor.engine.module.parameters()} == {torch.bfloat16}
+    for seed in (1, 2):
+        actor.update(make_train_batch(actor, 8, seed=seed), BANDPO)
+    ref, _ = actor.compute_logprobs(rb, ref=True)
+    assert torch.equal(ref, base_lp)
+    synced, merged = full_weights(actor), merged_by_peft(actor.engine.module)
+    assert list(synced) == list(full_weights(base)) and {t.dtype for t in synced.values()} == {torch.bfloat16}
+    eps = torch.finfo(torch.bfloat16).eps
+    for e in sync_entries(actor.engine.module):
+        got, want = synced[e.name].float(), merged[e.name].float()
+        d = 0.0 if e.lora_a is None else (e.lora_b.detach().float() @ e.lora_a.detach().float()).abs() * e.scaling
+        tol = eps * (1 + eps) * (torch.maximum(got.abs(), want.abs()) + d) if e.lora_a is not None else 0.0
+        assert bool(((got - want).abs() <= tol).all()), e.name

@@ -112,17 +112,23 @@ def test_merged_sync_tensors_equal_peft_merge_and_unload_exactly_in_fp32():
         assert torch.equal(p, before[n]), n
 
 
-def test_merged_weight_in_bf16_within_one_ulp_of_peft():
-    """bf16: the fast path rounds once (fp32 sum), PEFT on CPU rounds the product to bf16, then the sum:
-    the two differ by at most one ulp of the result; the bound used, eps * |reference|, is one to two ulps."""
+def test_merged_weight_in_bf16_within_the_derived_bound_of_peft():
+    """bf16, u = eps / 2 its unit roundoff, d = s B A: fast = (W + d)(1 + e1) (one rounding, after an
+    fp32 sum whose own error is ~2^-24 relative), PEFT = (W + d(1 + e2))(1 + e3), |e_i| <= u. So
+    |fast - PEFT| <= 2u |W + d| + u |d| (1 + u) <= eps (1 + eps) (max(|fast|, |PEFT|) + |d|); the
+    |d| term matters where W and d cancel (measured on a trained actor: up to 0.98 of this bound)."""
     model = _lora_model(LoraSettings(rank=8, alpha=16.0), dtype=torch.bfloat16)
-    fast = {e.name: e.value() for e in sync_entries(model)}
     slow = merged_by_peft(model)
-    for name, ref in slow.items():
-        got = fast[name]
+    eps = torch.finfo(torch.bfloat16).eps
+    for e in sync_entries(model):
+        got, ref = e.value(), slow[e.name]
         assert got.dtype == torch.bfloat16
-        ulp = torch.finfo(torch.bfloat16).eps * ref.float().abs().clamp(min=torch.finfo(torch.bfloat16).tiny)
-        assert bool(((got.float() - ref.float()).abs() <= ulp).all()), name
+        if e.lora_a is None:
+            assert torch.equal(got, ref), e.name
+            continue
+        d = (e.lora_b.detach().float() @ e.lora_a.detach().float()) * e.scaling
+        tol = eps * (1 + eps) * (torch.maximum(got.float().abs(), ref.float().abs()) + d.abs())
+        assert bool(((got.float() - ref.float()).abs() <= tol).all()), e.name
 
 
 def test_merged_weight_is_the_formula():
