@@ -174,6 +174,31 @@ def sync_entries(module: torch.nn.Module) -> list[SyncEntry]:
     return entries
 
 
+def merge_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A PEFT model's state dict (``state``, e.g. consolidated from a training checkpoint) as the base
+    model's: base names, each target's weight merged (``merged_weight``), the factors dropped.
+
+    Raises ValueError naming the module whose factor or base weight is missing.
+    """
+    out = {}
+    for name, t in state.items():
+        base = base_name(name)
+        if base is None:
+            continue
+        prefix = name[: -len(BASE_LAYER + ".weight")] if name.endswith(BASE_LAYER + ".weight") else None
+        a_name, b_name = f"{prefix}.lora_A.{ADAPTER}.weight", f"{prefix}.lora_B.{ADAPTER}.weight"
+        if prefix is not None and (a_name in state or b_name in state):
+            if a_name not in state or b_name not in state:
+                raise ValueError(f"LoRA state of {prefix}: lora_A or lora_B is missing")
+            t = merged_weight(t, state[a_name].to(t.dtype), state[b_name].to(t.dtype), scaling)
+        out[base] = t
+    unmerged = {n.split(".lora_")[0] for n in state if ".lora_" in n} - {
+        n[: -len(BASE_LAYER + ".weight")] for n in state if n.endswith(BASE_LAYER + ".weight")}
+    if unmerged:
+        raise ValueError(f"LoRA factors without a base weight: {sorted(unmerged)[:3]}")
+    return out
+
+
 def merged_by_peft(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The slow, obvious reference: PEFT's ``merge_and_unload`` on a deep copy of ``module`` (whole
     parameters, no ZeRO-3), as {base name: tensor}. Tied weights once, as ``named_parameters``."""

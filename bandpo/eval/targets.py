@@ -120,12 +120,15 @@ def run_model_path(run_dir: Path | None, base_model: str | None) -> str:
     return str(path)
 
 
-def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto") -> Path:
+def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto",
+                lora: tuple[int, float] | None = None) -> Path:
     """Write ``step_dir``'s weights as a HF folder ``out`` (config + safetensors + tokenizer), atomically.
 
     DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` merges the ZeRO-2/3 shards of every
     rank into full fp32 tensors; ``dtype`` "auto" keeps them in the base model's config dtype
     when that is a float16/bfloat16 model (as the trainer's ``hf/`` export does on GPU), else fp32.
+    A checkpoint of a LoRA run (adapters beside the frozen base weights) is merged into the base
+    model (``bandpo.actor.lora.merge_state_dict``) with ``lora`` = (rank, alpha) of its run config.
     """
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -142,7 +145,9 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     # zero_to_fp32's torch.load calls pass weights_only=False: overridden, DeepSpeed's own classes allowed
     with safe_load.weights_only_loads(step_dir / ACTOR_DIR / DS_TAG, safe_load.deepspeed_globals()):
         state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
-    target = _target_dtype(config, dtype)
+    if any(".lora_" in k for k in state):
+        state = _merge_lora(state, lora, step_dir)
+    target = _target_dtype(config, dtype)  # merged in fp32 first, cast once
     state = {k: v.to(target) for k, v in state.items()}
     with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained
         model = AutoModelForCausalLM.from_config(config)
@@ -165,6 +170,32 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     return out
 
 
+def _merge_lora(state: dict, lora: tuple[int, float] | None, step_dir: Path) -> dict:
+    from bandpo.actor.lora import merge_state_dict
+
+    if lora is None or lora[0] <= 0:
+        raise EvalUsageError(f"{step_dir} holds LoRA adapters but no actor.lora.rank > 0 / actor.lora.alpha was "
+                             "found in its run's config.yaml to merge them with; evaluate the run's hf/ export")
+    rank, alpha = lora
+    ranks = {tuple(v.shape)[0] for k, v in state.items() if ".lora_A." in k}
+    if ranks != {rank}:
+        raise EvalUsageError(f"{step_dir}: adapters of rank {sorted(ranks)}, but actor.lora.rank={rank} in the run config")
+    return merge_state_dict(state, alpha / rank)
+
+
+def run_lora(run_dir: Path | None) -> tuple[int, float] | None:
+    """(actor.lora.rank, actor.lora.alpha) of ``run_dir/config.yaml``; None without one or with LoRA off."""
+    file = run_dir / "config.yaml" if run_dir else None
+    if file is None or not file.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.select(OmegaConf.load(file), "actor.lora")
+    if block is None or not block.get("rank"):
+        return None
+    return int(block.rank), float(block.alpha)
+
+
 def materialize(target: Target, *, base_model: str | None, cache: str, temp_root: Path | None) -> str:
     """The HF folder (or hub id) of ``target``, consolidating (and caching) a training checkpoint first."""
     if target.hf_path is not None:
@@ -179,7 +210,7 @@ def materialize(target: Target, *, base_model: str | None, cache: str, temp_root
         out = root / target.step_dir.name
     else:
         out = cached
-    return str(consolidate(target.step_dir, source, out))
+    return str(consolidate(target.step_dir, source, out, lora=run_lora(target.run_dir)))
 
 
 def _run_targets(run_dir: Path, step: int | None, steps: object) -> list[Target]:

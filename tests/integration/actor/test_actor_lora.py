@@ -64,24 +64,17 @@ def test_lora_update_reference_and_merged_sync(tiny_model_dir):
     assert all(torch.equal(p, after[n]) for n, p in _params(actor).items())  # the sync wrote nothing
 
 
-def test_lora_checkpoint_resumes_exactly_and_export_is_the_merged_model(tiny_model_dir, tmp_path):
+def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from bandpo.eval.targets import consolidate
+
     kw = {"mini_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 3, "lr": 1e-2, "lora": LORA}
     a = new_actor(tiny_model_dir, **kw)
     b1, b2 = make_train_batch(a, 8, seed=21), make_train_batch(a, 8, seed=22)
     a.update(b1, BANDPO)
-    a.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1})
-    m_a = a.update(b2, BANDPO)
-    uninterrupted = _params(a)
-
-    b = new_actor(tiny_model_dir, **kw)
-    assert b.load_checkpoint(str(tmp_path / "ckpt")) == {"step": 1}
-    m_b = b.update(b2, BANDPO)
-    assert m_b["lr"] == pytest.approx(m_a["lr"])
-    # Same process, same order of operations: Adam's moments and the adapter come back exactly.
-    assert max_diff(uninterrupted, _params(b)) == 0.0
-
-    from transformers import AutoModelForCausalLM
-
+    ckpt = tmp_path / "step_1" / "actor"  # the trainer's layout, which the eval's consolidation reads
+    a.save_checkpoint(str(ckpt), {"step": 1})
     a.export_hf(str(tmp_path / "hf"))
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     assert not any("lora" in n for n, _ in exported.named_parameters())
@@ -92,6 +85,20 @@ def test_lora_checkpoint_resumes_exactly_and_export_is_the_merged_model(tiny_mod
         torch.testing.assert_close(
             exported(input_ids=ids).logits, a.engine.module(input_ids=ids).logits, atol=1e-5, rtol=0
         )
+    # The eval's consolidation of the training checkpoint merges the adapters as the export does.
+    folder = consolidate(tmp_path / "step_1", tiny_model_dir, tmp_path / "consolidated",
+                         lora=(LORA.rank, LORA.alpha))
+    from_ckpt = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    assert max_diff(from_ckpt.state_dict(), exported.state_dict()) == 0.0
+
+    m_a = a.update(b2, BANDPO)
+    uninterrupted = _params(a)
+    b = new_actor(tiny_model_dir, **kw)
+    assert b.load_checkpoint(str(ckpt)) == {"step": 1}
+    m_b = b.update(b2, BANDPO)
+    assert m_b["lr"] == pytest.approx(m_a["lr"])
+    # Same process, same order of operations: Adam's moments and the adapter come back exactly.
+    assert max_diff(uninterrupted, _params(b)) == 0.0
 
 
 def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):

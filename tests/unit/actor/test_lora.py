@@ -11,6 +11,7 @@ from bandpo.actor.lora import (
     apply_lora,
     base_model,
     base_name,
+    merge_state_dict,
     merged_by_peft,
     merged_weight,
     reference_mode,
@@ -159,3 +160,32 @@ def test_only_the_factors_train():
     model = _lora_model(LoraSettings(rank=4))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+
+
+def test_merge_state_dict_equals_peft_merge_and_unload():
+    """What the eval's consolidation does with a LoRA checkpoint's state dict (PEFT names, factors)."""
+    model = _lora_model(LoraSettings(rank=4, alpha=12.0))
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    merged, slow = merge_state_dict(state, 12.0 / 4), merged_by_peft(model)
+    assert merged.keys() == slow.keys()
+    assert all(torch.equal(merged[n], slow[n]) for n in slow)
+    broken = {n: t for n, t in state.items() if "layers.1.mlp.up_proj.lora_B" not in n}
+    with pytest.raises(ValueError, match="layers.1.mlp.up_proj"):
+        merge_state_dict(broken, 3.0)
+
+
+def test_eval_reads_the_runs_lora_settings_and_refuses_adapters_without_them(tmp_path):
+    from bandpo.errors import EvalUsageError
+    from bandpo.eval.targets import _merge_lora, run_lora
+
+    assert run_lora(None) is None and run_lora(tmp_path) is None
+    (tmp_path / "config.yaml").write_text("actor:\n  lora:\n    rank: 0\n    alpha: 16.0\n")
+    assert run_lora(tmp_path) is None
+    (tmp_path / "config.yaml").write_text("actor:\n  lora:\n    rank: 4\n    alpha: 12.0\n")
+    assert run_lora(tmp_path) == (4, 12.0)
+    state = {n: p.detach() for n, p in _lora_model(LoraSettings(rank=4, alpha=12.0)).named_parameters()}
+    with pytest.raises(EvalUsageError, match="holds LoRA adapters"):
+        _merge_lora(state, None, tmp_path)
+    with pytest.raises(EvalUsageError, match=r"rank \[4\].*actor\.lora\.rank=8"):
+        _merge_lora(state, (8, 12.0), tmp_path)
+    assert "model.layers.0.self_attn.q_proj.weight" in _merge_lora(state, (4, 12.0), tmp_path)
