@@ -367,8 +367,9 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
            "must be a non-empty list of module names", targets)
     if rank == 0:
         return
-    # Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers, and the
-    # merged weight sync would gather base weight and factors together: neither is built nor tested yet.
+    # Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers. One rank's
+    # training step ran that way, but the merged sync (gathering base weight and factors together), the
+    # adapters-off reference under ZeRO-3's prefetch trace, checkpoints and several ranks are untested.
     if _get(cfg, "actor.zero_stage") == 3:
         raise ConfigError("config error: actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on "
                           "a ZeRO-3 partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bandpo.actor.lora import LoraSettings, merged_by_peft, sync_entries
+from bandpo.actor.lora import LoraSettings, base_model, merged_by_peft, sync_entries
 from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
 
 pytestmark = pytest.mark.integration
@@ -122,3 +122,16 @@ def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):
         d = 0.0 if e.lora_a is None else (e.lora_b.detach().float() @ e.lora_a.detach().float()).abs() * e.scaling
         tol = eps * (1 + eps) * (torch.maximum(got.abs(), want.abs()) + d) if e.lora_a is not None else 0.0
         assert bool(((got - want).abs() <= tol).all()), e.name
+
+
+def test_lora_with_gradient_checkpointing_takes_the_same_step(tiny_model_dir):
+    """Recomputing activations (frozen embeddings: the checkpointed blocks' inputs need no gradient)
+    gives the adapters the same update; fp32 on CPU the recomputed forward is the same arithmetic."""
+    after = []
+    for gc in (False, True):
+        actor = new_actor(tiny_model_dir, lora=LORA, lr=1e-2, gradient_checkpointing=gc)
+        assert base_model(actor.engine.module).is_gradient_checkpointing == gc
+        for seed in (1, 2):
+            actor.update(make_train_batch(actor, 8, seed=seed), BANDPO)
+        after.append(_params(actor))
+    assert max_diff(*after) <= 1e-6
