@@ -14,6 +14,9 @@ before the log-probs. What moves, per ZeRO stage (``moves``):
   grad buffer). It refuses the master weights and Adam's state for any optimizer but
   DeepSpeed's FusedAdam (ours is torch's AdamW), so those move here. The bf16 weight partition
   stays: the weight sync gathers it with NCCL, which needs it on the GPU.
+- ZeRO-2 with LoRA: the frozen base weights are outside the optimizer, so ``lp_params`` holds only
+  the adapters; the parameters that need no gradient move here, with the weights
+  (``offload_weights``), once the sync has read them.
 - Both: Adam's ``exp_avg`` / ``exp_avg_sq`` (moved here, each tensor back to the device it
   came from: DeepSpeed's own helper would also move AdamW's CPU ``step`` counters to the GPU),
   and the reference model (a module under ZeRO-2, its parameter partitions under ZeRO-3).
@@ -61,6 +64,7 @@ class ActorOffload:
         self.offloaded = False
         self.weights_offloaded = False
         self._adam: list[tuple[dict, str, torch.device]] = []  # (state, key, device it came from)
+        self._frozen: list[tuple[torch.nn.Parameter, torch.device]] = []  # (parameter, device it came from)
 
     def offload(self) -> None:
         """Everything in ``moves`` but the weights the sync reads (``offload_weights``)."""
@@ -86,6 +90,9 @@ class ActorOffload:
         if self.weights_offloaded:
             return
         self._offload_deepspeed([s for s in self.what["deepspeed"] if s in WEIGHT_STATES])
+        self._frozen = [(p, p.device) for p in self._frozen_params()]
+        for p, _ in self._frozen:
+            p.data = _pinned(p.data)
         self.weights_offloaded = True
         self._release()
 
@@ -109,10 +116,21 @@ class ActorOffload:
         for state, key, device in self._adam:
             state[key] = state[key].to(device, non_blocking=True)
         self._adam = []
+        for p, device in self._frozen:
+            p.data = p.data.to(device, non_blocking=True)
+        self._frozen = []
         self._move_ref(self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the pinned sources may go once the copies are done
         self.offloaded = self.weights_offloaded = False
+
+    def _frozen_params(self) -> list[torch.nn.Parameter]:
+        """ZeRO-2: the module's parameters outside the optimizer (LoRA's base weights), which DeepSpeed's
+        ``lp_params`` does not move; none without LoRA. (ZeRO-3 keeps its weight partition anyway.)"""
+        module = getattr(self.engine, "module", None)
+        if self.zero_stage != 2 or module is None:
+            return []
+        return [p for p in module.parameters() if not p.requires_grad]
 
     def _move_ref(self, device) -> None:
         if self.ref is None:

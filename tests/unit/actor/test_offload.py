@@ -124,3 +124,27 @@ def test_the_zero2_reference_model_waits_in_pinned_host_memory():
     off._move_ref(device)
     torch.cuda.synchronize(device)
     assert all(torch.equal(v, want[k]) and v.device == device for k, v in ref.state_dict().items())
+
+
+def test_zero2_frozen_base_weights_leave_with_the_weights_and_come_back(monkeypatch):
+    """LoRA under ZeRO-2: DeepSpeed's lp_params are the adapters only; the frozen base weights (most of
+    the model) move here, after the sync has read them, and come back as the same parameters. As above,
+    the "device" is meta and a "host copy" a recorded new meta tensor."""
+    moved = []
+    monkeypatch.setattr(offload_module, "_pinned", lambda t: moved.append(tuple(t.shape)) or torch.empty_like(t))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    engine = _Engine()
+    engine.module = torch.nn.Sequential(torch.nn.Linear(4, 3, device="meta"), torch.nn.Linear(3, 2, device="meta"))
+    engine.module[0].requires_grad_(False)  # the "base" layer; the second one trains
+    frozen = [engine.module[0].weight, engine.module[0].bias]
+    off = ActorOffload(engine, None, 2, torch.device("meta"))
+    off.offload()
+    assert (3, 4) not in moved  # the sync still reads them
+    moved.clear()
+    off.offload_weights()
+    off.offload_weights()  # idempotent
+    assert moved == [(3, 4), (3,)]  # the frozen ones only: the trainable one is DeepSpeed's lp_params
+    off.reload()
+    assert frozen[0] is engine.module[0].weight and frozen[1] is engine.module[0].bias
+    assert [p.device.type for p in frozen] == ["meta", "meta"] and off._frozen == []
