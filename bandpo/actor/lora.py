@@ -72,13 +72,30 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     """``model`` wrapped by PEFT with ``settings``' adapters; its own parameters frozen.
 
     No task type: the plain ``PeftModel`` forwards every keyword to the HF model unchanged (the
-    packed attention's layout among them). A target list matching no module raises (PEFT's error).
+    packed attention's layout among them). Raises ValueError naming ``actor.lora.target_modules``
+    when a target matches no module, is not a plain ``nn.Linear`` (the merge is ``W [out, in]``'s),
+    or is the output embedding (the chunked log-prob head reads its weight, not the adapter).
     """
     from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
 
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.target_modules), bias="none")
-    return get_peft_model(model, config)
+    try:
+        wrapped = get_peft_model(model, config)
+    except ValueError as e:
+        raise ValueError(f"actor.lora.target_modules={list(settings.target_modules)}: {e}") from e
+    for name, mod in wrapped.named_modules():
+        if not isinstance(mod, LoraLayer):
+            continue
+        if not isinstance(mod, LoraLinear) or type(mod.base_layer) is not torch.nn.Linear or mod.fan_in_fan_out:
+            raise ValueError(f"actor.lora.target_modules: {name} is a {type(mod.base_layer).__name__}; "
+                             "only nn.Linear layers can take adapters")
+        if mod is wrapped.get_output_embeddings():
+            raise ValueError(f"actor.lora.target_modules: {name} is the output embedding, which cannot take an "
+                             "adapter (the chunked log-prob head reads its weight directly)")
+    return wrapped
 
 
 def is_lora(module: torch.nn.Module) -> bool:

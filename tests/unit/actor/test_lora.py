@@ -189,3 +189,13 @@ def test_eval_reads_the_runs_lora_settings_and_refuses_adapters_without_them(tmp
     with pytest.raises(EvalUsageError, match=r"rank \[4\].*actor\.lora\.rank=8"):
         _merge_lora(state, (8, 12.0), tmp_path)
     assert "model.layers.0.self_attn.q_proj.weight" in _merge_lora(state, (4, 12.0), tmp_path)
+
+
+@pytest.mark.parametrize("targets,match", [
+    (("no_such_proj",), "no_such_proj"),
+    (("embed_tokens",), "Embedding"),
+    (("q_proj", "lm_head"), "output embedding"),
+])
+def test_targets_that_cannot_work_are_refused_naming_the_key(targets, match):
+    with pytest.raises(ValueError, match=rf"actor\.lora\.target_modules.*{match}"):
+        apply_lora(_tiny_qwen2(tied=False), LoraSettings(rank=4, target_modules=targets))
