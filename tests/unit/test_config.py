@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,11 @@ def _options(group: str) -> list[str]:
 def test_every_config_composes():
     models, algorithms, rollouts = _options("model"), _options("algorithm"), _options("rollout")
     assert {"tiny", "qwen2.5-3b", "qwen2.5-7b", "llama3-8b"} <= set(models)
-    for model, algorithm, rollout in itertools.product(models, algorithms, rollouts):
+    # Every algorithm with every model, and every rollout with every model: each file composes, and
+    # each pair that can interact (a model's sizes and TP with an engine, a model with a loss) does.
+    combos = [(m, a, "vllm") for m in models for a in algorithms]
+    combos += [(m, "bandpo", r) for m in models for r in rollouts if r != "vllm"]
+    for model, algorithm, rollout in combos:
         overrides = [f"model={model}", f"algorithm={algorithm}", f"rollout={rollout}"]
         if rollout == "hf" and compose([f"model={model}"]).rollout.tensor_parallel_size > 1:
             # transformers generate has no tensor parallelism: one engine per GPU instead
