@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bandpo.distributed.precision import BF16_CHOICES, ENGINE_DTYPES
+from bandpo.distributed.precision import check_bf16, check_engine_dtype
 from bandpo.errors import ConfigError, check
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -266,10 +266,8 @@ def validate(cfg) -> None:
            f"rollout.num_workers={_get(cfg, 'actor.num_workers')} for the colocated layout", tp)
 
     _choice(cfg, "actor.zero_stage", [2, 3])
-    bf16 = _get(cfg, "actor.bf16")  # a bare 1 / 0 would pass as True / False in a membership test
-    _check(bf16 in BF16_CHOICES and isinstance(bf16, (str, bool)), "actor.bf16", "must be one of auto, true, false",
-           bf16)
-    _choice(cfg, "model.dtype", ENGINE_DTYPES)
+    check_bf16(_get(cfg, "actor.bf16"))
+    check_engine_dtype(_get(cfg, "model.dtype"))
     _choice(cfg, "actor.offload_during_rollout", [None, True, False])
     _number(cfg, "actor.lr", low=0, strict_low=True)
     _number(cfg, "actor.num_workers", low=1, integer=True)

@@ -62,8 +62,7 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None, system: str | None = None) -> 
 def resolve_bf16(setting, device: str, fast_cpu_bf16: bool | None = None) -> bool:
     """``actor.bf16`` (auto / true / false) on ``device`` ("cuda" or "cpu") -> whether the actor computes
     in bf16 (module docstring). ``fast_cpu_bf16`` replaces the CPU detection (tests)."""
-    if setting not in BF16_CHOICES or not isinstance(setting, (str, bool)):
-        raise ConfigError(f"config error: actor.bf16 must be one of auto, true, false, got {setting!r}")
+    check_bf16(setting)
     if setting != "auto":
         return bool(setting)
     if device == "cuda":
@@ -73,8 +72,20 @@ def resolve_bf16(setting, device: str, fast_cpu_bf16: bool | None = None) -> boo
 
 def engine_dtype(model_dtype, bf16: bool) -> str:
     """The rollout engines' dtype: ``model.dtype``, its ``auto`` being the actor's precision ``bf16``."""
-    if model_dtype not in ENGINE_DTYPES:
-        raise ConfigError(f"config error: model.dtype must be one of {', '.join(ENGINE_DTYPES)}, got {model_dtype!r}")
+    check_engine_dtype(model_dtype)
     if model_dtype == "auto":
         return "bfloat16" if bf16 else "float32"
     return model_dtype
+
+
+def check_bf16(setting) -> None:
+    """``actor.bf16`` is auto, true or false (config validation and ``resolve_bf16``); a bare 1 / 0
+    would pass a membership test as True / False, so the type is checked too."""
+    if setting not in BF16_CHOICES or not isinstance(setting, (str, bool)):
+        raise ConfigError(f"config error: actor.bf16 must be one of auto, true, false, got {setting!r}")
+
+
+def check_engine_dtype(model_dtype) -> None:
+    """``model.dtype`` is one of ``ENGINE_DTYPES`` (config validation and ``engine_dtype``)."""
+    if model_dtype not in ENGINE_DTYPES:
+        raise ConfigError(f"config error: model.dtype must be one of {', '.join(ENGINE_DTYPES)}, got {model_dtype!r}")
