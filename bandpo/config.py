@@ -6,14 +6,13 @@ message like ``config error: algorithm.band.delta must be > 0, got -1``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bandpo.distributed.precision import check_bf16, check_engine_dtype
-from bandpo.errors import ConfigError, check
+from bandpo.errors import ConfigError, check, check_choice, check_number
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -110,30 +109,27 @@ def _check(cond: bool, key: str, msg: str, value: Any) -> None:
     check(cond, key, msg, repr(value))  # the config's messages show the value's repr
 
 
-def _refuse(cfg, keys: Sequence[str], name: str, why: str) -> None:
-    """Options another algorithm reads are refused by name when set, never ignored."""
-    for key in keys:
-        if _get(cfg, key) is not None:
-            raise ConfigError(f"config error: {key} does not apply to algorithm={name} ({why}); set it to null "
-                              f"or pick another algorithm")
+def _rule(rule, *args, **kwargs) -> Any:
+    """``rule(*args, **kwargs)``: a validation rule written once, next to the mechanism it protects, called
+    with the config key as the name it gives the value; its ``ValueError`` is re-raised as a ``ConfigError``."""
+    try:
+        return rule(*args, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
 
 
 def _choice(cfg, key: str, valid: Sequence[str]) -> Any:
     value = _get(cfg, key)
-    _check(value in valid, key, f"must be one of {', '.join(map(str, valid))}", value)
+    _rule(check_choice, value, valid, key)
     return value
 
 
 def _number(cfg, key: str, *, low: float | None = None, high: float | None = None, strict_low: bool = False,
             integer: bool = False) -> float:
     value = _get(cfg, key)
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    _check(ok_type and not isinstance(value, bool), key, "must be an integer" if integer else "must be a number", value)
-    _check(math.isfinite(value), key, "must be finite", value)
-    if low is not None:
-        _check(value > low if strict_low else value >= low, key, f"must be {'>' if strict_low else '>='} {low}", value)
-    if high is not None:
-        _check(value <= high, key, f"must be <= {high}", value)
+    _rule(check_number, value, key, low=low, high=high, strict_low=strict_low, integer=integer)
     return value
 
 
@@ -182,64 +178,55 @@ def _float(x):
 
 def validate(cfg) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
-    from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS
+    from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
-    from bandpo.algo.band import DIVERGENCES
-    from bandpo.algo.losses import AGG_MODES, ALGORITHMS, KL_ESTIMATORS
-    from bandpo.algo.mismatch import MISMATCH_MODES
+    from bandpo.algo.band import DIVERGENCES, check_eps, check_threshold, check_upper_cap
+    from bandpo.algo.losses import ALGORITHMS, KL_ESTIMATORS, check_agg, check_applies, check_dual_clip
+    from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
+    from bandpo.algo.rivals import check_ratio_cap, check_tau
 
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
-    surrogate = ALGORITHMS[name].surrogate
-    if surrogate == "sapo":
-        _refuse(cfg, ("algorithm.eps_low", "algorithm.eps_high"), name, "sapo has no clip")
-    else:
-        _number(cfg, "algorithm.eps_low", low=0, high=1, strict_low=True)
-        _number(cfg, "algorithm.eps_high", low=0, strict_low=True)
-    if surrogate != "clip":
-        _refuse(cfg, ("algorithm.dual_clip",), name, "the dual clip is the clipped surrogate's (grpo, clip_higher, "
-                "bandpo, dcpo)")
-    elif _get(cfg, "algorithm.dual_clip") is not None:
-        _number(cfg, "algorithm.dual_clip", low=1, strict_low=True)
-    if not surrogate.startswith("dppo"):
-        _refuse(cfg, ("algorithm.ratio_cap",), name, "it applies to dppo_tv and dppo_kl only")
-    elif _get(cfg, "algorithm.ratio_cap") is not None:
-        _number(cfg, "algorithm.ratio_cap", low=0, strict_low=True)
-    if not ALGORITHMS[name].dac:
-        _refuse(cfg, ("algorithm.upper_cap",), name, "it applies to dcpo only; bandpo's is algorithm.band.upper_cap")
-    elif _get(cfg, "algorithm.upper_cap") is not None:
-        _number(cfg, "algorithm.upper_cap", low=1, strict_low=True)
-    if surrogate != "sapo":
-        _refuse(cfg, ("algorithm.tau_pos", "algorithm.tau_neg"), name, "they apply to sapo only")
-    else:
-        _number(cfg, "algorithm.tau_pos", low=0, strict_low=True)
-        _number(cfg, "algorithm.tau_neg", low=0, strict_low=True)
-    agg = _choice(cfg, "algorithm.loss_agg", AGG_MODES)
-    _check(surrogate != "gspo" or agg == "seq-mean-token-mean", "algorithm.loss_agg",
-           "must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence)", agg)
-    if _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES) != "none":
-        _check(_get(cfg, "algorithm.tis_cap") is None, "algorithm.tis_cap",
-               "is token-level TIS (algorithm.mismatch.mode=token_tis); set only one of the two", cfg.algorithm.tis_cap)
-    _number(cfg, "algorithm.mismatch.cap", low=1)
+    algo = ALGORITHMS[name]
+    # Options another algorithm reads are refused by name when set, never ignored (bandpo.algo.losses.OPTION_SCOPES).
+    for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
+        key = f"algorithm.{option}"
+        if _get(cfg, key) is not None:
+            if option == "upper_cap" and algo.band:
+                raise ConfigError(f"config error: {key} does not apply to algorithm={name}: bandpo's is "
+                                  f"algorithm.band.upper_cap; set it to null")
+            _rule(check_applies, name, option, key)
+    if algo.surrogate != "sapo":  # numbers (a null is refused), in the interval's range
+        _rule(check_eps, _number(cfg, "algorithm.eps_low"), _number(cfg, "algorithm.eps_high"),
+              ("algorithm.eps_low", "algorithm.eps_high"))
+    _rule(check_dual_clip, _get(cfg, "algorithm.dual_clip"), "algorithm.dual_clip")
+    _rule(check_ratio_cap, _get(cfg, "algorithm.ratio_cap"), "algorithm.ratio_cap")
+    _rule(check_upper_cap, _get(cfg, "algorithm.upper_cap"), "algorithm.upper_cap")
+    if algo.surrogate == "sapo":  # numbers (a null is refused)
+        for key in ("algorithm.tau_pos", "algorithm.tau_neg"):
+            _rule(check_tau, _number(cfg, key), key)
+    _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
+    mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
+    _rule(check_one_correction, _get(cfg, "algorithm.tis_cap"), mode, ("algorithm.tis_cap", "algorithm.mismatch.mode"))
+    _rule(check_cap, _get(cfg, "algorithm.mismatch.cap"), "algorithm.mismatch.cap")
     _number(cfg, "algorithm.kl_coef", low=0)
     _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
     _choice(cfg, "algorithm.advantage", ADVANTAGE_ESTIMATORS)
     if name == "bandpo":
         _choice(cfg, "algorithm.band.divergence", DIVERGENCES)
-        _number(cfg, "algorithm.band.delta", low=0, strict_low=True)
-        if _get(cfg, "algorithm.band.upper_cap") is not None:
-            _number(cfg, "algorithm.band.upper_cap", low=1, strict_low=True)
+        _rule(check_threshold, _get(cfg, "algorithm.band.delta"), "algorithm.band.delta")
+        _rule(check_upper_cap, _get(cfg, "algorithm.band.upper_cap"), "algorithm.band.upper_cap")
         if _choice(cfg, "algorithm.band.adaptive", ADAPTIVE_MODES) != "none":
             _choice(cfg, "algorithm.band.adaptive_norm", ENTROPY_NORMS)
-            for key in ("algorithm.band.delta_min", "algorithm.band.delta_max"):
+            keys = ("algorithm.band.delta_min", "algorithm.band.delta_max")
+            for key in keys:
                 if _get(cfg, key) is not None:
-                    _number(cfg, key, low=0, strict_low=True)
-            lo, hi = band_delta_range(cfg.algorithm.band)
-            _check(lo <= hi, "algorithm.band.delta_max", f"must be >= algorithm.band.delta_min={lo}", hi)
+                    _number(cfg, key)  # a number; its range below, nulls resolved (band_delta_range)
+            _rule(check_delta_range, *band_delta_range(cfg.algorithm.band), keys)
     elif _get(cfg, "algorithm.band") is not None:
         raise ConfigError(f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
                           f"remove the algorithm.band.* overrides or pick algorithm=bandpo")
     if _get(cfg, "algorithm.tis_cap") is not None:
-        _number(cfg, "algorithm.tis_cap", low=1)
+        _rule(check_cap, _get(cfg, "algorithm.tis_cap"), "algorithm.tis_cap")
     _check(isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool), "algorithm.filter_groups.enable",
            "must be true or false", _get(cfg, "algorithm.filter_groups.enable"))
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])

@@ -1,10 +1,18 @@
-"""The project's exception types, and the config check that raises ``ConfigError``.
+"""The project's exception types, the config check that raises ``ConfigError``, and the generic value
+checks the validation rules are written with (``check_number``, ``check_choice``).
 
-Kept free of imports so that any module (the light ``bandpo.algo`` / ``bandpo.reward`` included)
+A rule lives once, as a small function next to the mechanism it protects, raising ``ValueError`` that
+names the value (its ``name`` argument) and shows it; ``bandpo.config.validate`` calls the same function
+with the config key as the name and re-raises a ``ConfigError``.
+
+Kept free of project imports so that any module (the light ``bandpo.algo`` / ``bandpo.reward`` included)
 can raise or catch them without pulling in the module that usually raises them.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable
 
 
 class ConfigError(ValueError):
@@ -63,6 +71,29 @@ def check(cond: bool, key: str, msg: str, shown: object) -> None:
     """
     if not cond:
         raise ConfigError(f"config error: {key} {msg}, got {shown}")
+
+
+def check_number(value: object, name: str, *, low: float | None = None, high: float | None = None,
+                 strict_low: bool = False, integer: bool = False) -> None:
+    """Raise ``ValueError("<name> must be ..., got <repr(value)>")`` unless ``value`` is a finite number
+    (an int with ``integer``; never a bool) with ``low <= value`` (``<`` with ``strict_low``) and
+    ``value <= high``."""
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not ok_type or isinstance(value, bool):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if low is not None and not (value > low if strict_low else value >= low):
+        raise ValueError(f"{name} must be {'>' if strict_low else '>='} {low}, got {value!r}")
+    if high is not None and not value <= high:
+        raise ValueError(f"{name} must be <= {high}, got {value!r}")
+
+
+def check_choice(value: object, valid: Iterable, name: str) -> None:
+    """Raise ``ValueError("<name> must be one of <valid>, got <repr(value)>")`` unless ``value`` is in ``valid``."""
+    valid = list(valid)
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, valid))}, got {value!r}")
 
 
 class SharedMemoryFull(RuntimeError):

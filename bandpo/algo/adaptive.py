@@ -49,7 +49,16 @@ import math
 
 import torch
 
-from bandpo.algo.band import _T_MAX, _T_MIN, _chi2_bounds, _horner, _tv_bounds, kl_roots_logit
+from bandpo.algo.band import (
+    _T_MAX,
+    _T_MIN,
+    _chi2_bounds,
+    _horner,
+    _tv_bounds,
+    check_threshold,
+    check_upper_cap,
+    kl_roots_logit,
+)
 
 ADAPTIVE_MODES = ("none", "entropy")
 ENTROPY_NORMS = ("batch", "logv")
@@ -75,8 +84,7 @@ def adaptive_delta(
     Returns:
         delta_t, same shape and dtype as ``entropy``.
     """
-    if not 0 < delta_min <= delta_max or not math.isfinite(delta_max):
-        raise ValueError(f"adaptive band needs 0 < delta_min <= delta_max < inf, got {delta_min}, {delta_max}")
+    check_delta_range(delta_min, delta_max)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"adaptive band entropy scale must be a finite number > 0, got {scale!r}")
     h_raw = entropy.detach().clamp(min=0.0)  # rounding may give -1e-8 entropies
@@ -87,6 +95,15 @@ def adaptive_delta(
     else:
         raise ValueError(f"unknown adaptive band entropy norm {norm!r}; valid: {', '.join(ENTROPY_NORMS)}")
     return torch.exp(math.log(delta_min) + h * math.log(delta_max / delta_min))
+
+
+def check_delta_range(delta_min, delta_max, names: tuple[str, str] = ("delta_min", "delta_max")) -> None:
+    """The adaptive radius' range: each end a band radius (``bandpo.algo.band.check_threshold``: finite, > 0)
+    and delta_min <= delta_max (``adaptive_delta``, the KL table family, ``algorithm.band.delta_min/max``)."""
+    for value, name in zip((delta_min, delta_max), names):
+        check_threshold(value, name)
+    if not delta_min <= delta_max:
+        raise ValueError(f"{names[1]} must be >= {names[0]}={delta_min}, got {delta_max!r}")
 
 
 def band_bounds_per_token(
@@ -104,12 +121,10 @@ def band_bounds_per_token(
     dtype and device); ``delta`` is clamped into it. Edge inputs behave as in ``band_bounds``.
     """
     lo_d, hi_d = delta_range
-    if not 0 < lo_d <= hi_d or not math.isfinite(hi_d):
-        raise ValueError(f"delta_range must satisfy 0 < delta_min <= delta_max < inf, got {delta_range}")
+    check_delta_range(lo_d, hi_d, ("delta_range's delta_min", "delta_range's delta_max"))
     if delta.shape != old_logprob.shape:
         raise ValueError(f"per-token delta shape {tuple(delta.shape)} != old_logprob shape {tuple(old_logprob.shape)}")
-    if upper_cap is not None and not upper_cap > 1:
-        raise ValueError(f"band upper_cap must be > 1 (or None), got {upper_cap!r}")
+    check_upper_cap(upper_cap, "band upper_cap")
     with torch.no_grad():
         x = old_logprob.detach().clamp(max=0.0)
         if divergence == "kl":  # the tables take delta in x's dtype (1 ulp of delta moves a bound by ~1 ulp)

@@ -51,6 +51,8 @@ from collections.abc import Callable
 
 import torch
 
+from bandpo.errors import check_number
+
 DIVERGENCES = ("kl", "tv", "chi2")
 
 # KL table geometry: t = logit(p) in [_T_MIN, _T_MAX], _CELLS_PER_UNIT cells per unit of t.
@@ -81,12 +83,9 @@ def band_bounds(
     Returns:
         ``(lower, upper)``, same shape, dtype and device as ``old_logprob``, no grad.
     """
-    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
-        raise ValueError(f"band delta must be a finite number > 0, got {delta!r}")
-    if upper_cap is not None and not upper_cap > 1:
-        raise ValueError(f"band upper_cap must be > 1 (or None), got {upper_cap!r}")
-    if not torch.is_floating_point(old_logprob):
-        raise TypeError(f"old_logprob must be a floating tensor, got {old_logprob.dtype}")
+    check_threshold(delta, "band delta")
+    check_upper_cap(upper_cap, "band upper_cap")
+    check_floating(old_logprob)
     with torch.no_grad():
         x = old_logprob.detach().clamp(max=0.0)  # log p; NaN stays NaN
         if callable(divergence):
@@ -110,6 +109,35 @@ def band_bounds(
             lower = lower.clamp(max=1.0 - eps_low)
             upper = upper.clamp(min=1.0 + eps_high)
         return lower, upper
+
+
+def check_threshold(x, name: str = "band delta") -> None:
+    """A trust-region radius or clip threshold of the per-token bounds is a finite number > 0: the band's
+    delta (``algorithm.band.delta``, each end of the adaptive band's range) and DCPO's eps_low / eps_high."""
+    check_number(x, name, low=0, strict_low=True)
+
+
+def check_upper_cap(upper_cap, name: str = "band upper_cap") -> None:
+    """The ceiling of the per-token upper bound (bandpo's and dcpo's ``upper_cap``) is None or a finite
+    number > 1 (a ratio bound never below 1)."""
+    if upper_cap is not None:
+        check_number(upper_cap, name, low=1, strict_low=True)
+
+
+def check_eps(eps_low, eps_high, names: tuple[str, str] = ("eps_low", "eps_high")) -> None:
+    """The fixed clip interval [1 - eps_low, 1 + eps_high] (and the thresholds every surrogate but sapo's
+    reads in its place): 0 < eps_low <= 1 and eps_high > 0, both finite; None (the algorithm's own) passes."""
+    if eps_low is not None:
+        check_threshold(eps_low, names[0])
+        check_number(eps_low, names[0], high=1)
+    if eps_high is not None:
+        check_threshold(eps_high, names[1])
+
+
+def check_floating(old_logprob: torch.Tensor) -> None:
+    """The bounds are computed from floating old log-probabilities (a TypeError otherwise)."""
+    if not torch.is_floating_point(old_logprob):
+        raise TypeError(f"old_logprob must be a floating tensor, got {old_logprob.dtype}")
 
 
 def _tv_bounds(x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:

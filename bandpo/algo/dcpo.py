@@ -43,9 +43,9 @@ Edge inputs (any shape, all tested)
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from bandpo.algo.band import check_floating, check_threshold, check_upper_cap
 
 
 def dac_bounds(
@@ -67,12 +67,9 @@ def dac_bounds(
         0.5 <= lower <= 1 <= upper.
     """
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-            raise ValueError(f"dcpo {name} must be a finite number > 0, got {eps!r}")
-    if upper_cap is not None and not upper_cap > 1:
-        raise ValueError(f"dcpo upper_cap must be > 1 (or None), got {upper_cap!r}")
-    if not torch.is_floating_point(old_logprob):
-        raise TypeError(f"old_logprob must be a floating tensor, got {old_logprob.dtype}")
+        check_threshold(eps, f"dcpo {name}")
+    check_upper_cap(upper_cap, "dcpo upper_cap")
+    check_floating(old_logprob)
     with torch.no_grad():
         # Float64 throughout: sqrt's slope is unbounded at 0, so near q = 4 eps_low float32 roundings
         # of 1 - 4 eps_low / q (~6e-8) become up to ~5e-5 of error in lower (measured on float32 inputs).

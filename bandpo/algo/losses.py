@@ -42,15 +42,24 @@ loss of the full batch, and gradient accumulation needs no rescaling.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from bandpo.algo import rivals
 from bandpo.algo.adaptive import ADAPTIVE_MODES, adaptive_delta, band_bounds_per_token
-from bandpo.algo.band import band_bounds
+from bandpo.algo.band import band_bounds, check_eps, check_upper_cap
 from bandpo.algo.dcpo import dac_bounds
-from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, masked_mean, mismatch_weights
+from bandpo.algo.mismatch import (
+    MISMATCH_MODES,
+    check_cap,
+    check_one_correction,
+    masked_mean,
+    mismatch_weights,
+)
+from bandpo.algo.rivals import check_ratio_cap, check_tau
+from bandpo.errors import check_choice, check_number
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -92,9 +101,47 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 
 def get_algorithm(name: str) -> Algorithm:
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}")
+    check_choice(name, ALGORITHMS, "algorithm")
     return ALGORITHMS[name]
+
+
+# Options that only some algorithms read: which ones, and why. Set for another algorithm such an option is
+# refused by name (``check_applies``: ``LossOptions``, and the config's ``algorithm.*`` keys), never ignored.
+OPTION_SCOPES: dict[str, tuple[Callable[[Algorithm], bool], str]] = {
+    "eps_low": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
+    "eps_high": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
+    "dual_clip": (lambda a: a.surrogate == "clip",
+                  "the dual clip is the clipped surrogate's (grpo, clip_higher, bandpo, dcpo)"),
+    "upper_cap": (lambda a: a.band or a.dac, "it applies to bandpo (algorithm.band.upper_cap in the config) and "
+                  "dcpo only"),
+    "relax_high_p": (lambda a: a.band, "it applies to bandpo only"),
+    "band_adaptive": (lambda a: a.band, "it applies to bandpo only"),
+    "ratio_cap": (lambda a: a.surrogate.startswith("dppo"), "it applies to dppo_tv and dppo_kl only"),
+    "tau_pos": (lambda a: a.surrogate == "sapo", "it applies to sapo only"),
+    "tau_neg": (lambda a: a.surrogate == "sapo", "it applies to sapo only"),
+}
+
+
+def check_applies(algorithm: str, option: str, name: str | None = None) -> None:
+    """Refuse ``option`` (a key of ``OPTION_SCOPES``, shown as ``name``), set, when ``algorithm`` does not read it."""
+    reads, why = OPTION_SCOPES[option]
+    if not reads(get_algorithm(algorithm)):
+        raise ValueError(f"{name or option} does not apply to algorithm={algorithm} ({why}); set it to None "
+                         f"(null in the config) or pick another algorithm")
+
+
+def check_dual_clip(dual_clip, name: str = "dual_clip") -> None:
+    """The dual clip's c caps a negative-advantage token's loss at -A c: None (off) or a finite number > 1."""
+    if dual_clip is not None:
+        check_number(dual_clip, name, low=1, strict_low=True)
+
+
+def check_agg(algorithm: str, agg: str, name: str = "agg") -> None:
+    """``agg`` is one of ``AGG_MODES``; gspo's objective is per sequence, so it takes ``seq-mean-token-mean`` only."""
+    check_choice(agg, AGG_MODES, name)
+    if get_algorithm(algorithm).surrogate == "gspo" and agg != "seq-mean-token-mean":
+        raise ValueError(f"{name} must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence), "
+                         f"got {agg!r}")
 
 
 @dataclass(frozen=True)
@@ -150,50 +197,29 @@ class LossOptions:
     tau_neg: float | None = None
 
     def __post_init__(self):
-        algo = get_algorithm(self.algorithm)
-        if self.agg not in AGG_MODES:
-            raise ValueError(f"unknown loss agg mode {self.agg!r}; valid: {', '.join(AGG_MODES)}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        get_algorithm(self.algorithm)
+        check_agg(self.algorithm, self.agg)
+        check_choice(self.kl_estimator, KL_ESTIMATORS, "kl_estimator")
+        check_dual_clip(self.dual_clip)
         if self.tis_cap is not None:
             check_cap(self.tis_cap)
-        if self.mismatch not in MISMATCH_MODES:
-            raise ValueError(f"unknown mismatch mode {self.mismatch!r}; valid: {', '.join(MISMATCH_MODES)}")
+        check_choice(self.mismatch, MISMATCH_MODES, "mismatch")
         check_cap(self.mismatch_cap, "mismatch_cap")
-        if self.tis_cap is not None and self.mismatch != "none":
-            raise ValueError(f"tis_cap is token-level TIS; it cannot be combined with mismatch={self.mismatch!r}")
-        self._refuse_inapplicable(algo)
-        if self.band_adaptive not in ADAPTIVE_MODES:
-            raise ValueError(f"unknown band_adaptive {self.band_adaptive!r}; valid: {', '.join(ADAPTIVE_MODES)}")
-        if self.band_adaptive != "none" and not get_algorithm(self.algorithm).band:
-            raise ValueError(f"band_adaptive={self.band_adaptive!r} applies to bandpo only, "
-                             f"not algorithm={self.algorithm!r}")
+        check_one_correction(self.tis_cap, self.mismatch)
+        check_choice(self.band_adaptive, ADAPTIVE_MODES, "band_adaptive")
+        for option in OPTION_SCOPES:  # options another surrogate reads are refused by name, not ignored
+            value = getattr(self, option)
+            if value is not None and value != _UNSET.get(option):
+                check_applies(self.algorithm, option)
+        check_eps(self.eps_low, self.eps_high)
+        check_upper_cap(self.upper_cap, "upper_cap")
+        check_ratio_cap(self.ratio_cap)
+        for option in ("tau_pos", "tau_neg"):
+            check_tau(getattr(self, option), option)
 
-    def _refuse_inapplicable(self, algo: Algorithm) -> None:
-        """Options another surrogate reads are refused by name, not ignored."""
-        name, kind = self.algorithm, algo.surrogate
-        if kind != "clip" and self.dual_clip is not None:
-            raise ValueError(f"dual_clip applies to the clipped surrogate (grpo, clip_higher, bandpo, dcpo), not "
-                             f"algorithm={name!r}; set it to None")
-        if self.upper_cap is not None and not (algo.band or algo.dac):
-            raise ValueError(f"upper_cap applies to bandpo and dcpo only, not algorithm={name!r}")
-        if self.relax_high_p and not algo.band:
-            raise ValueError(f"relax_high_p applies to bandpo only, not algorithm={name!r}")
-        if not kind.startswith("dppo") and self.ratio_cap is not None:
-            raise ValueError(f"ratio_cap applies to dppo_tv and dppo_kl only, not algorithm={name!r}")
-        if self.ratio_cap is not None and not self.ratio_cap > 0:
-            raise ValueError(f"ratio_cap must be > 0 (or None), got {self.ratio_cap}")
-        if kind != "sapo" and (self.tau_pos is not None or self.tau_neg is not None):
-            raise ValueError(f"tau_pos and tau_neg apply to sapo only, not algorithm={name!r}")
-        for tau in (self.tau_pos, self.tau_neg):
-            if tau is not None and not tau > 0:
-                raise ValueError(f"sapo's tau_pos and tau_neg must be > 0, got {tau}")
-        if kind == "sapo" and (self.eps_low is not None or self.eps_high is not None):
-            raise ValueError("eps_low and eps_high do not apply to sapo (a soft gate, no clip); set them to None")
-        if kind == "gspo" and self.agg != "seq-mean-token-mean":
-            raise ValueError(f"gspo's sequence-level objective needs agg='seq-mean-token-mean', got {self.agg!r}")
+
+# The value of an ``OPTION_SCOPES`` field that means "not set", where it is not None.
+_UNSET = {"relax_high_p": False, "band_adaptive": "none"}
 
 
 def ratio_interval(

@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from bandpo.errors import check_number
+
 MISMATCH_MODES = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis", "icepop")
 TRUNCATING = ("token_tis", "seq_tis")
 # Quantiles of log k logged every step (bandpo.trainer.step_metrics).
@@ -33,8 +35,17 @@ LOG_RATIO_QUANTILES = (0.01, 0.5, 0.99)
 
 
 def check_cap(cap, name: str = "tis_cap") -> None:
-    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
-        raise ValueError(f"{name} must be a finite number >= 1 (or None), got {cap!r}")
+    """The cap C of every mode (``tis_cap``, ``mismatch_cap``; ``algorithm.tis_cap``, ``algorithm.mismatch.cap``)
+    is a finite number >= 1: the weights are truncated or masked above C (and IcePop's below 1/C)."""
+    check_number(cap, name, low=1)
+
+
+def check_one_correction(tis_cap, mode: str, names: tuple[str, str] = ("tis_cap", "mismatch")) -> None:
+    """``tis_cap`` is token-level TIS, ``mode=token_tis`` with that cap: it cannot be combined with
+    another mode (``mode`` other than ``none``); the two are one correction."""
+    if tis_cap is not None and mode != "none":
+        raise ValueError(f"{names[0]} is token-level TIS ({names[1]}=token_tis) and cannot be combined with "
+                         f"{names[1]}={mode!r}; set only one of the two, got {names[0]}={tis_cap!r}")
 
 
 def mismatch_weights(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from bandpo.errors import check_number
+
 # SAPO's recipe temperatures (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347):
 # negative-advantage tokens get a slightly sharper gate.
 SAPO_TAU_POS = 1.0
@@ -24,6 +26,18 @@ SAPO_TAU_NEG = 1.05
 # GSPO's sequence log-ratio is clamped above before exp (stability; the clip binds long before).
 GSPO_MAX_LOG_RATIO = 10.0
 _EPS = 1e-8  # floor of 1 - p in the binary KL (p -> 1)
+
+
+def check_ratio_cap(ratio_cap, name: str = "ratio_cap") -> None:
+    """DPPO's truncation C of the ratio, min(r, C) (``dppo_loss``): None (no truncation) or a finite number > 0."""
+    if ratio_cap is not None:
+        check_number(ratio_cap, name, low=0, strict_low=True)
+
+
+def check_tau(tau, name: str = "tau") -> None:
+    """A SAPO gate temperature (``sapo_loss``' tau_pos / tau_neg): None (the recipe's) or a finite number > 0."""
+    if tau is not None:
+        check_number(tau, name, low=0, strict_low=True)
 
 
 def _ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:

@@ -141,5 +141,5 @@ def test_policy_loss_adaptive_uses_per_token_radius():
         policy_loss(logp, old, adv, mask, replace(opts, algorithm="grpo"), old_entropy=ent)
     with pytest.raises(ValueError, match="needs old_entropy"):
         policy_loss(logp, old, adv, mask, opts, old_entropy=None)
-    with pytest.raises(ValueError, match="valid: none, entropy"):
+    with pytest.raises(ValueError, match="band_adaptive must be one of none, entropy"):
         policy_loss(logp, old, adv, mask, replace(opts, band_adaptive="entropic"), old_entropy=ent)

@@ -250,10 +250,10 @@ def test_ratio_interval_and_options():
     assert lo.item() == pytest.approx(0.5 + 0.5 * math.sqrt(0.2)) and hi.item() == pytest.approx(0.5 + 0.5 * math.sqrt(2))
     with pytest.raises(ValueError, match="bandpo only"):
         ratio_interval(_log([0.8]), "dcpo", delta_t=torch.tensor([0.05]), delta_range=(0.01, 0.1))
-    for kw, message in [(dict(algorithm="grpo", upper_cap=10.0), "upper_cap applies to bandpo and dcpo only"),
-                        (dict(algorithm="dcpo", relax_high_p=True), "relax_high_p applies to bandpo only"),
+    for kw, message in [(dict(algorithm="grpo", upper_cap=10.0), "upper_cap does not apply to algorithm=grpo .it applies to bandpo"),
+                        (dict(algorithm="dcpo", relax_high_p=True), "relax_high_p does not apply to algorithm=dcpo .it applies to bandpo only"),
                         (dict(algorithm="dcpo", band_adaptive="entropy"), "applies to bandpo only"),
-                        (dict(algorithm="dcpo2"), r"valid: grpo, .*, dcpo")]:
+                        (dict(algorithm="dcpo2"), r"algorithm must be one of grpo, .*, dcpo")]:
         with pytest.raises(ValueError, match=message):
             LossOptions(**kw)
 
