@@ -232,6 +232,8 @@ def validate(cfg) -> None:
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
     _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
 
+    from bandpo.actor.chunked import check_temperature
+    from bandpo.algo.advantages import check_group_size
     from bandpo.rollout.base import available_engines
     from bandpo.weight_sync.transport import TRANSPORTS
 
@@ -240,8 +242,8 @@ def validate(cfg) -> None:
     _check(isinstance(_get(cfg, "rollout.verify_sync"), bool), "rollout.verify_sync", "must be true or false",
            _get(cfg, "rollout.verify_sync"))
     _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)
-    _number(cfg, "rollout.n", low=2, integer=True)
-    _number(cfg, "rollout.temperature", low=0, strict_low=True)
+    _rule(check_group_size, _get(cfg, "rollout.n"), "rollout.n")
+    _rule(check_temperature, _get(cfg, "rollout.temperature"), "rollout.temperature")
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)
     _number(cfg, "rollout.max_tokens", low=1, integer=True)
     _number(cfg, "rollout.num_workers", low=1, integer=True)
@@ -257,36 +259,35 @@ def validate(cfg) -> None:
     check_engine_dtype(_get(cfg, "model.dtype"))
     _choice(cfg, "actor.offload_during_rollout", [None, True, False])
     _number(cfg, "actor.lr", low=0, strict_low=True)
-    _number(cfg, "actor.num_workers", low=1, integer=True)
-    _number(cfg, "actor.micro_batch_size", low=1, integer=True)
     _number(cfg, "actor.epochs", low=1, integer=True)
     prompts = _number(cfg, "trainer.prompts_per_step", low=1, integer=True)
     mini = _number(cfg, "actor.mini_batch_prompts", low=1, integer=True)
     _check(prompts % mini == 0, "actor.mini_batch_prompts", f"must divide trainer.prompts_per_step={prompts}", mini)
-    rows = mini * _get(cfg, "rollout.n")
-    workers = _get(cfg, "actor.num_workers")
-    _check(rows % workers == 0, "actor.num_workers", f"must divide the rows of a mini-batch ({rows})", workers)
-    micro = _get(cfg, "actor.micro_batch_size")
-    _check((rows // workers) % micro == 0, "actor.micro_batch_size",
-           f"must divide the rows per rank of a mini-batch (mini_batch_prompts x rollout.n / num_workers = "
-           f"{rows // workers})", micro)
+    from bandpo.actor.chunked import check_chunk
+    from bandpo.actor.ds_config import check_batch_split
+    from bandpo.actor.packing import check_micro_batch_tokens, check_token_budget
 
-    _number(cfg, "actor.logprob_token_budget", low=1, integer=True)
-    _number(cfg, "actor.logits_chunk_tokens", low=1, integer=True)
+    _rule(check_batch_split, mini * _get(cfg, "rollout.n"), _get(cfg, "actor.micro_batch_size"),
+          _get(cfg, "actor.num_workers"), ("actor.mini_batch_prompts x rollout.n", "actor.micro_batch_size",
+                                           "actor.num_workers"))
+    _rule(check_token_budget, _get(cfg, "actor.logprob_token_budget"), "actor.logprob_token_budget")
+    _rule(check_chunk, _get(cfg, "actor.logits_chunk_tokens"), "actor.logits_chunk_tokens")
     _number(cfg, "actor.collective_timeout_min", low=0, strict_low=True)
     if _get(cfg, "actor.cpu_threads") is not None:
         _number(cfg, "actor.cpu_threads", low=1, integer=True)
-    budget = _number(cfg, "actor.max_tokens_per_micro_batch", low=0, integer=True)
     padding_free = _get(cfg, "actor.padding_free")
     _check(isinstance(padding_free, bool), "actor.padding_free", "must be true or false", padding_free)
-    _check(padding_free or budget == 0, "actor.max_tokens_per_micro_batch",
-           "must be 0 with actor.padding_free=false (padded micro-batches go by micro_batch_size rows)", budget)
+    _rule(check_micro_batch_tokens, _get(cfg, "actor.max_tokens_per_micro_batch"), padding_free,
+          ("actor.max_tokens_per_micro_batch", "actor.padding_free"))
     share = _get(cfg, "actor.share_prompts")
     _check(isinstance(share, bool), "actor.share_prompts", "must be true or false", share)
     _check(padding_free or not share, "actor.share_prompts",
            "must be false with actor.padding_free=false (padded rows hold their own prompt)", share)
     reuse = reuse_old_logprobs(cfg)
     _validate_lora(cfg, reuse)
+
+    from bandpo.data.prompts import TEMPLATES
+    from bandpo.run.nonfinite import INJECT_TARGETS, ON_NONFINITE
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _validate_staleness(cfg)
@@ -296,12 +297,12 @@ def validate(cfg) -> None:
     _number(cfg, "trainer.trace_every", low=0, integer=True)
     _number(cfg, "trainer.trace_max_chars", low=1, integer=True)
     _choice(cfg, "trainer.resume", ["auto", "never"])
-    _choice(cfg, "trainer.on_nonfinite", ["skip", "stop"])
+    _choice(cfg, "trainer.on_nonfinite", ON_NONFINITE)
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
     _number(cfg, "trainer.verifier_memory_gib", low=0, strict_low=True)
     _number(cfg, "trainer.max_error_share", low=0, high=1)
     _number(cfg, "trainer.inject_nonfinite_step", low=0, integer=True)
-    _choice(cfg, "trainer.inject_nonfinite", ["rewards", "logprobs"])
+    _choice(cfg, "trainer.inject_nonfinite", INJECT_TARGETS)
     _choice(cfg, "trainer.verbose", [True, False])
     actors = _get(cfg, "trainer.verifier_actors")
     if actors != "per_node":
@@ -309,9 +310,11 @@ def validate(cfg) -> None:
                "must be an integer >= 1 or per_node", actors)
     if _get(cfg, "trainer.verifier_workers") is not None:
         _number(cfg, "trainer.verifier_workers", low=1, integer=True)
-    _choice(cfg, "data.template", ["dapo", "boxed"])
+    _choice(cfg, "data.template", list(TEMPLATES))
     _validate_placement(cfg)
-    _number(cfg, "eval.n", low=1, integer=True)
+    from bandpo.eval.metrics import check_samples
+
+    _rule(check_samples, _get(cfg, "eval.n"), "eval.n")
 
     path = str(_get(cfg, "model.path"))
     looks_local = path.startswith(("/", ".", "~")) or os.sep in path and Path(path).expanduser().parent.exists()
@@ -352,12 +355,9 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
            "must be a non-empty list of module names", targets)
     if rank == 0:
         return
-    # Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers. One rank's
-    # training step ran that way, but the merged sync (gathering base weight and factors together), the
-    # adapters-off reference under ZeRO-3's prefetch trace, checkpoints and several ranks are untested.
-    if _get(cfg, "actor.zero_stage") == 3:
-        raise ConfigError("config error: actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on "
-                          "a ZeRO-3 partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0")
+    from bandpo.actor.lora import check_zero_stage
+
+    _rule(check_zero_stage, _get(cfg, "actor.zero_stage"))
     # The reused old log-probs are the update's own training forward: with dropout on the adapter they
     # would be one dropout draw's, not the policy's (the model's own dropout is forced off for this).
     if dropout > 0 and reuse_old:

@@ -28,7 +28,19 @@ from __future__ import annotations
 
 import torch
 
+from bandpo.errors import check_number
+
 DEFAULT_CHUNK = 512  # tokens: 512 x 151,936 x 4 B = 311 MB per float32 [chunk, V] buffer
+
+
+def check_chunk(chunk, name: str = "chunk") -> None:
+    """Tokens per lm_head chunk (``actor.logits_chunk_tokens``): an integer >= 1."""
+    check_number(chunk, name, low=1, integer=True)
+
+
+def check_temperature(temperature, name: str = "temperature") -> None:
+    """The sampling temperature the logits are divided by (the actor's, ``rollout.temperature``): a finite number > 0."""
+    check_number(temperature, name, low=0, strict_low=True)
 
 
 class ChunkedLogprobEntropy(torch.autograd.Function):
@@ -105,8 +117,7 @@ def chunked_logprobs_entropy(
     targets [T] long. Returns float32 ``(logprobs [T], entropy [T])``; both are differentiable
     (the entropy's gradient is computed only when the loss uses it).
     """
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    check_chunk(chunk)
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}")
     return ChunkedLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(chunk))

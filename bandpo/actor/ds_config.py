@@ -29,26 +29,28 @@ forward and backward.
 
 from __future__ import annotations
 
+from bandpo.errors import check_number
+
+
+def check_batch_split(mini_batch_size, micro_batch_size, world_size,
+                      names: tuple[str, str, str] = ("mini_batch_size", "micro_batch_size", "world_size")) -> None:
+    """An optimizer step's rows split evenly: ``world_size`` ranks share the ``mini_batch_size`` rows, and each
+    rank's share goes in micro-batches of ``micro_batch_size`` rows; all three are integers >= 1 (``names``:
+    how the message calls them, the config's keys in config validation)."""
+    for value, name in zip((mini_batch_size, micro_batch_size, world_size), names):
+        check_number(value, name, low=1, integer=True)
+    if mini_batch_size % world_size:
+        raise ValueError(f"{names[2]} must divide {names[0]} ({mini_batch_size} rows), got {world_size}")
+    per_rank = mini_batch_size // world_size
+    if per_rank % micro_batch_size:
+        raise ValueError(f"{names[1]} must divide the rows per rank ({names[0]} / {names[2]} = {per_rank}), "
+                         f"got {micro_batch_size}")
+
 
 def grad_accum_steps(mini_batch_size: int, micro_batch_size: int, world_size: int) -> int:
-    """Micro-batches per rank per optimizer step; raises if the sizes do not divide evenly."""
-    for name, v in (
-        ("mini_batch_size", mini_batch_size),
-        ("micro_batch_size", micro_batch_size),
-        ("world_size", world_size),
-    ):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    per_rank, rem = divmod(mini_batch_size, world_size)
-    if rem:
-        raise ValueError(f"mini_batch_size={mini_batch_size} is not divisible by world_size={world_size}")
-    steps, rem = divmod(per_rank, micro_batch_size)
-    if rem:
-        raise ValueError(
-            f"mini_batch_size/world_size={per_rank} rows per rank is not divisible by "
-            f"micro_batch_size={micro_batch_size}"
-        )
-    return steps
+    """Micro-batches per rank per optimizer step; raises if the sizes do not divide evenly (``check_batch_split``)."""
+    check_batch_split(mini_batch_size, micro_batch_size, world_size)
+    return mini_batch_size // world_size // micro_batch_size
 
 
 def build_ds_config(

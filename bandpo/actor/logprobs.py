@@ -27,7 +27,7 @@ import torch
 
 from bandpo.actor.attention import LAYOUT_KW
 from bandpo.actor.chunked import chunked_logprobs_entropy
-from bandpo.actor.packing import Packed, unpack
+from bandpo.actor.packing import Packed, check_token_budget, unpack
 
 
 def check_padding(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -123,8 +123,7 @@ def budget_chunks(prompt_lens: list[int], response_lens: list[int], token_budget
     Rows are taken longest first, so rows of similar length share a pass and padding stays
     small; a row longer than the budget forms a pass of its own.
     """
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    check_token_budget(token_budget, "token_budget")
     order = sorted(range(len(prompt_lens)), key=lambda i: prompt_lens[i] + response_lens[i], reverse=True)
     chunks: list[list[int]] = []
     cur: list[int] = []

@@ -68,6 +68,18 @@ class LoraSettings:
         return self.alpha / self.rank
 
 
+def check_zero_stage(zero_stage) -> None:
+    """LoRA runs with ZeRO-2 only, for now (``build_engines``, and the config with ``actor.lora.rank > 0``).
+
+    Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers. One rank's
+    training step ran that way, but the merged sync (gathering base weight and factors together), the
+    adapters-off reference under ZeRO-3's prefetch trace, checkpoints and several ranks are untested.
+    """
+    if zero_stage == 3:
+        raise ValueError("actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on a ZeRO-3 "
+                         "partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0")
+
+
 def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     """``model`` wrapped by PEFT with ``settings``' adapters; its own parameters frozen.
 

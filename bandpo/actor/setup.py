@@ -129,10 +129,9 @@ def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zer
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     use_lora = lora is not None and lora.on
     if use_lora:
-        if zero_stage == 3:
-            raise ValueError("LoRA (actor.lora.rank > 0) runs with actor.zero_stage=2 only, for now")
-        from bandpo.actor.lora import apply_lora
+        from bandpo.actor.lora import apply_lora, check_zero_stage
 
+        check_zero_stage(zero_stage)
         model = apply_lora(model, lora)
     # Frozen parameters (LoRA's base weights) get no optimizer state at all.
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from bandpo.actor.chunked import DEFAULT_CHUNK
+from bandpo.actor.chunked import DEFAULT_CHUNK, check_chunk, check_temperature
 from bandpo.actor.ds_config import build_ds_config, grad_accum_steps
 from bandpo.actor.logprobs import (
     budget_chunks,
@@ -57,7 +57,14 @@ from bandpo.actor.logprobs import (
 )
 from bandpo.actor.lora import LoraSettings, reference_mode
 from bandpo.actor.metrics import MetricAccumulator
-from bandpo.actor.packing import pack_rows, packed_budget_groups, prompt_keys, split_to_count
+from bandpo.actor.packing import (
+    check_micro_batch_tokens,
+    check_token_budget,
+    pack_rows,
+    packed_budget_groups,
+    prompt_keys,
+    split_to_count,
+)
 from bandpo.actor.setup import (
     assigned_gpu,
     build_engines,
@@ -157,22 +164,14 @@ class Actor(ActorStateIO):
 
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_temperature(temperature)
         self.model_path, self.rank, self.world_size = model_path, rank, world_size
-        self.zero_stage, self.mini_batch_size, self.micro_batch_size = (
-            zero_stage,
-            mini_batch_size,
-            micro_batch_size,
-        )
+        self.zero_stage = zero_stage
+        self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.logprob_token_budget, self.temperature = logprob_token_budget, temperature
-        if max_tokens_per_micro_batch < 0 or logits_chunk_tokens < 1 or logprob_token_budget < 1:
-            raise ValueError(
-                f"max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= 0, logits_chunk_tokens="
-                f"{logits_chunk_tokens} and logprob_token_budget={logprob_token_budget} >= 1"
-            )
-        if max_tokens_per_micro_batch and not padding_free:
-            raise ValueError("max_tokens_per_micro_batch needs padding_free=True (padded micro-batches go by rows)")
+        check_token_budget(logprob_token_budget, "logprob_token_budget")
+        check_chunk(logits_chunk_tokens, "logits_chunk_tokens")
+        check_micro_batch_tokens(max_tokens_per_micro_batch, padding_free)
         self.padding_free, self.max_tokens_per_micro_batch = padding_free, max_tokens_per_micro_batch
         self.logits_chunk_tokens = logits_chunk_tokens
         self.grad_accum = grad_accum_steps(mini_batch_size, micro_batch_size, world_size)

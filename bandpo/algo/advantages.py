@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from bandpo.errors import check_choice, check_number
+
 ADVANTAGE_ESTIMATORS = ("grpo", "grpo_no_std")
+
+
+def check_group_size(group_size, name: str = "group_size") -> None:
+    """Responses per prompt (``rollout.n``): an integer >= 2, since a group of one has no baseline."""
+    check_number(group_size, name, low=2, integer=True)
 
 
 def group_advantages(
@@ -32,8 +39,7 @@ def group_advantages(
     Returns:
         ``(advantages [N], metrics)`` with the fraction of groups that carry no signal.
     """
-    if group_size < 2:
-        raise ValueError(f"group_size must be >= 2 for group-normalised advantages, got {group_size}")
+    check_group_size(group_size)
     if rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(
             f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
@@ -52,6 +58,5 @@ def compute_advantages(
     rewards: torch.Tensor, group_size: int, estimator: str = "grpo", eps: float = 1e-6
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Dispatch by estimator name (``grpo`` | ``grpo_no_std``)."""
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    check_choice(estimator, ADVANTAGE_ESTIMATORS, "advantage estimator")
     return group_advantages(rewards, group_size, norm_std=estimator == "grpo", eps=eps)

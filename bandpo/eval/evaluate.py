@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpo.data.prompts import TEMPLATES, encode_examples
-from bandpo.eval.metrics import default_ks, summarize
+from bandpo.eval.metrics import check_samples, default_ks, summarize
 from bandpo.types import Example, SamplingParams
 
 log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m` too
@@ -110,8 +110,7 @@ def evaluate(
     ``bandpo.eval.metrics.summarize`` plus ``dropped_overlong`` and ``timing_s``; with
     ``keep_samples`` each summary also holds ``samples``, one record per problem.
     """
-    if n < 1:
-        raise ValueError(f"evaluate: n must be >= 1, got {n}")
+    check_samples(n, "evaluate: n")
     sampling = replace(sampling, n=n)
     names, examples, prompts, offsets, dropped = [], [], [], [0], {}
     for name, exs in datasets.items():
@@ -302,8 +301,7 @@ def load_cli_config(argv: Sequence[str]) -> EvalCLIConfig:
 
 
 def _validate(cfg: EvalConfig) -> None:
-    if cfg.n < 1:
-        raise ValueError(f"eval.n must be >= 1, got {cfg.n}")
+    check_samples(cfg.n)
     if cfg.limit is not None and cfg.limit < 1:
         raise ValueError(f"eval.limit must be >= 1 or null, got {cfg.limit}")
     if cfg.max_tokens < 1:

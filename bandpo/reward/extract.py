@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from bandpo.errors import check_choice
+
 ANSWER_FORMATS = ("dapo", "boxed", "auto")
 
 # DAPO scores only the response tail: the longest MATH-500 answer has 159 characters, and
@@ -142,8 +144,7 @@ def extract_answer(response: str, answer_format: str = "auto") -> str | None:
     ``Answer:`` line and the last box wins. An empty answer (``"Answer: $ $"``) is None.
     Raises ValueError for an unknown format.
     """
-    if answer_format not in ANSWER_FORMATS:
-        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    check_choice(answer_format, ANSWER_FORMATS, "answer_format")
     found = []
     if answer_format != "boxed":
         line, pos = last_answer_line(response)

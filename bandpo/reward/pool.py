@@ -88,7 +88,7 @@ from typing import Self
 
 from pebble import ProcessExpired, ProcessPool
 
-from bandpo.errors import VerifierUnavailable
+from bandpo.errors import VerifierUnavailable, check_choice
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
 from bandpo.reward.scheme import RewardScheme, Score
 from bandpo.reward.startup import DEFAULT_MEMORY_CAP_GIB, check_error_share, check_workers_start, init_worker
@@ -215,8 +215,7 @@ class RewardScorer:
         memory_cap_gib: float | None = DEFAULT_MEMORY_CAP_GIB,
         log_path: str | os.PathLike | None = None,
     ):
-        if answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+        check_choice(answer_format, ANSWER_FORMATS, "answer_format")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if num_workers is not None and num_workers < 1:

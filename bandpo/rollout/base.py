@@ -10,6 +10,8 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from bandpo.errors import check_choice
+
 if TYPE_CHECKING:
     import torch
 
@@ -77,8 +79,7 @@ def available_engines() -> list[str]:
 
 def make_engine(backend: str, model_path: str, **engine_kwargs) -> RolloutEngine:
     """Build the rollout engine registered under ``backend`` for the model folder / hub id ``model_path``."""
-    if backend not in _REGISTRY:
-        raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(available_engines())}")
+    check_choice(backend, available_engines(), "rollout backend")
     target = _REGISTRY[backend]
     if isinstance(target, str):
         module, _, attr = target.partition(":")

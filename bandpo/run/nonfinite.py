@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from bandpo.errors import check_choice
+
 BATCH_TENSORS = ("rewards", "advantages", "old_logprobs", "ref_logprobs", "old_entropy")
+ON_NONFINITE = ("skip", "stop")  # trainer.on_nonfinite (NonfiniteGuard)
+INJECT_TARGETS = ("rewards", "logprobs")  # trainer.inject_nonfinite (inject_nonfinite)
 
 
 def first_nonfinite(batch, names: tuple[str, ...] = BATCH_TENSORS, masked: bool = True) -> str:
@@ -41,8 +45,7 @@ class NonfiniteGuard:
     """
 
     def __init__(self, on_nonfinite: str = "skip", max_skipped: int = 5, skipped: int = 0):
-        if on_nonfinite not in ("skip", "stop"):
-            raise ValueError(f"on_nonfinite must be 'skip' or 'stop', got {on_nonfinite!r}")
+        check_choice(on_nonfinite, ON_NONFINITE, "on_nonfinite")
         self.on_nonfinite = on_nonfinite
         self.max_skipped = max_skipped
         self.skipped = skipped
@@ -83,4 +86,4 @@ def inject_nonfinite(batch, what: str) -> None:
         row, col = batch.response_mask.nonzero()[-1].tolist()
         batch.old_logprobs[row, col] = float("nan")  # [N, R]
     else:
-        raise ValueError(f"inject_nonfinite: what must be rewards or logprobs, got {what!r}")
+        check_choice(what, INJECT_TARGETS, "inject_nonfinite: what")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bandpo.errors import ConfigError
+from bandpo.errors import ConfigError, check_choice
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, get_within
 
 if TYPE_CHECKING:
@@ -31,8 +31,10 @@ KEY = "rollout.weight_sync"
 
 def choose_transport(choice: str, layout: str, backend: str = "vllm") -> str:
     """The transport for ``choice`` in ``layout`` ("cpu" | "colocated" | "split") with ``backend``'s engines."""
-    if choice not in TRANSPORTS:
-        raise ConfigError(f"config error: {KEY} must be one of {', '.join(TRANSPORTS)}, got {choice!r}")
+    try:
+        check_choice(choice, TRANSPORTS, KEY)
+    except ValueError as e:
+        raise ConfigError(f"config error: {e}") from None
     if choice == "auto":
         if layout == "cpu" or backend != "vllm":
             return "shm"

@@ -78,7 +78,7 @@ def test_shard_unshard_and_batch_arithmetic():
     with pytest.raises(ValueError, match="world_size=4"):
         shard_batch(tb, 0, 4)
     assert grad_accum_steps(64, 4, 2) == 8
-    with pytest.raises(ValueError, match="micro_batch_size=3"):
+    with pytest.raises(ValueError, match="micro_batch_size must divide the rows per rank .*got 3"):
         grad_accum_steps(64, 3, 2)
 
 

@@ -60,7 +60,7 @@ def _max_gap(ref: torch.Tensor, batch) -> float:
 
 def test_registry_rejects_unknown_backend():
     assert {"vllm", "hf"} <= set(available_engines())
-    with pytest.raises(ValueError, match="valid: hf, vllm"):
+    with pytest.raises(ValueError, match="rollout backend must be one of hf, vllm"):
         make_engine("sglang", "/nowhere")
 
 
