@@ -53,7 +53,7 @@ class HubUnreachable(InputError):
 
 class UnsafeCheckpoint(InputError):
     """A checkpoint file's pickle names functions or classes beyond tensors and plain data: loading it
-    would run code of the file's choosing, so bandpo refuses it unread (``bandpo.run.safe_load``).
+    would run code of the file's choosing, so bandpo refuses it unread (``bandpo.checkpoint.safe_load``).
 
     The message names the file and what its pickle names.
     """

@@ -1,33 +1,33 @@
-"""The actor's state going out and coming back: weight buckets for the rollout engines (shared
-memory, CUDA IPC, NCCL), checkpoints, and the Hugging Face export.
+"""The actor's weights going out: weight buckets for the rollout engines (shared memory, CUDA IPC,
+NCCL) and their checksums. Checkpoints and the Hugging Face export, which read the same buckets, are
+``bandpo.checkpoint.actor_state.ActorCheckpoints``'.
 
 ``ActorStateIO`` is a base of ``bandpo.actor.worker.Actor`` (Ray calls these methods on the actor)
 and reads the actor's attributes: ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``zero_stage``,
-``on_cpu``, ``device``, ``model_path``, ``offloader``, and its ``offload`` / ``reload``; the small
-collectives both use (``_all_reduce``, ``_all_gather_object``, ``_barrier``) are here. Under ZeRO-3 every method that reads the full weights is
+``on_cpu``, ``device``; the small collectives the actor's methods use (``_all_reduce``,
+``_all_gather_object``, ``_barrier``) are here. Under ZeRO-3 every method that reads the full weights is
 collective (each bucket is gathered on its own): all ranks must call it and iterate to the end.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 
-from bandpo.actor import checkpoint as ckpt
-from bandpo.actor.lora import SyncEntry, base_model, sync_entries
-from bandpo.errors import UnsafeCheckpoint
-from bandpo.run import safe_load
+from bandpo.actor.lora import SyncEntry, sync_entries
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S
 
-CKPT_TAG = "state"  # DeepSpeed's sub-folder inside a checkpoint directory
+
+def iter_tensors(buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Flatten ``named_weights`` buckets into (name, tensor) pairs."""
+    for bucket in buckets:
+        yield from bucket
 
 
 class ActorStateIO:
-    """Weights, checkpoints and export of one actor rank (see the module docstring)."""
+    """Weights for sync of one actor rank (see the module docstring)."""
 
     # ------------------------------------------------------------------ weights
     def named_weights(self, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -100,78 +100,11 @@ class ActorStateIO:
                 for _ in self.gathered_buckets():  # take part in the gathers
                     pass
             return {}
-        return actor_checksums(ckpt.iter_tensors(self.gathered_buckets()), dtypes)
+        return actor_checksums(iter_tensors(self.gathered_buckets()), dtypes)
 
     def state_fingerprint(self) -> float:
         """Sum of |parameter| over the full model (float64); equal fingerprints ~ equal weights."""
         return float(sum(t.double().abs().sum() for b in self.named_weights() for _, t in b))
-
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path: str, client_state: dict | None = None) -> None:
-        """Model, optimizer, LR schedule, step counters and RNG states, written atomically to ``path``.
-
-        Every rank flushes its own writes (in parallel); rank 0 only renames (``bandpo.actor.checkpoint``).
-        """
-        tmp = ckpt.staging_dir(path)
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self._barrier()
-        self.engine.save_checkpoint(
-            str(tmp), tag=CKPT_TAG, client_state={"bandpo": dict(client_state or {})}, save_latest=False
-        )
-        ckpt.save_rng(tmp, self.rank)
-        ckpt.sync_filesystem(tmp)
-        self._barrier()
-        if self.rank == 0:
-            ckpt.publish(tmp, path)
-        self._barrier()
-
-    def load_checkpoint(self, path: str) -> dict:
-        """Restore what ``save_checkpoint`` wrote; returns its ``client_state``."""
-        if not os.path.isdir(os.path.join(path, CKPT_TAG)):
-            raise FileNotFoundError(
-                f"load_checkpoint: {path!r} is not an actor checkpoint (no {CKPT_TAG}/ inside)"
-            )
-        offloaded = self.offloader is not None and self.offloader.offloaded
-        self.reload()  # DeepSpeed loads into the states where it made them
-        try:
-            # DeepSpeed's torch.load calls pass weights_only=False: overridden, its own classes allowed
-            with safe_load.weights_only_loads(os.path.join(path, CKPT_TAG), safe_load.deepspeed_globals()):
-                load_path, client = self.engine.load_checkpoint(
-                    path, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-                )
-        except UnsafeCheckpoint:
-            raise
-        except Exception as e:  # DeepSpeed's own errors do not say which file is damaged
-            ckpt.raise_naming_unreadable_file(os.path.join(path, CKPT_TAG), e)
-            raise
-        if offloaded:  # the weights stay for the sync that follows a resume
-            self.offload()
-        if load_path is None:
-            raise FileNotFoundError(f"load_checkpoint: DeepSpeed found no checkpoint in {path!r}")
-        ckpt.load_rng(path, self.rank)
-        return dict((client or {}).get("bandpo", {}))
-
-    def export_hf(self, path: str) -> None:
-        """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
-
-        Weights are in the training dtype; with LoRA the adapters are merged into the base model's
-        weights (a plain HF model of the base architecture; writing the adapter alone, in PEFT's
-        format, is not done yet). The ranks write their share of the weight files and
-        fsync them; the folder appears atomically.
-        """
-        tmp = ckpt.staging_dir(path)
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        self._barrier()
-        written = ckpt.save_hf_folder(base_model(self.engine.module), self.named_weights(), tmp, self.model_path, self.rank,
-                                      self.world_size)
-        ckpt.fsync_files(written)
-        self._barrier()
-        if self.rank == 0:
-            ckpt.publish(tmp, path)
-        self._barrier()
 
     def publish_weights_shm(self, paths: dict[int, str], relay: bool = False) -> list:
         """Write the full weights to one shared-memory file per node for the rollout engines.
@@ -229,7 +162,7 @@ class ActorStateIO:
                     for _ in self.gathered_buckets():
                         pass
                 return
-            self._nccl.send(plan_layout(self.weight_specs())[0], ckpt.iter_tensors(self.gathered_buckets()))
+            self._nccl.send(plan_layout(self.weight_specs())[0], iter_tensors(self.gathered_buckets()))
         else:
             raise ValueError(f"send_weights: transport must be ipc or nccl, got {transport!r}")
 

@@ -24,8 +24,8 @@ set explicitly, and ranks split micro-batches until all run the same number (ZeR
 gradients every micro-batch). ``padding_free=False`` is the previous padded path with full
 float32 logits, kept as the reference.
 
-The weight buckets for the rollout engines, checkpoints and the HF export are the methods of
-its base ``bandpo.actor.state_io.ActorStateIO``.
+The weight buckets for the rollout engines are the methods of its base ``bandpo.actor.state_io.ActorStateIO``,
+checkpoints and the HF export those of ``bandpo.checkpoint.actor_state.ActorCheckpoints``.
 
 Every method that runs the model or touches parameters is collective under
 data parallelism: all ranks must call it, the same number of times, in the same order.
@@ -75,6 +75,7 @@ from bandpo.actor.setup import (
 )
 from bandpo.actor.state_io import ActorStateIO
 from bandpo.algo.losses import LossOptions, policy_loss
+from bandpo.checkpoint.actor_state import ActorCheckpoints
 from bandpo.run.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
 
@@ -82,7 +83,7 @@ from bandpo.types import TrainBatch
 _LOSS_TOKEN_FIELDS = ("old_entropy", "rollout_logprobs")
 
 
-class Actor(ActorStateIO):
+class Actor(ActorStateIO, ActorCheckpoints):
     """One data-parallel rank of the policy (and, optionally, a frozen reference model).
 
     Args:

@@ -1,4 +1,5 @@
-"""What ``checkpoint=X`` of the eval command names, and turning training checkpoints into HF folders.
+"""What ``checkpoint=X`` of the eval command names, and which HF folder evaluates each (a training
+checkpoint consolidated into one first: ``bandpo.checkpoint.hf_export.consolidate``).
 
 ``X`` may be:
   - a Hugging Face model folder (or a folder holding ``hf/`` / ``huggingface/``) or a hub id;
@@ -15,17 +16,15 @@ User mistakes raise ``EvalUsageError`` (the CLI prints its one line and exits 2)
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bandpo.checkpoint.hf_export import consolidate
+from bandpo.checkpoint.run_folders import ACTOR_DIR, CKPT_TAG, STEP_RE, CheckpointManager
 from bandpo.errors import EvalUsageError
-from bandpo.run.checkpoint import STEP_RE, CheckpointManager
 
-ACTOR_DIR, DS_TAG = "actor", "state"  # step_N/actor/state/*.pt, written by DeepSpeed (bandpo.actor.worker)
 HF_NAMES = ("", "hf", "huggingface")
 CACHE_CHOICES = ("beside", "temp")
 
@@ -51,7 +50,7 @@ def find_hf_folder(path: Path) -> Path | None:
 
 
 def is_step_dir(path: Path) -> bool:
-    return (path / ACTOR_DIR / DS_TAG).is_dir()
+    return (path / ACTOR_DIR / CKPT_TAG).is_dir()
 
 
 def is_run_dir(path: Path) -> bool:
@@ -97,7 +96,7 @@ def resolve_targets(checkpoint: str, step: int | None = None, steps: object = No
         return [Target(label=checkpoint, hf_path=str(hf))]
     raise EvalUsageError(
         f"{path} holds neither Hugging Face weights (config.json in it, hf/ or huggingface/) nor a training "
-        f"checkpoint ({ACTOR_DIR}/{DS_TAG}/) nor a run (checkpoints/)"
+        f"checkpoint ({ACTOR_DIR}/{CKPT_TAG}/) nor a run (checkpoints/)"
     )
 
 
@@ -118,69 +117,6 @@ def run_model_path(run_dir: Path | None, base_model: str | None) -> str:
     if not path:
         raise EvalUsageError(f"{file} has no model.path; give base_model=PATH_OR_HUB_ID")
     return str(path)
-
-
-def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto",
-                lora: tuple[int, float] | None = None) -> Path:
-    """Write ``step_dir``'s weights as a HF folder ``out`` (config + safetensors + tokenizer), atomically.
-
-    DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` merges the ZeRO-2/3 shards of every
-    rank into full fp32 tensors; ``dtype`` "auto" keeps them in the base model's config dtype
-    when that is a float16/bfloat16 model (as the trainer's ``hf/`` export does on GPU), else fp32.
-    A checkpoint of a LoRA run (adapters beside the frozen base weights) is merged into the base
-    model (``bandpo.actor.lora.merge_state_dict``) with ``lora`` = (rank, alpha) of its run config.
-    """
-    import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from bandpo.hub import hub_error, keyed
-    from bandpo.run import safe_load
-
-    try:  # the run's base model: its config (and below its tokenizer), from a folder, the Hub or its cache
-        config = AutoConfig.from_pretrained(model_source)
-    except (OSError, ValueError) as e:
-        raise keyed(hub_error(f"base model {model_source}", e), "base_model (default: model.path of the run's "
-                    "config.yaml)", "base_model=<local folder>") from e
-    # zero_to_fp32's torch.load calls pass weights_only=False: overridden, DeepSpeed's own classes allowed
-    with safe_load.weights_only_loads(step_dir / ACTOR_DIR / DS_TAG, safe_load.deepspeed_globals()):
-        state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=DS_TAG)
-    if any(".lora_" in k for k in state):
-        state = _merge_lora(state, lora, step_dir)
-    target = _target_dtype(config, dtype)  # merged in fp32 first, cast once
-    state = {k: v.to(target) for k, v in state.items()}
-    with torch.device("meta"):  # only the class, config and tied-weight names matter for save_pretrained
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {n for n, _ in model.named_parameters()}  # tied weights (lm_head) once, as export_hf writes
-    known = expected | set(model.state_dict())  # DeepSpeed also restores tied aliases ("shared_params")
-    if not expected <= set(state) <= known:
-        missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - known)[:5]
-        raise EvalUsageError(f"{step_dir}: checkpoint weights do not match {model_source} (missing {missing}, "
-                             f"unexpected {extra}); give base_model= the model the run trained")
-    state = {k: v for k, v in state.items() if k in expected}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
-        AutoTokenizer.from_pretrained(model_source).save_pretrained(str(tmp))
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _merge_lora(state: dict, lora: tuple[int, float] | None, step_dir: Path) -> dict:
-    from bandpo.actor.lora import merge_state_dict
-
-    if lora is None or lora[0] <= 0:
-        raise EvalUsageError(f"{step_dir} holds LoRA adapters but no actor.lora.rank > 0 / actor.lora.alpha was "
-                             "found in its run's config.yaml to merge them with; evaluate the run's hf/ export")
-    rank, alpha = lora
-    ranks = {tuple(v.shape)[0] for k, v in state.items() if ".lora_A." in k}
-    if ranks != {rank}:
-        raise EvalUsageError(f"{step_dir}: adapters of rank {sorted(ranks)}, but actor.lora.rank={rank} in the run config")
-    return merge_state_dict(state, alpha / rank)
 
 
 def run_lora(run_dir: Path | None) -> tuple[int, float] | None:
@@ -251,17 +187,6 @@ def _maybe_step(path: Path) -> int | None:
 
 def _looks_like_hub_id(s: str) -> bool:
     return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not s.startswith("runs/")
-
-
-def _target_dtype(config, dtype: str):
-    import torch
-
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    cfg_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
-    if isinstance(cfg_dtype, str):
-        cfg_dtype = getattr(torch, cfg_dtype, None)
-    return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")

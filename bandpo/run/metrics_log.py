@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bandpo.run.checkpoint import write_text_atomic
+from bandpo.checkpoint.atomic import write_text_atomic
 
 CONSOLE_KEYS = (
     ("reward/mean", "reward", "{:+.3f}"), ("reward/accuracy", "acc", "{:.3f}"), ("actor/entropy", "ent", "{:.3f}"),

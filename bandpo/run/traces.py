@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bandpo.run.checkpoint import write_text_atomic
+from bandpo.checkpoint.atomic import write_text_atomic
 
 
 def cut(text: str | None, max_chars: int) -> str | None:

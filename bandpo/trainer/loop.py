@@ -74,6 +74,7 @@ from pathlib import Path
 
 from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
+from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
 from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, stage
 from bandpo.distributed.nodes import check_nodes
@@ -81,7 +82,6 @@ from bandpo.distributed.plan import layout_of
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
 from bandpo.run import shm
-from bandpo.run.checkpoint import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
 from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
@@ -374,7 +374,7 @@ class Trainer:
         """Continue from the latest complete checkpoint, or start fresh; either way the metrics
         file then holds exactly the steps before ``self.step`` (what a killed attempt logged past
         its last checkpoint is written again)."""
-        from bandpo.actor.checkpoint import check_files
+        from bandpo.checkpoint.actor_state import check_files
 
         self.ckpt.remove_stale()
         folder = self.ckpt.latest() if self.cfg.trainer.resume != "never" else None

@@ -69,7 +69,7 @@ class InFlight:
 
 def in_flight_types() -> tuple[type, ...]:
     """What a pickled InFlight is made of: the classes allowed when a checkpoint's in_flight.pt is read
-    (with weights_only=True; bandpo.run.checkpoint.load_in_flight). Imported here, not at the top:
+    (with weights_only=True; bandpo.checkpoint.run_folders.load_in_flight). Imported here, not at the top:
     config validation imports this module, and must not pull in the verifier (math-verify, pebble)."""
     from bandpo.reward.scheme import Score
     from bandpo.trainer.dynamic_sampling import Drawn, Round

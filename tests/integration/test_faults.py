@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bandpo.run.checkpoint import CheckpointManager
+from bandpo.checkpoint.run_folders import CheckpointManager
 from bandpo.tools.fault_test.process import Session
 
 ROOT = Path(__file__).resolve().parents[2]

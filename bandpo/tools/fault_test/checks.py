@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from bandpo.run import safe_load
+from bandpo.checkpoint import safe_load
 
 STEP_RE = re.compile(r"^step_\d{6,}$")
 # Compared per step; they depend on the rollouts, the rewards and the weights before the update.

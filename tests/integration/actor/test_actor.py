@@ -223,8 +223,8 @@ def test_checkpoint_shard_holding_code_is_refused(tiny_model_dir, tmp_path, zero
     checkpoint loads: DeepSpeed's own classes in its shards are allowed (``safe_load.deepspeed_globals``)."""
     import os
 
+    from bandpo.checkpoint import safe_load
     from bandpo.errors import UnsafeCheckpoint
-    from bandpo.run import safe_load
 
     class MakeDir:
         def __reduce__(self):

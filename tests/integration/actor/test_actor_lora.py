@@ -67,7 +67,7 @@ def test_lora_update_reference_and_merged_sync(tiny_model_dir):
 def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from bandpo.eval.targets import consolidate
+    from bandpo.checkpoint.hf_export import consolidate
 
     kw = {"mini_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 3, "lr": 1e-2, "lora": LORA}
     a = new_actor(tiny_model_dir, **kw)

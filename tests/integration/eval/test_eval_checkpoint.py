@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bandpo.checkpoint.run_folders import CheckpointManager
 from bandpo.eval.targets import materialize, resolve_targets
-from bandpo.run.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

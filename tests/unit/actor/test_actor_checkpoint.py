@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bandpo.actor import checkpoint as ckpt
 from bandpo.actor.worker import Actor
+from bandpo.checkpoint import atomic, hf_export
 
 
 def test_init_distributed_passes_the_configured_timeout(monkeypatch):
@@ -47,8 +47,8 @@ class _Engine:
 def test_save_checkpoint_every_rank_flushes_its_writes_and_rank0_only_renames(tmp_path, monkeypatch, rank):
     log: list = []
     actor = types.SimpleNamespace(rank=rank, engine=_Engine(rank, log), _barrier=lambda: log.append((rank, "barrier")))
-    monkeypatch.setattr(ckpt, "sync_filesystem", lambda path: log.append((rank, "flush", Path(path).name)))
-    monkeypatch.setattr(ckpt, "publish", lambda tmp, path: log.append((rank, "rename")))
+    monkeypatch.setattr(atomic, "sync_filesystem", lambda path: log.append((rank, "flush", Path(path).name)))
+    monkeypatch.setattr(atomic, "publish", lambda tmp, path: log.append((rank, "rename")))
     Actor.save_checkpoint(actor, str(tmp_path / "ckpt"), {"step": 1})
     steps = [e[1] for e in log]
     # the flush is this rank's own, after its writes and before the barrier rank 0 renames after
@@ -58,9 +58,9 @@ def test_save_checkpoint_every_rank_flushes_its_writes_and_rank0_only_renames(tm
 
 def test_sync_filesystem_flushes_or_names_the_path(tmp_path):
     (tmp_path / "f").write_text("x")
-    ckpt.sync_filesystem(tmp_path)
+    atomic.sync_filesystem(tmp_path)
     with pytest.raises(FileNotFoundError):
-        ckpt.sync_filesystem(tmp_path / "missing")
+        atomic.sync_filesystem(tmp_path / "missing")
 
 
 def test_publish_replaces_the_previous_folder(tmp_path):
@@ -69,7 +69,7 @@ def test_publish_replaces_the_previous_folder(tmp_path):
     (old / "a").write_text("old")
     (new / "sub").mkdir(parents=True)
     (new / "sub" / "a").write_text("new")
-    ckpt.publish(new, old)
+    atomic.publish(new, old)
     assert (old / "sub" / "a").read_text() == "new" and not new.exists() and not (tmp_path / "ckpt.old").exists()
 
 
@@ -84,7 +84,7 @@ def test_hf_folder_weight_files_are_written_by_the_ranks_in_turn(tiny_model_dir,
     assert len(buckets) >= 3
     out = tmp_path / "hf"
     out.mkdir()
-    written = {r: ckpt.save_hf_folder(model, iter(buckets), out, tiny_model_dir, r, 2) for r in (1, 0)}
+    written = {r: hf_export.save_hf_folder(model, iter(buckets), out, tiny_model_dir, r, 2) for r in (1, 0)}
     weights = {r: sorted(p.name for p in written[r] if p.suffix == ".safetensors") for r in written}
     assert weights[1] == [f"model-{i + 1:05d}.safetensors" for i in range(1, len(buckets), 2)]
     assert weights[0] == [f"model-{i + 1:05d}.safetensors" for i in range(0, len(buckets), 2)]
@@ -107,7 +107,7 @@ def test_hf_folder_of_one_bucket_is_one_model_safetensors(tiny_model_dir, tmp_pa
     params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
     out = tmp_path / "hf"
     out.mkdir()
-    written = ckpt.save_hf_folder(model, iter([params]), out, tiny_model_dir, 0, 1)
+    written = hf_export.save_hf_folder(model, iter([params]), out, tiny_model_dir, 0, 1)
     names = {p.name for p in out.iterdir()}
     assert "model.safetensors" in names and "model.safetensors.index.json" not in names
     assert not any(n.startswith("model-") for n in names) and out / "model.safetensors" in written

@@ -175,8 +175,9 @@ def test_merge_state_dict_equals_peft_merge_and_unload():
 
 
 def test_eval_reads_the_runs_lora_settings_and_refuses_adapters_without_them(tmp_path):
+    from bandpo.checkpoint.hf_export import _merge_lora
     from bandpo.errors import EvalUsageError
-    from bandpo.eval.targets import _merge_lora, run_lora
+    from bandpo.eval.targets import run_lora
 
     assert run_lora(None) is None and run_lora(tmp_path) is None
     (tmp_path / "config.yaml").write_text("actor:\n  lora:\n    rank: 0\n    alpha: 16.0\n")

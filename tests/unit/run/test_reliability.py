@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from bandpo.run.checkpoint import CheckpointManager
+from bandpo.checkpoint.run_folders import CheckpointManager
 from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite
 from bandpo.types import RolloutBatch, TrainBatch
@@ -105,7 +105,7 @@ def test_corrupt_checkpoint_errors_name_the_file(tmp_path):
 
 
 def test_corrupt_actor_file_is_named(tmp_path):
-    from bandpo.actor.checkpoint import load_rng, raise_naming_unreadable_file, save_rng
+    from bandpo.checkpoint.actor_state import load_rng, raise_naming_unreadable_file, save_rng
 
     save_rng(tmp_path, 0)
     good = tmp_path / "good.pt"

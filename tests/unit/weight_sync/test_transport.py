@@ -249,7 +249,7 @@ def _bind_actor_methods():
 
 
 def test_publish_streams_parameters_into_the_file_with_one_host_copy(tmp_path, monkeypatch):
-    from bandpo.actor.checkpoint import iter_tensors
+    from bandpo.actor.state_io import iter_tensors
     from bandpo.weight_sync import shm
     from bandpo.weight_sync.format import HostCopyCounter
 

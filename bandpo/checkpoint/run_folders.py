@@ -3,7 +3,8 @@
 Layout of ``<output_dir>/checkpoints``::
 
     step_000010/              complete checkpoint (renamed into place only once written)
-      actor/                  DeepSpeed state of every rank (model, optimizer, scheduler, RNG)
+      actor/                  every actor rank's state (``bandpo.checkpoint.actor_state``): DeepSpeed's
+        state/                  model, optimizer and scheduler shards; rng_rank<r>.pt beside it
       trainer_state.json      step, sampler position, skipped-step count (the trainer's ``save``)
       in_flight.pt            trainer.max_staleness=1: the next step's batch, drawn ahead (absent otherwise)
     latest                    text file naming the newest complete step folder
@@ -26,29 +27,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bandpo.checkpoint.atomic import fsync_dir, write_text_atomic
+
 STEP_RE = re.compile(r"^step_(\d{6,})$")
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so a rename or new entry inside it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file + fsync + rename, so readers see the old or the new text."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
+ACTOR_DIR = "actor"  # step_N/actor: the actor ranks' checkpoint
+CKPT_TAG = "state"  # DeepSpeed's sub-folder inside an actor checkpoint (step_N/actor/state/*.pt)
 IN_FLIGHT_FILE = "in_flight.pt"
 
 
@@ -67,10 +50,10 @@ def load_in_flight(path: Path, types: Sequence[type]) -> Any:
     """The batch ``save_in_flight`` wrote, or None without the file; an unreadable one raises, naming it.
 
     Loaded with ``weights_only=True``: ``types`` are the classes the batch is made of (the trainer's
-    dataclasses), any other pickled global is refused (``bandpo.run.safe_load``).
+    dataclasses), any other pickled global is refused (``bandpo.checkpoint.safe_load``).
     """
+    from bandpo.checkpoint import safe_load
     from bandpo.errors import UnsafeCheckpoint
-    from bandpo.run import safe_load
 
     if not path.exists():
         return None
@@ -126,7 +109,7 @@ class CheckpointManager:
         tmp = self.root / f".tmp-{name}-{os.getpid()}"
         tmp.mkdir()
         try:
-            write_actor(tmp / "actor")
+            write_actor(tmp / ACTOR_DIR)
             with open(tmp / "trainer_state.json", "w") as fh:
                 json.dump(trainer_state, fh)
                 fh.flush()

@@ -1,4 +1,4 @@
-"""Checkpoint files load with ``weights_only=True`` (``bandpo.run.safe_load``): a file whose pickle would
+"""Checkpoint files load with ``weights_only=True`` (``bandpo.checkpoint.safe_load``): a file whose pickle would
 run code is refused by name in one line and nothing of it runs, in every reader of a checkpoint
 (the run's batch drawn ahead, the RNG states, the actor's error path, the fault checks, DeepSpeed's
 own loader); the RNG states hold only tensors and plain data and still restore exactly."""
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from bandpo.actor import checkpoint as ckpt
+from bandpo.checkpoint import actor_state as ckpt
+from bandpo.checkpoint import safe_load
 from bandpo.errors import InputError, UnsafeCheckpoint
-from bandpo.run import safe_load
 
 
 class MakeDir:
@@ -61,7 +61,7 @@ def payload(request, tmp_path):
 
 
 def test_the_batch_drawn_ahead_holding_code_is_refused(tmp_path, payload):
-    from bandpo.run.checkpoint import load_in_flight
+    from bandpo.checkpoint.run_folders import load_in_flight
     from bandpo.trainer.overlap import in_flight_types
 
     obj, marker, name = payload
