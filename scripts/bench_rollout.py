@@ -63,8 +63,8 @@ def interleaved_medians(fns: dict, reps: int) -> dict[str, float]:
 def bench_sync(engine, weights, reps: int) -> dict:
     import torch
 
+    from bandpo.shm.weight_files import remove_shm, write_weights_shm
     from bandpo.weight_sync.format import HostCopyCounter, copy_bytes_baseline, layout
-    from bandpo.weight_sync.shm import remove_shm, write_weights_shm
 
     path = f"/dev/shm/bandpo-bench-{os.getpid()}.bin"
     metas, tensors, total = layout(weights)

@@ -118,8 +118,8 @@ class ActorStateIO:
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
+        from bandpo.shm.weight_files import copy_into, open_weights_shm
         from bandpo.weight_sync.format import plan_layout
-        from bandpo.weight_sync.shm import copy_into, open_weights_shm
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:

@@ -5,8 +5,8 @@ imports vLLM, transformers or Ray until an engine or worker is built.
 """
 
 from bandpo.rollout.base import RolloutEngine, available_engines, make_engine, register_engine
+from bandpo.shm.weight_files import read_weights_shm, remove_shm, write_weights_shm
 from bandpo.weight_sync.format import TensorMeta
-from bandpo.weight_sync.shm import read_weights_shm, remove_shm, write_weights_shm
 
 __all__ = [
     "RolloutEngine",

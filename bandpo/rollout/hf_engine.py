@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import torch
 
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
+from bandpo.shm.weight_files import read_weights_shm
 from bandpo.types import RolloutBatch, SamplingParams, pad
 from bandpo.weight_sync.format import TensorMeta
-from bandpo.weight_sync.shm import read_weights_shm
 
 log = logging.getLogger(__name__)
 # Engine options that only mean something to vLLM; accepted so one config drives either backend.

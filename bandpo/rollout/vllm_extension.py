@@ -42,7 +42,7 @@ class BandpoWorkerExtension:
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
         """Reload all weights from the flat ``/dev/shm`` file ``path``; returns the number of tensors loaded."""
-        from bandpo.weight_sync.shm import read_weights_shm
+        from bandpo.shm.weight_files import read_weights_shm
 
         metas = list(wire_metas)
         self._bandpo_quiet_expected_warnings()

@@ -78,7 +78,7 @@ class RolloutWorker:
         """
         import ray
 
-        from bandpo.weight_sync.shm import write_file_bytes
+        from bandpo.shm.weight_files import write_file_bytes
 
         return self.node_id(), write_file_bytes(ray.get(blob[0]), path)
 

@@ -81,15 +81,15 @@ from bandpo.distributed.nodes import check_nodes
 from bandpo.distributed.plan import layout_of
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
-from bandpo.run import shm
 from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
+from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
+from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
 from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
 from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
 from bandpo.trainer.startup import (
     Workers,
-    clean_shm,
     ensure_model,
     load_training_prompts,
     placement_plan,
@@ -99,7 +99,6 @@ from bandpo.trainer.startup import (
 )
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
 from bandpo.types import TrainBatch
-from bandpo.weight_sync.shm import SHM_PREFIX, remove_stale_weight_files
 
 
 class Trainer:
@@ -161,7 +160,7 @@ class Trainer:
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
         self.rollouts = Rollouts(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
                                  self.workers.rollout, self.workers.scorer, self.tokenizer, self.timed)
-        shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
+        record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         report_startup(self.out, self.startup, time.perf_counter() - t_setup)
         self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, to_plain(cfg.trainer.wandb), to_plain(cfg))
 

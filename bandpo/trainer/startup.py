@@ -1,10 +1,9 @@
 """What the trainer starts before its first step, and what a dead run left behind.
 
 In start-up order: the model (a recipe's build, ``ensure_model``), the training prompts
-and the reward scheme from the config, cleanup of vLLM's queues that dead runs left in /dev/shm
-(``clean_shm``; their weight buffers are ``bandpo.weight_sync.shm``'s), the placement plan on the
-cluster's GPU shape, then the workers: rollout engines, actor ranks and verifier actors, started
-overlapped (``start_workers``).
+and the reward scheme from the config (the trainer then cleans /dev/shm of dead runs' files:
+``bandpo.shm``), the placement plan on the cluster's GPU shape, then the workers: rollout engines,
+actor ranks and verifier actors, started overlapped (``start_workers``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Any
 from bandpo.config import to_plain
 from bandpo.distributed.precision import engine_dtype, resolve_bf16
 from bandpo.errors import ConfigError, InputError
-from bandpo.run import shm
 
 
 def live_shape():
@@ -67,14 +65,6 @@ def ensure_model(model_cfg) -> str:
         return recipe.resolve(path, **build_args)
     recipe.build(path, **build_args)  # cached: it returns at once when the folder is current
     return path
-
-
-def clean_shm(run_dir: Path) -> set[str]:
-    """Remove vLLM /dev/shm files of this project's dead runs (``bandpo.run.shm``); the entries left now."""
-    removed = shm.remove_dead_entries(run_dir)
-    if removed:
-        print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
-    return shm.snapshot()
 
 
 def load_training_prompts(cfg, tokenizer):

@@ -4,8 +4,8 @@
 Modules: ``transport`` (the choice and the trainer's driver), ``format`` (the flat buffer layout
 and the metadata's wire form, shared by every transport), ``ipc`` (CUDA IPC buckets from the
 colocated actor ranks), ``nccl`` (NCCL broadcast from actor rank 0 over vLLM's weight-transfer
-engine), ``shm`` (node-local /dev/shm files, space-checked before writing), ``node`` (publish
-and relay of those files across Ray nodes) and ``waits`` (the ipc and nccl transports' waits,
+engine), ``node`` (publish and relay of the node-local /dev/shm files, which
+``bandpo.shm.weight_files`` writes, space-checked, and reads) and ``waits`` (the ipc and nccl transports' waits,
 bounded by ``rollout.weight_sync_timeout``, each naming its stage when it runs out).
 
 Bytes through host memory per sync, W the weights' size: ipc and nccl none (GPU -> GPU); shm W

@@ -6,7 +6,7 @@ Per sync (``NodeWeightSync.sync``):
 1. publish  every actor rank runs ``publish_weights_shm`` (under ZeRO-3 each bucket's gather is
             a collective, so all ranks take part); the lowest rank on each node that holds actor
             ranks writes that node's file, after checking /dev/shm has room for it (and for the
-            object store's copy when there is a relay: ``bandpo.weight_sync.shm.check_shm_space``);
+            object store's copy when there is a relay: ``bandpo.shm.weight_files.check_shm_space``);
 2. relay    each node with engines but no actor rank (split layouts) gets the bytes of rank 0's
             file through Ray's object store: a task pinned to rank 0's node maps the file into
             the store, and one rollout worker on each such node writes its node's file;
@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 
 def _file_bytes(path: str):
     """Ray task on the node holding ``path``: the file's bytes, mapped (the store copies them once)."""
-    from bandpo.weight_sync.shm import read_file_bytes
+    from bandpo.shm.weight_files import read_file_bytes
 
     return read_file_bytes(path)
 
 
 def _remove_file(path: str) -> None:
-    from bandpo.weight_sync.shm import remove_shm
+    from bandpo.shm.weight_files import remove_shm
 
     remove_shm(path)
 
@@ -78,7 +78,7 @@ class NodeWeightSync:
         self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
 
     def path(self, node_id: str) -> str:
-        from bandpo.weight_sync.shm import node_shm_path
+        from bandpo.shm.weight_files import node_shm_path
 
         return node_shm_path(self.prefix, node_id)
 
@@ -128,7 +128,7 @@ class NodeWeightSync:
         """Remove the weight files on every node they were written on (best effort: nodes may be gone)."""
         import ray
 
-        from bandpo.weight_sync.shm import remove_shm
+        from bandpo.shm.weight_files import remove_shm
 
         if self.actor_nodes is None:
             return

@@ -6,7 +6,7 @@
           actor rank packed (``bandpo.weight_sync.ipc``); no byte goes through host memory
     nccl  NCCL broadcast from actor rank 0 to every engine worker, through vLLM's weight-transfer
           engine (``bandpo.weight_sync.nccl``); no byte goes through host memory
-    shm   a flat file in each node's /dev/shm (``bandpo.weight_sync.shm`` / ``node``): the only
+    shm   a flat file in each node's /dev/shm (``bandpo.shm.weight_files`` / ``node``): the only
           transport on CPU, and the one an engine without CUDA-side loading (HF) takes
 
 An explicit choice the layout cannot carry is a ``ConfigError`` naming ``rollout.weight_sync``:

@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bandpo.shm.weight_files import driver_weight_files
 from bandpo.tools.fault_test import checks
 from bandpo.tools.fault_test.process import Session
-from bandpo.weight_sync.shm import SHM_PREFIX
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (bandpo/tools/fault_test/runner.py)
 TRAIN = ["bash", "scripts/train.sh"]
@@ -99,7 +99,7 @@ class FaultTest:
         self.violations += checks.leftovers(self.killed)
         if save_every and not any(k.mid_checkpoint for k in self.kill_log):
             self.violations.append("no kill landed while a checkpoint was being written")
-        self.violations += [f"{p} left in /dev/shm by a killed driver" for p in _leaked_shm(self.pids)]
+        self.violations += [f"{p} left in /dev/shm by a killed driver" for p in driver_weight_files(self.pids)]
         return self._report(ref_s, killed_s, rows, attempts, diff)
 
     def _plan(self, save_every: int) -> list[str]:
@@ -293,12 +293,6 @@ def _listdir(path: Path) -> list[str]:
         return os.listdir(path)
     except FileNotFoundError:
         return []
-
-
-def _leaked_shm(pids: list[int]) -> list[str]:
-    # One file per node, named <pid>-<node id>.bin (<pid>.bin before multi-node sync).
-    return sorted(str(p) for pid in pids for pattern in (f"{pid}.bin", f"{pid}-*.bin")
-                  for p in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + pattern))
 
 
 def _last_lines(path: Path, n: int = 30) -> str:

@@ -155,7 +155,7 @@ def test_zero3_matches_zero2_for_one_step(tiny_model_dir, tmp_path):
     assert [n for b in buckets for n, _ in b] == [n for n, _ in plain.named_parameters()]
     assert all(t.shape == plain.get_parameter(n).shape for b in buckets for n, t in b)
     # The weight file is sized from the partitioned parameters' full shapes, then filled per gathered bucket.
-    from bandpo.weight_sync.shm import read_weights_shm
+    from bandpo.shm.weight_files import read_weights_shm
 
     metas = actor.publish_weights_shm({0: str(tmp_path / "w.bin")})
     torch.testing.assert_close(dict(read_weights_shm(str(tmp_path / "w.bin"), metas)), weights[3], atol=0, rtol=0)

@@ -184,7 +184,7 @@ def test_guard_skips_and_counts_then_stops(capsys):
 
 
 def test_stale_weight_buffers_of_dead_drivers_are_removed():
-    from bandpo.weight_sync.shm import SHM_PREFIX, remove_stale_weight_files
+    from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)

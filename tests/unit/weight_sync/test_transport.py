@@ -205,7 +205,7 @@ def test_an_engine_that_fails_to_begin_ends_every_rank_before_any_load(monkeypat
 
 
 def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
-    from bandpo.weight_sync.shm import check_shm_space
+    from bandpo.shm.weight_files import check_shm_space
 
     path = str(tmp_path / "w.bin")
     mb = 1 << 20
@@ -222,12 +222,12 @@ def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
 
 
 def test_a_write_that_would_not_fit_fails_before_touching_the_file(tmp_path, monkeypatch):
-    from bandpo.weight_sync import shm
+    from bandpo.shm import weight_files
 
-    monkeypatch.setattr(shm, "shm_free_bytes", lambda d: (1000, 64 << 20))  # Docker's default 64 MB, nearly full
+    monkeypatch.setattr(weight_files, "shm_free_bytes", lambda d: (1000, 64 << 20))  # Docker's default 64 MB, nearly full
     path = str(tmp_path / "w.bin")
     with pytest.raises(SharedMemoryFull, match=r"\(64.0 MiB\) with 1000 free"):
-        shm.write_weights_shm([("w", torch.zeros(1000))], path)
+        weight_files.write_weights_shm([("w", torch.zeros(1000))], path)
     assert not os.path.exists(path)
 
 
@@ -250,7 +250,7 @@ def _bind_actor_methods():
 
 def test_publish_streams_parameters_into_the_file_with_one_host_copy(tmp_path, monkeypatch):
     from bandpo.actor.state_io import iter_tensors
-    from bandpo.weight_sync import shm
+    from bandpo.shm import weight_files
     from bandpo.weight_sync.format import HostCopyCounter
 
     _bind_actor_methods()
@@ -258,15 +258,15 @@ def test_publish_streams_parameters_into_the_file_with_one_host_copy(tmp_path, m
     model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 50))
     actor = _CpuActor(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    monkeypatch.setattr(shm, "COPY_THREADS", 1)  # the counter sees this thread's copies only
+    monkeypatch.setattr(weight_files, "COPY_THREADS", 1)  # the counter sees this thread's copies only
     path = str(tmp_path / "w.bin")
     with HostCopyCounter() as after:
         metas = actor.publish_weights_shm({0: path})
-    got = dict(shm.read_weights_shm(path, metas))
+    got = dict(weight_files.read_weights_shm(path, metas))
     for name, p in model.named_parameters():
         assert torch.equal(got[name], p.detach()), name
     # The former path: a full CPU copy of every bucket (named_weights), then the file write.
     with HostCopyCounter() as before:
-        shm.write_weights_shm(iter_tensors(actor.named_weights()), path)
+        weight_files.write_weights_shm(iter_tensors(actor.named_weights()), path)
     assert (after.bytes, before.bytes) == (weight_bytes, 2 * weight_bytes)
     assert actor.publish_weights_shm({1: path}) == []  # ZeRO-2: a rank that writes nothing returns at once

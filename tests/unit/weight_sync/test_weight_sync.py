@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
+from bandpo.shm.weight_files import read_weights_shm, remove_shm, write_weights_shm
 from bandpo.weight_sync.format import ALIGN, TensorMeta, copy_bytes_baseline, metas_from_wire, metas_to_wire
-from bandpo.weight_sync.shm import read_weights_shm, remove_shm, write_weights_shm
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -58,15 +58,15 @@ def test_rewrite_in_place_and_resize(shm_path):
 
 
 def test_write_cache_forgets_deleted_files(shm_path):
-    from bandpo.weight_sync import shm
+    from bandpo.shm import weight_files
 
     write_weights_shm([("w", torch.ones(4))], shm_path)
-    assert shm_path in shm._WRITE_MAPS
+    assert shm_path in weight_files._WRITE_MAPS
     os.unlink(shm_path)  # removed by another process, not through remove_shm
     other = shm_path + ".other"
     try:
         write_weights_shm([("w", torch.ones(4))], other)
-        assert shm_path not in shm._WRITE_MAPS
+        assert shm_path not in weight_files._WRITE_MAPS
         metas = write_weights_shm([("w", torch.full((4,), 5.0))], shm_path)  # recreated: a new file
         assert torch.equal(dict(read_weights_shm(shm_path, metas))["w"], torch.full((4,), 5.0))
     finally:
@@ -127,8 +127,8 @@ def test_ipc_bucket_on_another_gpu_is_refused():
 
 
 def test_node_plan_lowest_rank_per_node_publishes_and_engine_only_nodes_get_a_relay():
+    from bandpo.shm.weight_files import node_shm_path
     from bandpo.weight_sync.node import NodeWeightSync
-    from bandpo.weight_sync.shm import node_shm_path
 
     sync = NodeWeightSync([], [], "/dev/shm/x-7")
     sync.actor_nodes = ["A", "A", "B", "B", "A"]  # node of each rank

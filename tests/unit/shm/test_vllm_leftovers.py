@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from bandpo.run import shm
+from bandpo.shm import vllm_leftovers
 
 
 @pytest.fixture
 def shm_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(shm, "INDEX_DIR", tmp_path / "index")
+    monkeypatch.setattr(vllm_leftovers, "INDEX_DIR", tmp_path / "index")
     folder = tmp_path / "shm"
     folder.mkdir()
     return folder
@@ -28,13 +28,13 @@ def _dead_pid() -> int:
 
 
 def test_alive_tells_running_from_finished_processes():
-    assert shm.alive(os.getpid())
-    assert not shm.alive(_dead_pid())
+    assert vllm_leftovers.alive(os.getpid())
+    assert not vllm_leftovers.alive(_dead_pid())
 
 
 def test_records_only_new_entries_held_by_the_runs_processes(shm_dir, tmp_path):
     (shm_dir / "psm_old").write_bytes(b"x")
-    before = shm.snapshot(shm_dir)
+    before = vllm_leftovers.snapshot(shm_dir)
     for name in ("psm_ours", "sem.mp-ours", "psm_someone_elses", "unrelated_file"):
         (shm_dir / name).write_bytes(b"x")
     # A stand-in engine: a process of ours that keeps two of the new entries open.
@@ -52,7 +52,7 @@ def test_records_only_new_entries_held_by_the_runs_processes(shm_dir, tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "open"
-        owned = shm.record_new_entries(tmp_path / "run", before, shm_dir, pids=[holder.pid])
+        owned = vllm_leftovers.record_new_entries(tmp_path / "run", before, shm_dir, pids=[holder.pid])
     finally:
         holder.kill()
         holder.wait()
@@ -65,8 +65,8 @@ def test_removes_recorded_entries_of_dead_runs_only(shm_dir, tmp_path):
     try:
         for name in ("psm_dead_run", "sem.mp-dead_run", "psm_live_run", "psm_never_recorded"):
             (shm_dir / name).write_bytes(b"x")
-        shm.INDEX_DIR.mkdir(parents=True)
-        (shm.INDEX_DIR / "1.json").write_text(
+        vllm_leftovers.INDEX_DIR.mkdir(parents=True)
+        (vllm_leftovers.INDEX_DIR / "1.json").write_text(
             json.dumps(
                 {
                     "entries": {
@@ -77,25 +77,25 @@ def test_removes_recorded_entries_of_dead_runs_only(shm_dir, tmp_path):
                 }
             )
         )
-        (shm.INDEX_DIR / "2.json").write_text(
+        (vllm_leftovers.INDEX_DIR / "2.json").write_text(
             json.dumps({"entries": {str(shm_dir / "psm_live_run"): [alive.pid]}})
         )
-        removed = shm.remove_dead_entries(tmp_path / "run")
+        removed = vllm_leftovers.remove_dead_entries(tmp_path / "run")
         assert sorted(removed) == [str(shm_dir / "psm_dead_run"), str(shm_dir / "sem.mp-dead_run")]
         assert sorted(p.name for p in shm_dir.iterdir()) == ["psm_live_run", "psm_never_recorded"]
-        assert [p.name for p in shm.INDEX_DIR.iterdir()] == ["2.json"]  # the dead run's record is done
+        assert [p.name for p in vllm_leftovers.INDEX_DIR.iterdir()] == ["2.json"]  # the dead run's record is done
     finally:
         alive.kill()
         alive.wait()
     time.sleep(0.01)
-    assert shm.remove_dead_entries() == [str(shm_dir / "psm_live_run")]  # its run is dead now
+    assert vllm_leftovers.remove_dead_entries() == [str(shm_dir / "psm_live_run")]  # its run is dead now
 
 
 def test_an_entry_still_held_by_any_process_is_kept(shm_dir, tmp_path):
     target = shm_dir / "psm_reused"
     target.write_bytes(b"x")
-    shm.INDEX_DIR.mkdir(parents=True)
-    (shm.INDEX_DIR / "1.json").write_text(json.dumps({"entries": {str(target): [_dead_pid()]}}))
+    vllm_leftovers.INDEX_DIR.mkdir(parents=True)
+    (vllm_leftovers.INDEX_DIR / "1.json").write_text(json.dumps({"entries": {str(target): [_dead_pid()]}}))
     with open(target):  # someone (this test) still has it open: not garbage
-        assert shm.remove_dead_entries() == []
+        assert vllm_leftovers.remove_dead_entries() == []
     assert target.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bandpo.errors import SharedMemoryFull
-from bandpo.run.shm import alive
+from bandpo.shm.vllm_leftovers import alive
 from bandpo.weight_sync.format import TensorMeta, layout, metas_from_wire, views
 
 COPY_THREADS = 4  # copy threads per weight-file write (``copy_into``)
@@ -197,3 +197,10 @@ def remove_stale_weight_files() -> list[str]:
             except OSError:  # another user's file, or removed meanwhile
                 pass
     return removed
+
+
+def driver_weight_files(pids: list[int]) -> list[str]:
+    """This machine's weight-sync files of the drivers ``pids`` (the fault test: none may outlive a killed one)."""
+    # One file per node, named <pid>-<node id>.bin (<pid>.bin before multi-node sync).
+    return sorted(str(p) for pid in pids for pattern in (f"{pid}.bin", f"{pid}-*.bin")
+                  for p in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + pattern))

@@ -8,7 +8,7 @@ in RAM, until reboot. Their names are random, so nothing tells whose they are af
 So a run records, while it is alive, the entries that appeared while its engines started
 and that a process of this run holds open or mapped (``record_new_entries``), together with
 those processes' ids, in ``<run>/logs/shm.json`` and in a per-user index. At the next start
-(``remove_dead_entries``) a recorded entry is removed only when every process recorded for
+(``clean_shm``: ``remove_dead_entries``) a recorded entry is removed only when every process recorded for
 it is gone and no process on the node still holds it: files of other users, other programs
 and live runs are never touched.
 """
@@ -118,3 +118,11 @@ def remove_dead_entries(run_dir: Path | None = None) -> list[str]:
         if record.parent == INDEX_DIR and not any(os.path.exists(path) for path in found):
             record.unlink(missing_ok=True)
     return removed
+
+
+def clean_shm(run_dir: Path) -> set[str]:
+    """Remove vLLM /dev/shm files of this project's dead runs (``remove_dead_entries``); the entries left now."""
+    removed = remove_dead_entries(run_dir)
+    if removed:
+        print(f"[bandpo] removed {len(removed)} /dev/shm files left by dead bandpo runs", flush=True)
+    return snapshot()
