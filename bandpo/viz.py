@@ -1,4 +1,6 @@
-"""Figures: the Band interval against fixed clipping, and training curves from metrics JSONL.
+"""Every figure bandpo draws: the Band interval against fixed clipping, training curves from metrics
+JSONL (a run's ``curves.png``, runs side by side), the evaluation's pass@k and accuracy-per-step plots
+(``bandpo.eval.cli``), and the comparison report's headline figure (``recipes/tiny_arith/compare.py``).
 
     python -m bandpo.viz band --delta 0.05 --out band.png
     python -m bandpo.viz run runs/x/metrics.jsonl --out curves.png
@@ -18,6 +20,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -229,6 +232,147 @@ def _save(fig, out_png: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def plot_pass_at_k(results: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "pass@k") -> Path:
+    """Save pass@k curves (one line per dataset, log2 k axis) as a PNG."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    all_ks: set[int] = set()
+    for name, s in results.items():
+        ks = sorted(int(k.split("@")[1]) for k in s if k.startswith("pass@"))
+        all_ks.update(ks)
+        ax.plot(ks, [100 * s[f"pass@{k}"] for k in ks], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
+    ax.minorticks_off()
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path: Path, title: str) -> Path:
+    """One panel per dataset: mean@n, maj@n and every pass@k (percent) against training step."""
+    names = list(rows[0][1])
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), squeeze=False)
+    steps = [s for s, _ in rows]
+    for ax, name in zip(axes[0], names):
+        summary = rows[0][1][name]
+        n = summary["n"]
+        keys = [f"mean@{n}", f"maj@{n}", *[k for k in summary if k.startswith("pass@")]]
+        for key in keys:
+            ys = [100 * r[name][key] if r[name].get(key) is not None else float("nan") for _, r in rows]
+            ax.plot(steps, ys, marker="o", label=key, linewidth=2.2 if key.startswith("mean") else 1.2)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# -------------------------------------------- comparison report (recipes/tiny_arith/compare.py)
+
+
+def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
+    """Three panels for a README: rollout entropy over steps (mean over seeds, +/- sample std band), the
+    share of each old-probability bin's tokens whose gradient the clip or mask removed, and the
+    held-out change (after - before, points) of every mean@n / maj@n; one colour per label."""
+    from bandpo.algo.losses import PROB_BIN_NAMES
+
+    labels = list(summaries)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (ax_e, ax_c, ax_a) = plt.subplots(1, 3, figsize=(16, 4.2))
+    for i, (label, group) in enumerate(summaries.items()):
+        steps = sorted(set.intersection(*(set(s["entropy_by_step"]) for s in group)))
+        table = np.array([[s["entropy_by_step"][t] for t in steps] for s in group], dtype=float)
+        mean, std = table.mean(axis=0), table.std(axis=0, ddof=1) if len(group) > 1 else 0 * table[0]
+        name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"
+        ax_e.plot(steps, mean, color=colors[i % len(colors)], lw=1.8, label=name)
+        if len(group) > 1:
+            ax_e.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, lw=0)
+    ax_e.set(title="rollout entropy (nats/token)", xlabel="step")
+    ax_e.legend(fontsize=7)
+    width = 0.8 / max(len(labels), 1)
+    bins = [f"clip_frac_bin/{b}" for b in PROB_BIN_NAMES]
+    datasets = report_datasets(summaries)
+    bar_tops: dict[str, tuple] = {}
+    for i, (label, group) in enumerate(summaries.items()):
+        color = colors[i % len(colors)]
+        values = [[100 * s["clip"][b] for s in group if s["clip"].get(b) is not None] for b in bins]
+        x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
+        heights = [np.mean(v) if v else np.nan for v in values]
+        bar_tops[label] = (x, heights)
+        ax_c.bar(x, heights, width, color=color, label=label,
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
+        deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
+                  for d in datasets]
+        x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
+        ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
+                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
+    _cut_outlier_bars(ax_c, bar_tops)
+    ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
+             xticks=range(len(bins)), xticklabels=[clip_label(b) for b in bins])
+    short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
+    ax_a.set(title="held-out change after training (points)", xticks=range(len(datasets)), xticklabels=short)
+    ax_a.axhline(0, color="0.3", lw=0.8)
+    for ax in (ax_e, ax_c, ax_a):
+        ax.grid(True, alpha=0.3)
+    ax_c.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+def _cut_outlier_bars(ax, bar_tops: dict[str, tuple]) -> None:
+    """Keep the token-level clips readable beside a sequence-level one (GSPO clips whole responses, so
+    15-22% of every bin here): when one label's tallest bar is over 3x every other label's, the axis stops
+    at 1.5x the others' and that label's cut bars carry their values."""
+    tallest = {label: np.nanmax(h) if not np.all(np.isnan(h)) else 0.0 for label, (_, h) in bar_tops.items()}
+    if len(tallest) < 2:
+        return
+    top = max(tallest, key=tallest.get)
+    rest = max(v for label, v in tallest.items() if label != top)
+    if rest <= 0 or tallest[top] <= 3 * rest:
+        return
+    ax.set_ylim(0, 1.5 * rest)
+    for x, h in zip(*bar_tops[top]):
+        if h > 1.5 * rest:
+            ax.text(x, 1.45 * rest, f"{top}\n{h:.0f}%", ha="center", va="top", fontsize=6)
+
+
+def report_datasets(summaries: dict[str, list[dict]]) -> list[str]:
+    """The "<dataset> <metric>@n" keys of the summaries' evaluations, by dataset, then mean, maj, pass."""
+    names = {k for group in summaries.values() for s in group for k in (*s["before"], *s["after"])}
+    # Per dataset: mean@n (accuracy), maj@n (the voted answer), pass@k (any sample right: how much the
+    # policy still explores; RL that narrows the answers lowers it at large k).
+    order = {"mean": 0, "maj": 1, "pass": 2}
+    return sorted(names, key=lambda k: (k.split(" ")[0], order[k.split(" ")[1].split("@")[0]], k))
+
+
+def clip_label(key: str) -> str:
+    """Column title of a clip-fraction metric: the old-probability bin, or which total it is."""
+    names = {"clip_frac_bin/lt0.01": "p < 0.01", "clip_frac_bin/0.01-0.1": "0.01 ≤ p < 0.1",
+             "clip_frac_bin/0.1-0.5": "0.1 ≤ p < 0.5", "clip_frac_bin/ge0.5": "p ≥ 0.5",
+             "clip_frac_up": "all, up (A > 0)", "clip_frac_down": "all, down (A < 0)",
+             "clip_frac_dual": "all, dual clip"}
+    return names.get(key, key)
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -137,7 +137,7 @@ def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
 
 
 def _write_one(cfg, target: Target, model_path: str, answer_format: str, results: dict, many: bool) -> dict:
-    from bandpo.eval.evaluate import markdown_table, plot_pass_at_k
+    from bandpo.eval.evaluate import markdown_table
 
     ev = cfg.eval
     samples = {name: s.pop("samples") for name, s in results.items() if "samples" in s}
@@ -151,6 +151,8 @@ def _write_one(cfg, target: Target, model_path: str, answer_format: str, results
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{stem}.md").write_text(table + "\n")
     if ev.plot:
+        from bandpo.viz import plot_pass_at_k
+
         plot_pass_at_k(results, out_dir / f"{stem}.png", title=f"pass@k: {target.label}")
     if samples:
         with open(out_dir / f"{stem}_samples.jsonl", "w") as f:
@@ -175,36 +177,6 @@ def steps_table(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]]) -> 
     return "\n".join(lines)
 
 
-def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path: Path, title: str) -> Path:
-    """One panel per dataset: mean@n, maj@n and every pass@k (percent) against training step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(rows[0][1])
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), squeeze=False)
-    steps = [s for s, _ in rows]
-    for ax, name in zip(axes[0], names):
-        summary = rows[0][1][name]
-        n = summary["n"]
-        keys = [f"mean@{n}", f"maj@{n}", *[k for k in summary if k.startswith("pass@")]]
-        for key in keys:
-            ys = [100 * r[name][key] if r[name].get(key) is not None else float("nan") for _, r in rows]
-            ax.plot(steps, ys, marker="o", label=key, linewidth=2.2 if key.startswith("mean") else 1.2)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 100)
-        ax.grid(True, alpha=0.3)
-        ax.set_title(name)
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def _write_steps(cfg, targets: list[Target], payloads: list[dict]) -> dict:
     rows = [(t.step, p["results"]) for t, p in zip(targets, payloads)]
     out_dir = Path(cfg.eval.out) if cfg.eval.out else targets[0].run_dir
@@ -217,6 +189,8 @@ def _write_steps(cfg, targets: list[Target], payloads: list[dict]) -> dict:
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{stem}.md").write_text(table + "\n")
     if cfg.eval.plot:
+        from bandpo.viz import plot_steps
+
         plot_steps(rows, out_dir / f"{stem}.png", title=f"{Path(cfg.checkpoint).name}: accuracy vs step")
     log.info("wrote %s/%s.{json,md,png}", out_dir, stem)
     return payload

@@ -244,34 +244,6 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_pass_at_k(results: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "pass@k") -> Path:
-    """Save pass@k curves (one line per dataset, log2 k axis) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    all_ks: set[int] = set()
-    for name, s in results.items():
-        ks = sorted(int(k.split("@")[1]) for k in s if k.startswith("pass@"))
-        all_ks.update(ks)
-        ax.plot(ks, [100 * s[f"pass@{k}"] for k in ks], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
-    ax.minorticks_off()
-    ax.set_xlabel("k (samples)")
-    ax.set_ylabel("pass@k (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
 def default_out_dir(checkpoint: str) -> Path:
     """``<checkpoint>/eval`` for a local checkpoint, ``outputs/eval/<owner__name>`` for a hub id."""
     path = Path(checkpoint)

@@ -21,8 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bandpo.viz import clip_label, plot_headline, read_metrics, report_datasets
 from bandpo.viz import main as viz_main
-from bandpo.viz import read_metrics
 
 TITLE = "tiny_arith: GRPO vs Clip-Higher vs BandPO"
 RUN_DIR = re.compile(r"^(?P<label>.+)-s(?P<seed>\d+)$")
@@ -180,7 +180,7 @@ def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str
 
     ``runs`` is ``find_runs(runs_root)``; ``commands`` are the lines that made the runs;
     ``reading`` (markdown) goes after the header as the section "Reading"; ``headline`` also
-    draws ``<out stem>-headline.png`` (``plot_headline``) and shows it first; ``before_runs``
+    draws ``<out stem>-headline.png`` (``bandpo.viz.plot_headline``) and shows it first; ``before_runs``
     (``find_runs`` of other folders) only lend their step-0 evaluations (``share_before``).
     """
     summaries = {label: [{"seed": seed, **run_summary(folder)} for seed, folder in seeds.items()]
@@ -209,83 +209,6 @@ def write_report(runs: dict[str, dict[int, Path]], out: Path, commands: list[str
     return out
 
 
-def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
-    """Three panels for a README: rollout entropy over steps (mean over seeds, +/- sample std band), the
-    share of each old-probability bin's tokens whose gradient the clip or mask removed, and the
-    held-out change (after - before, points) of every mean@n / maj@n; one colour per label."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from bandpo.algo.losses import PROB_BIN_NAMES
-
-    labels = list(summaries)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, (ax_e, ax_c, ax_a) = plt.subplots(1, 3, figsize=(16, 4.2))
-    for i, (label, group) in enumerate(summaries.items()):
-        steps = sorted(set.intersection(*(set(s["entropy_by_step"]) for s in group)))
-        table = np.array([[s["entropy_by_step"][t] for t in steps] for s in group], dtype=float)
-        mean, std = table.mean(axis=0), table.std(axis=0, ddof=1) if len(group) > 1 else 0 * table[0]
-        name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"
-        ax_e.plot(steps, mean, color=colors[i % len(colors)], lw=1.8, label=name)
-        if len(group) > 1:
-            ax_e.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, lw=0)
-    ax_e.set(title="rollout entropy (nats/token)", xlabel="step")
-    ax_e.legend(fontsize=7)
-    width = 0.8 / max(len(labels), 1)
-    bins = [f"clip_frac_bin/{b}" for b in PROB_BIN_NAMES]
-    datasets = _datasets(summaries)
-    bar_tops: dict[str, tuple] = {}
-    for i, (label, group) in enumerate(summaries.items()):
-        color = colors[i % len(colors)]
-        values = [[100 * s["clip"][b] for s in group if s["clip"].get(b) is not None] for b in bins]
-        x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
-        heights = [np.mean(v) if v else np.nan for v in values]
-        bar_tops[label] = (x, heights)
-        ax_c.bar(x, heights, width, color=color, label=label,
-                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
-        deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
-                  for d in datasets]
-        x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
-        ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
-                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
-    _cut_outlier_bars(ax_c, bar_tops)
-    ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
-             xticks=range(len(bins)), xticklabels=[_clip_label(b) for b in bins])
-    short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
-    ax_a.set(title="held-out change after training (points)", xticks=range(len(datasets)), xticklabels=short)
-    ax_a.axhline(0, color="0.3", lw=0.8)
-    for ax in (ax_e, ax_c, ax_a):
-        ax.grid(True, alpha=0.3)
-    ax_c.legend(fontsize=7)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
-
-
-def _cut_outlier_bars(ax, bar_tops: dict[str, tuple]) -> None:
-    """Keep the token-level clips readable beside a sequence-level one (GSPO clips whole responses, so
-    15-22% of every bin here): when one label's tallest bar is over 3x every other label's, the axis stops
-    at 1.5x the others' and that label's cut bars carry their values."""
-    import numpy as np
-
-    tallest = {label: np.nanmax(h) if not np.all(np.isnan(h)) else 0.0 for label, (_, h) in bar_tops.items()}
-    if len(tallest) < 2:
-        return
-    top = max(tallest, key=tallest.get)
-    rest = max(v for label, v in tallest.items() if label != top)
-    if rest <= 0 or tallest[top] <= 3 * rest:
-        return
-    ax.set_ylim(0, 1.5 * rest)
-    for x, h in zip(*bar_tops[top]):
-        if h > 1.5 * rest:
-            ax.text(x, 1.45 * rest, f"{top}\n{h:.0f}%", ha="center", va="top", fontsize=6)
-
-
 def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> list[str]:
     # A run's config.yaml is written when it starts, its metrics.jsonl at each step.
     folders = [s["folder"] for group in summaries.values() for s in group]
@@ -310,7 +233,7 @@ def _budget_section(summaries: dict[str, list[dict]]) -> list[str]:
 
 
 def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
-    datasets = _datasets(summaries)
+    datasets = report_datasets(summaries)
     head = ["algorithm", "seeds", "steps"]
     for d in datasets:
         head += [f"{d} before", f"{d} after", f"{d} Δ"]
@@ -356,11 +279,11 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
              ("Per bin of old probability p: the fraction of that bin's tokens whose gradient the clip "
               "removed; the last columns are fractions of all tokens. Averaged over each run's training "
               "steps, then mean ± sample std over seeds (%)."), "",
-             *_table_head(["algorithm", *[_clip_label(k) for k in keys]])]
+             *_table_head(["algorithm", *[clip_label(k) for k in keys]])]
     for label, group in summaries.items():
         lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
     lines += ["", "Share of response tokens in each bin (%), for scale:", "",
-              *_table_head(["algorithm", *[_clip_label(b) for b in bins]])]
+              *_table_head(["algorithm", *[clip_label(b) for b in bins]])]
     for label, group in summaries.items():
         shares = [mean_std([s["clip"].get(b.replace("clip_frac_bin/", "token_frac_bin/")) for s in group], 100, 2)
                   for b in bins]
@@ -369,7 +292,7 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
 
 
 def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
-    datasets = _datasets(summaries)
+    datasets = report_datasets(summaries)
     lines = ["## Runs", "", "Train time: the training steps' own time; wall: from the run's start to its last "
              "line (start-up and evaluations included).", "",
              *_table_head(["run", "steps", *[f"{d} before → after (%)" for d in datasets],
@@ -381,14 +304,6 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
         lines.append(_row([f"`{s['folder']}`", f"{s['steps']}/{s['total_steps']}{state}", *evals, entropy,
                            f"{s['train_s']:.0f}", f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "n/a"]))
     return lines + [""]
-
-
-def _datasets(summaries: dict[str, list[dict]]) -> list[str]:
-    names = {k for group in summaries.values() for s in group for k in (*s["before"], *s["after"])}
-    # Per dataset: mean@n (accuracy), maj@n (the voted answer), pass@k (any sample right: how much the
-    # policy still explores; RL that narrows the answers lowers it at large k).
-    order = {"mean": 0, "maj": 1, "pass": 2}
-    return sorted(names, key=lambda k: (k.split(" ")[0], order[k.split(" ")[1].split("@")[0]], k))
 
 
 def _cpu_model() -> str:
@@ -414,15 +329,6 @@ def _clip_order(key: str) -> tuple[int, str]:
         return PROB_BIN_NAMES.index(name), ""
     totals = ("clip_frac_up", "clip_frac_down", "clip_frac_dual")
     return len(PROB_BIN_NAMES) + (totals.index(key) if key in totals else len(totals)), key
-
-
-def _clip_label(key: str) -> str:
-    """Column title of a clip-fraction metric: the old-probability bin, or which total it is."""
-    names = {"clip_frac_bin/lt0.01": "p < 0.01", "clip_frac_bin/0.01-0.1": "0.01 ≤ p < 0.1",
-             "clip_frac_bin/0.1-0.5": "0.1 ≤ p < 0.5", "clip_frac_bin/ge0.5": "p ≥ 0.5",
-             "clip_frac_up": "all, up (A > 0)", "clip_frac_down": "all, down (A < 0)",
-             "clip_frac_dual": "all, dual clip"}
-    return names.get(key, key)
 
 
 def _steps(group: list[dict]) -> str:

@@ -115,7 +115,8 @@ def test_headline_cuts_a_sequence_level_outlier():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cut = _compare_module()._cut_outlier_bars
+    from bandpo.viz import _cut_outlier_bars as cut
+
     fig, ax = plt.subplots()
     cut(ax, {"grpo": ([0.0, 1.0], [1.8, 2.0]), "gspo": ([0.1, 1.1], [21.0, 16.0])})
     assert ax.get_ylim() == (0.0, 3.0)  # 1.5 * 2.0

@@ -16,7 +16,6 @@ from bandpo.eval.evaluate import (
     flatten_metrics,
     load_cli_config,
     markdown_table,
-    plot_pass_at_k,
     run_eval,
 )
 from bandpo.eval.metrics import (
@@ -30,6 +29,7 @@ from bandpo.eval.metrics import (
 )
 from bandpo.eval.targets import find_hf_folder, resolve_targets
 from bandpo.types import Example, RolloutBatch, SamplingParams
+from bandpo.viz import plot_pass_at_k
 
 # ---------------------------------------------------------------- pass@k
 
