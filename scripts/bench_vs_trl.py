@@ -92,7 +92,7 @@ def smollm2_model() -> Path:
     """SmolLM2-135M-Instruct as ``model=smollm2-135m`` resolves it: the Hub's copy, or the build from PyPI."""
     from hydra import compose, initialize_config_dir
 
-    from bandpo.trainer.startup import ensure_model
+    from bandpo.trainer.launch import ensure_model
 
     with initialize_config_dir(str(REPO / "configs"), version_base=None):
         cfg = compose("train", overrides=["model=smollm2-135m"])

@@ -11,7 +11,7 @@ Colocated layout (an actor rank and an engine shard on every GPU), two phases pe
   memory vLLM allocated outside its sleep-mode pool, ``VLLM_ASLEEP_GIB``);
 and once, at start-up (and on resume, when a checkpoint loads into the states), the actor holds
 every state it keeps between stages: with offload the actor starts first and offloads before the
-engines start (``bandpo.trainer.startup``), and a resume loads while they sleep; without, the
+engines start (``bandpo.trainer.launch``), and a resume loads while they sleep; without, the
 engines hold their share meanwhile.
 Every GPU also holds one CUDA context per process on it (``CUDA_CONTEXT_GIB``).
 

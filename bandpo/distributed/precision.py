@@ -14,7 +14,7 @@ gradient accumulation (``bandpo.actor.ds_config``).
 (a mismatch shows up as pi_old / pi_rollout != 1: ``bandpo.algo.mismatch``). An explicit
 ``float32`` / ``bfloat16`` / ``float16`` is used as given.
 
-The detection runs where ``auto`` is resolved: the driver (``bandpo.trainer.startup``). A
+The detection runs where ``auto`` is resolved: the driver (``bandpo.trainer.launch``). A
 cluster whose actor nodes have other CPUs than the driver's sets ``actor.bf16`` explicitly.
 
 Pure Python: no torch (the placement plan's memory arithmetic uses it too).

@@ -1,1 +1,1 @@
-"""The training loop (``loop``), what it starts (``startup``), its stages 1-3 (``dynamic_sampling``) and metrics."""
+"""The training loop (``loop``), what it starts (``launch``), its stages 1-3 (``dynamic_sampling``) and metrics."""

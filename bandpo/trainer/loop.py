@@ -43,7 +43,7 @@ overlapped from step 2), ``health/rollout_actor_*`` (log pi_b - log pi_old) and 
 ``actor/tis/*``. A checkpoint holds the batch drawn ahead (``in_flight.pt``): regenerating it on
 resume would need the weights before the checkpoint's update.
 
-Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.startup``; the step's own
+Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.launch``; the step's own
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
 
 Departures from the paper's scripts, stated:
@@ -87,8 +87,7 @@ from bandpo.run.worker_logs import setup_run_logs
 from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
 from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
 from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
-from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
-from bandpo.trainer.startup import (
+from bandpo.trainer.launch import (
     Workers,
     ensure_model,
     load_training_prompts,
@@ -97,6 +96,7 @@ from bandpo.trainer.startup import (
     reward_scheme,
     start_workers,
 )
+from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
 from bandpo.types import TrainBatch
 
@@ -317,7 +317,7 @@ class Trainer:
         (CPU; ``bandpo.weight_sync.node``: they stay between syncs, rewritten in place through the
         actor's kept mapping, and ``close`` removes them). The first sync of a run, and every one
         with ``rollout.verify_sync``, is then verified (``verify_sync``)."""
-        from bandpo.trainer.startup import weight_transport
+        from bandpo.trainer.launch import weight_transport
         from bandpo.weight_sync.transport import make_weight_sync
 
         if self.weight_sync is None:

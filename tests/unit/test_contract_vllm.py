@@ -27,7 +27,7 @@ import pytest
 from bandpo.config import compose
 from bandpo.distributed.plan import ClusterShape, make_plan
 from bandpo.rollout.vllm_engine import EXTENSION, VllmEngine, llm_kwargs, sampling_kwargs
-from bandpo.trainer.startup import rollout_engine_kwargs
+from bandpo.trainer.launch import rollout_engine_kwargs
 from tests.helpers.contract import bind_errors, library_calls, method_calls, resolve
 
 GPU_CONFIGS = [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"],

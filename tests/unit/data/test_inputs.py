@@ -194,7 +194,7 @@ def test_dapo_math_from_local_copies_keeps_each_sets_mapping(tmp_path, tiny_mode
     from bandpo.config import compose
     from bandpo.data.prompts import DAPO_PREFIX, DAPO_SUFFIX
     from bandpo.hub import load_tokenizer
-    from bandpo.trainer.startup import load_training_prompts
+    from bandpo.trainer.launch import load_training_prompts
 
     dapo, math = tmp_path / "dapo.jsonl", tmp_path / "math.jsonl"
     dapo.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],

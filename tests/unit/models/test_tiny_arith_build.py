@@ -41,7 +41,7 @@ def test_a_foreign_folder_is_never_replaced(tmp_path, no_build):
 def test_ensure_model_builds_through_the_package(tmp_path, no_build):
     from omegaconf import OmegaConf
 
-    from bandpo.trainer.startup import ensure_model
+    from bandpo.trainer.launch import ensure_model
 
     _fake_cached(tmp_path / "model", tiny_arith.BuildArgs(sft_steps=3))
     cfg = OmegaConf.create({"path": str(tmp_path / "model"), "build": "tiny_arith", "build_args": {"sft_steps": 3}})

@@ -13,7 +13,7 @@ from bandpo.config import compose
 from bandpo.distributed.plan import ClusterShape, make_plan
 from bandpo.errors import ConfigError
 from bandpo.rollout.hf_engine import VLLM_ONLY, HfEngine
-from bandpo.trainer.startup import rollout_engine_kwargs
+from bandpo.trainer.launch import rollout_engine_kwargs
 
 SPLIT = ["actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=4",
          "rollout.tensor_parallel_size=1"]

@@ -13,7 +13,7 @@ from bandpo.config import compose, loss_options
 from bandpo.run.nonfinite import NonfiniteGuard
 from bandpo.trainer import loop
 from bandpo.trainer.dynamic_sampling import Drawn, Round
-from bandpo.trainer.startup import Workers
+from bandpo.trainer.launch import Workers
 from bandpo.types import TrainBatch
 from tests.helpers.actor import make_rollout
 

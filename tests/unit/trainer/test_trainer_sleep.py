@@ -4,7 +4,7 @@ before the next rollout wake the weights, sync, then wake the KV cache (verl / O
 import pytest
 
 from bandpo.rollout.group import RolloutGroup
-from bandpo.trainer.startup import placement_plan, verifier_strategies
+from bandpo.trainer.launch import placement_plan, verifier_strategies
 
 
 class _RecordingGroup(RolloutGroup):
@@ -59,7 +59,7 @@ def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_
     from bandpo.config import compose
     from bandpo.distributed.plan import ClusterShape, make_plan
     from bandpo.rollout import group as group_module
-    from bandpo.trainer.startup import rollout_engine_kwargs
+    from bandpo.trainer.launch import rollout_engine_kwargs
 
     cfg = compose(["model=qwen2.5-3b", f"rollout.sleep_level={level}"])
     kw, sleeps = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))

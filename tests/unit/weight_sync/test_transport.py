@@ -44,7 +44,7 @@ def test_a_transport_the_layout_cannot_carry_is_a_config_error_naming_the_key(ch
 
 def test_the_trainer_resolves_the_transport_from_config_and_plan():
     from bandpo.config import compose
-    from bandpo.trainer.startup import placement_plan, weight_transport
+    from bandpo.trainer.launch import placement_plan, weight_transport
 
     colocated = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8"])
     assert weight_transport(colocated, placement_plan(colocated, "cuda")) == "ipc"
