@@ -90,8 +90,13 @@ from pebble import ProcessExpired, ProcessPool
 
 from bandpo.errors import VerifierUnavailable, check_choice
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
+from bandpo.reward.pool_health import (
+    DEFAULT_MEMORY_CAP_GIB,
+    check_error_share,
+    check_workers_start,
+    init_worker,
+)
 from bandpo.reward.scheme import RewardScheme, Score
-from bandpo.reward.startup import DEFAULT_MEMORY_CAP_GIB, check_error_share, check_workers_start, init_worker
 from bandpo.reward.verify import gold_text, verify_extracted, verify_one
 
 __all__ = ["RewardScorer", "VerifierUnavailable", "check_error_share", "score_batch"]

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 POWER_RESPONSE = "Answer: $2^{2^{29}}$"
 GRADE_WITH_PEAK = """
 import re, sys
-from bandpo.reward.startup import init_worker
+from bandpo.reward.pool_health import init_worker
 from bandpo.reward.verify import verify_one
 cap = int(sys.argv[1])
 init_worker(cap or None)  # what each pool worker does first: the cap (0 = none), the parser's warm-up
