@@ -96,7 +96,7 @@ from bandpo.reward.pool_health import (
     check_workers_start,
     init_worker,
 )
-from bandpo.reward.scheme import RewardScheme, Score
+from bandpo.reward.scheme import RewardScheme, Score, check_score_inputs
 from bandpo.reward.verify import gold_text, verify_extracted, verify_one
 
 __all__ = ["RewardScorer", "VerifierUnavailable", "check_error_share", "score_batch"]
@@ -173,20 +173,6 @@ def _mp_context(start_method: str | None):
         )
         ctx.set_forkserver_preload(["bandpo.reward.clean_main", "bandpo.reward.warm"])
     return ctx
-
-
-def check_score_inputs(scheme: RewardScheme, responses: Sequence, answers: Sequence,
-                       response_lengths: Sequence[int] | None) -> int:
-    """The batch size; ValueError when the sequences' lengths differ or the scheme's overlong
-    shaping has no ``response_lengths`` (every scorer's contract, in-process or Ray)."""
-    n = len(responses)
-    if len(answers) != n:
-        raise ValueError(f"{n} responses but {len(answers)} answers")
-    if response_lengths is not None and len(response_lengths) != n:
-        raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
-    if scheme.shapes_length and response_lengths is None:
-        raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
-    return n
 
 
 class RewardScorer:

@@ -144,7 +144,7 @@ class RayScorer:
         import ray
         from ray.exceptions import RayActorError
 
-        from bandpo.reward.pool import check_score_inputs
+        from bandpo.reward.scheme import check_score_inputs
         from bandpo.split import split_evenly
 
         n = check_score_inputs(self.scheme, responses, answers, response_lengths)

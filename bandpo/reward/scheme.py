@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -59,6 +60,20 @@ class RewardScheme:
             exceed = response_len - (self.max_response_len - self.overlong_buffer)
             value += min(-exceed / self.overlong_buffer * self.overlong_penalty, 0.0)
         return float(value)
+
+
+def check_score_inputs(scheme: RewardScheme, responses: Sequence, answers: Sequence,
+                       response_lengths: Sequence[int] | None) -> int:
+    """The batch size; ValueError when the sequences' lengths differ or the scheme's overlong
+    shaping has no ``response_lengths`` (every scorer's contract, in-process or Ray)."""
+    n = len(responses)
+    if len(answers) != n:
+        raise ValueError(f"{n} responses but {len(answers)} answers")
+    if response_lengths is not None and len(response_lengths) != n:
+        raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
+    if scheme.shapes_length and response_lengths is None:
+        raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+    return n
 
 
 @dataclass
