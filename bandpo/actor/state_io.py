@@ -91,9 +91,9 @@ class ActorStateIO:
 
     def weight_checksums(self, dtypes: dict[str, list[str]]) -> dict:
         """Checksums of the weights a sync sends, cast to the dtypes the engines hold them in
-        (``bandpo.weight_sync.verify.actor_checksums``); rank 0 returns them, the others an empty dict.
+        (``bandpo.weight_sync.checksums.actor_checksums``); rank 0 returns them, the others an empty dict.
         Collective under ZeRO-3 (each bucket's gather); under ZeRO-2 the other ranks return at once."""
-        from bandpo.weight_sync.verify import actor_checksums
+        from bandpo.weight_sync.checksums import actor_checksums
 
         if self.rank != 0:
             if self.zero_stage == 3:

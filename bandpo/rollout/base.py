@@ -45,7 +45,7 @@ class RolloutEngine(Protocol):
 
     def weight_checksums(self) -> list[list[tuple]]:
         """Per worker (tensor-parallel rank), checksums of the weights the engine samples with, under
-        checkpoint names: ``bandpo.weight_sync.verify.EngineEntry`` tuples."""
+        checkpoint names: ``bandpo.weight_sync.checksums.EngineEntry`` tuples."""
         ...
 
     def sleep(self) -> None:

@@ -179,8 +179,8 @@ class HfEngine:
 
     @torch.no_grad()
     def weight_checksums(self) -> list[list[tuple]]:
-        """The model's checksums (``bandpo.weight_sync.verify``), as the one worker of this engine."""
-        from bandpo.weight_sync.verify import entries_of
+        """The model's checksums (``bandpo.weight_sync.checksums``), as the one worker of this engine."""
+        from bandpo.weight_sync.checksums import entries_of
 
         return [[tuple(e) for e in entries_of(self.model.named_parameters())]]
 

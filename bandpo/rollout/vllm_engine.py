@@ -151,7 +151,7 @@ class VllmEngine:
 
     def weight_checksums(self) -> list[list[tuple]]:
         """Per worker (tensor-parallel rank), the checksums of the weights it samples with
-        (``bandpo.weight_sync.verify``)."""
+        (``bandpo.weight_sync.checksums``)."""
         return self.llm.collective_rpc("bandpo_weight_checksums")
 
     def ipc_update(self, op: str, payload: dict[str, bytes] | None = None) -> None:

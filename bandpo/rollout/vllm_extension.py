@@ -37,7 +37,7 @@ class BandpoWorkerExtension:
     ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets from the
     colocated actor ranks (``rollout.weight_sync=ipc``; ``VllmEngine.ipc_update``). The nccl transport
     goes through vLLM's own weight-transfer engine instead (``bandpo.weight_sync.nccl``).
-    ``bandpo_weight_checksums``: what every transport is verified by (``bandpo.weight_sync.verify``).
+    ``bandpo_weight_checksums``: what every transport is verified by (``bandpo.weight_sync.checksums``).
     """
 
     def bandpo_load_shm(self, path: str, wire_metas: list) -> int:
@@ -86,8 +86,8 @@ class BandpoWorkerExtension:
 
     def bandpo_weight_checksums(self) -> list[tuple]:
         """Checksums of the weights this worker samples with, under checkpoint names
-        (``bandpo.weight_sync.verify.module_entries``): the same call after every transport."""
-        from bandpo.weight_sync.verify import module_entries
+        (``bandpo.weight_sync.checksums.module_entries``): the same call after every transport."""
+        from bandpo.weight_sync.checksums import module_entries
 
         model = self.model_runner.get_model()
         return [tuple(e) for e in module_entries(model, head=getattr(model, "lm_head", None))]

@@ -61,7 +61,7 @@ class RolloutWorker:
         return self.node_id(), path
 
     def weight_checksums(self) -> list[list[tuple]]:
-        """The engine's per-worker weight checksums (``bandpo.weight_sync.verify``)."""
+        """The engine's per-worker weight checksums (``bandpo.weight_sync.checksums``)."""
         return self.engine.weight_checksums()
 
     def node_id(self) -> str:

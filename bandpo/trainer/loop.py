@@ -20,7 +20,7 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
                    (``RolloutGroup.wake``, ``bandpo.weight_sync``); the first sync of a run, and
                    every one with rollout.verify_sync, is checked tensor by tensor against the
-                   actor's weights (``bandpo.weight_sync.verify``; ``time/verify_sync``)
+                   actor's weights (``bandpo.weight_sync.checksums``; ``time/verify_sync``)
     8. log / eval / checkpoint
 
 With ``trainer.max_staleness=1`` (one-step off-policy, ``bandpo.trainer.overlap``) the stages
@@ -118,7 +118,7 @@ class Trainer:
         self.loss = loss_options(cfg)  # the policy loss's options, validated once
         self.workers = Workers()
         self.weight_sync = None  # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
-        self.synced = False  # a sync has been verified (the first of a run always is: bandpo.weight_sync.verify)
+        self.synced = False  # a sync has been verified (the first of a run always is: bandpo.weight_sync.checksums)
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
         self.engine_version = 0  # the engines hold the weights after this step's update (0: the initial model)
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
@@ -332,9 +332,9 @@ class Trainer:
             self.synced = True
 
     def verify_sync(self) -> None:
-        """Every engine's weights against the actor's, tensor by tensor (``bandpo.weight_sync.verify``):
+        """Every engine's weights against the actor's, tensor by tensor (``bandpo.weight_sync.checksums``):
         a difference stops the run with ``WeightSyncMismatch`` naming the tensor and the engine."""
-        from bandpo.weight_sync.verify import verify_engines
+        from bandpo.weight_sync.checksums import verify_engines
 
         verify_engines(self.workers.actor.workers, self.workers.rollout.workers)
 

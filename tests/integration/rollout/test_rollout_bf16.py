@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 def test_bf16_engine_takes_a_bf16_actors_weights_exactly_and_samples_within_the_bound(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from bandpo.weight_sync.verify import actor_checksums, compare, requested_dtypes
+    from bandpo.weight_sync.checksums import actor_checksums, compare, requested_dtypes
 
     engine = make_engine("vllm", tiny_model_dir, dtype="bfloat16", seed=0, enforce_eager=True)
     path = "/dev/shm/bandpo-test-bf16-sync.bin"

@@ -58,8 +58,8 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
 
     from bandpo.actor import ActorGroup
     from bandpo.shm.weight_files import read_file_bytes
+    from bandpo.weight_sync.checksums import WeightSyncMismatch, verify_engines
     from bandpo.weight_sync.node import NodeWeightSync
-    from bandpo.weight_sync.verify import WeightSyncMismatch, verify_engines
 
     group = ActorGroup(tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4,
                        micro_batch_size=2)

@@ -250,7 +250,7 @@ def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipp
     """The checksums the engine reports (``weight_checksums``: on vLLM read inside its workers, fused
     qkv / gate-up cut back into checkpoint tensors, CPU-packed linears and the tied head's packed GEMM
     copy read through their GEMMs) against the tensors sent through /dev/shm (the CPU transport)."""
-    from bandpo.weight_sync.verify import WeightSyncMismatch, actor_checksums, compare, requested_dtypes
+    from bandpo.weight_sync.checksums import WeightSyncMismatch, actor_checksums, compare, requested_dtypes
 
     original = _hf_model(tiny_model_dir)
     actor = _hf_model(tiny_model_dir)

@@ -1,4 +1,4 @@
-"""The sync verification's checksum and comparison (``bandpo.weight_sync.verify``) on hand-made weights.
+"""The sync verification's checksum and comparison (``bandpo.weight_sync.checksums``) on hand-made weights.
 
 The checksum is an integer sum, so every expected value below is exact (bit patterns written out
 by hand) and every comparison is equality: no tolerance.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bandpo.weight_sync.verify import (
+from bandpo.weight_sync.checksums import (
     EngineEntry,
     WeightSyncMismatch,
     actor_checksums,
