@@ -56,7 +56,7 @@ from bandpo.actor.logprobs import (
     trim_padding,
 )
 from bandpo.actor.lora import LoraSettings, reference_mode
-from bandpo.actor.metrics import MetricAccumulator
+from bandpo.actor.loss_metrics import MetricAccumulator
 from bandpo.actor.packing import (
     check_micro_batch_tokens,
     check_token_budget,
