@@ -86,7 +86,7 @@ class GeneratedSpec:
 
 
 def _tiny_arith(split: str, size: int, seed: int) -> list[dict]:
-    from bandpo.data.tiny_arith import make_split
+    from bandpo.data.tiny_arith_problems import make_split
 
     return make_split(split, size, seed)
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bandpo.data.tiny_arith import DEFAULT_DIFFICULTY, make_split
+from bandpo.data.tiny_arith_problems import DEFAULT_DIFFICULTY, make_split
 from bandpo.models.tiny import build_tiny_model
 from bandpo.models.tiny_arith_sft import DAPO_TEMPLATE, sample_accuracy, supervised_warm_start
 

@@ -44,7 +44,7 @@ STEPS = 10
 
 def _fixture(path: Path) -> Path:
     """Tiny arithmetic problems (generated, no download) whose gold answer is always "2"."""
-    from bandpo.data.tiny_arith import make_split
+    from bandpo.data.tiny_arith_problems import make_split
 
     rows = make_split("train", 256, seed=7)
     path.write_text("".join(json.dumps({"problem": r["problem"], "answer": "2"}) + "\n" for r in rows))
