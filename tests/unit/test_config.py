@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from bandpo.actor.lora import check_zero_stage
+from bandpo.actor.packing import check_micro_batch_tokens
+from bandpo.algo.band import check_upper_cap
+from bandpo.algo.losses import LossOptions
 from bandpo.config import CONFIG_DIR, compose, loss_options
 from bandpo.errors import ConfigError
 
@@ -124,6 +129,34 @@ def test_new_options_default_off_and_validate_together():
 def test_rival_and_mismatch_options_are_refused_by_name(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose(overrides)
+
+
+def _message(build) -> str:
+    with pytest.raises(ValueError) as e:
+        build()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("overrides, build, names", [
+    (["algorithm.dual_clip=0.5"], partial(LossOptions, dual_clip=0.5), {"dual_clip": "algorithm.dual_clip"}),
+    (["algorithm=dppo_kl", "algorithm.ratio_cap=0.0"],
+     partial(LossOptions, algorithm="dppo_kl", dual_clip=None, ratio_cap=0.0), {"ratio_cap": "algorithm.ratio_cap"}),
+    (["algorithm=grpo", "algorithm.ratio_cap=2.0"], partial(LossOptions, algorithm="grpo", ratio_cap=2.0),
+     {"ratio_cap": "algorithm.ratio_cap"}),
+    (["algorithm.band.upper_cap=0.5"], partial(check_upper_cap, 0.5), {"band upper_cap": "algorithm.band.upper_cap"}),
+    (["actor.lora.rank=4", "actor.zero_stage=3"], partial(check_zero_stage, 3), {}),
+    (["actor.padding_free=false", "actor.share_prompts=false", "actor.max_tokens_per_micro_batch=8"],
+     partial(check_micro_batch_tokens, 8, False),
+     {"max_tokens_per_micro_batch": "actor.max_tokens_per_micro_batch", "padding_free": "actor.padding_free"}),
+])
+def test_config_and_the_mechanism_refuse_with_the_same_rule(overrides, build, names):
+    """A rule is written once, next to the mechanism: the config's error is the mechanism's own, naming the key."""
+    with pytest.raises(ConfigError) as e:
+        compose(overrides)
+    expected = _message(build)
+    for name, key in names.items():
+        expected = expected.replace(name, key)
+    assert str(e.value) == f"config error: {expected}"
 
 
 def test_mismatch_options_reach_the_loss():
