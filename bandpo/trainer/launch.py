@@ -1,7 +1,7 @@
-"""What the trainer starts before its first step, and what a dead run left behind.
+"""What the trainer starts before its first step.
 
 In start-up order: the model (a recipe's build, ``ensure_model``), the training prompts
-and the reward scheme from the config (the trainer then cleans /dev/shm of dead runs' files:
+and the reward scheme from the config (the trainer then clears /dev/shm of what dead runs left:
 ``bandpo.shm``), the placement plan on the cluster's GPU shape, then the workers: rollout engines,
 actor ranks and verifier actors, started overlapped (``start_workers``).
 """
