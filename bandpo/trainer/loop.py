@@ -87,7 +87,7 @@ from bandpo.run.checkpoint import IN_FLIGHT_FILE, CheckpointManager, load_in_fli
 from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
-from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
+from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
 from bandpo.trainer.startup import (
     Workers,
@@ -161,7 +161,7 @@ class Trainer:
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
-        self.rollouts = Rollouts(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
+        self.drawer = BatchDrawer(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
                                  self.workers.rollout, self.workers.scorer, self.tokenizer, self.timed)
         shm.record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         report_startup(self.out, self.startup, time.perf_counter() - t_setup)
@@ -221,7 +221,7 @@ class Trainer:
             if ahead.step != self.step:
                 raise RuntimeError(f"the batch drawn ahead is step {ahead.step}'s, not step {self.step}'s")
             return ahead.drawn, ahead.version, 0
-        drawn = self.rollouts.draw(self.step)
+        drawn = self.drawer.draw(self.step)
         return drawn, self.engine_version, drawn.gen_tokens
 
     def enter_actor_phase(self) -> None:
@@ -302,7 +302,7 @@ class Trainer:
         if not self.cfg.trainer.max_staleness or self.step >= self.cfg.trainer.total_steps:
             return None
         step, version = self.step + 1, self.engine_version
-        return Background(lambda: InFlight(step, version, self.rollouts.draw(step)), f"draw-step-{step}")
+        return Background(lambda: InFlight(step, version, self.drawer.draw(step)), f"draw-step-{step}")
 
     def join_ahead(self, background: Background, actor: tuple[float, float]) -> dict[str, float]:
         """The overlap stage's end: wait for the next step's batch (kept as ``in_flight``). Returns the

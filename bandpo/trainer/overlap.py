@@ -4,7 +4,7 @@ With ``max_staleness=1`` step t starts one background stage, the engines generat
 verifier grading batch t+1 with the weights they hold (the actor's after step t-1), while
 the actor trains on batch t (which the weights after step t-2 generated); the stage is
 joined before the weight sync that gives the engines the weights of step t. One
-background thread on the driver runs the same ``Rollouts.draw`` as the synchronous loop:
+background thread on the driver runs the same ``BatchDrawer.draw`` as the synchronous loop:
 it only waits on Ray calls (engines, verifier actors) and decodes, so the GIL is free for
 the actor's Ray calls on the main thread.
 
