@@ -23,25 +23,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
                    actor's weights (``bandpo.weight_sync.verify``; ``time/verify_sync``)
     8. log / eval / checkpoint
 
-With ``trainer.max_staleness=1`` (one-step off-policy, ``bandpo.trainer.overlap``) the stages
-1-3 of step t+1 become one background stage, started after step t's own batch is in hand
-(``draw_ahead``) and joined before stage 7 (``join_ahead``): the engines generate and the
-verifier grades batch t+1 with the weights after step t-1 while the actor runs 4-6 on batch
-t, which the weights after step t-2 generated (step 1's batch is drawn first, in the
-foreground). Evaluation and checkpoints follow stage 7, on the synced weights of their step.
-The objective is decoupled PPO's (AReaL), with pi_b the engine that sampled the batch,
-pi_old the actor at the start of the update (stage 5, or the first optimizer step's forward)
-and r = pi_theta / pi_old:
-
-    L = w * max(-A r, -A clip(r, lo(pi_old), hi(pi_old))),   w = min(pi_old / pi_b, C)  (detached)
-
-The clip / Band interval stays around pi_old (r = 1 at the first optimizer step), and the
-truncated importance weight w corrects the behaviour mismatch: one update of staleness plus
-the engines' numerics (``algorithm.tis_cap`` = C >= 1, 2 by default when stale). Logged:
-``health/staleness`` (updates between the batch's weights and pi_old: 0 synchronous, 1
-overlapped from step 2), ``health/rollout_actor_*`` (log pi_b - log pi_old) and the weight's
-``actor/tis/*``. A checkpoint holds the batch drawn ahead (``in_flight.pt``): regenerating it on
-resume would need the weights before the checkpoint's update.
+With ``trainer.max_staleness=1`` (one-step off-policy) stages 1-3 of step t+1 run in the
+background while 4-6 run on batch t (``draw_ahead`` / ``join_ahead``), under decoupled PPO's
+objective with a truncated importance weight (``bandpo.trainer.overlap``, which states it).
 
 Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.startup``; the step's own
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
@@ -257,8 +241,11 @@ class Trainer:
             batch.advantages, adv = compute_advantages(batch.rewards, self.cfg.rollout.n,
                                                        self.cfg.algorithm.advantage)  # [N]
         if self.cfg.trainer.trace_every and self.step % self.cfg.trainer.trace_every == 0:
+            from bandpo.run.traces import write_round_trace
+
             with self.timed("trace"):
-                self._write_trace(drawn.round)
+                write_round_trace(self.out / "traces", self.step, self.examples, drawn.round,
+                                  self.cfg.trainer.trace_max_chars)
         return batch, {**reward_metrics(drawn.scores), **{k: float(v) for k, v in adv.items()}, **drawn.metrics}
 
     def old_logprobs(self, batch: TrainBatch):
@@ -329,17 +316,6 @@ class Trainer:
     def timed(self, name: str):
         """Time a step stage into ``self.timings`` (logged as ``time/<name>``)."""
         return timed_into(self.timings, name)
-
-    def _write_trace(self, rnd) -> None:
-        from bandpo.run.traces import group_records, write_records
-
-        ex = [self.examples[i] for i in rnd.idx]
-        b = rnd.batch
-        records = group_records(
-            self.step, [e.id for e in ex], [e.problem for e in ex], [e.answer for e in ex], rnd.texts, rnd.scores,
-            b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons,
-            self.cfg.trainer.trace_max_chars)
-        write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
 
     def load_engines(self, updated: bool) -> None:
         """Stage 7 between the engines' weights and their KV cache: the actor's weights into them (when
