@@ -47,7 +47,9 @@ class UpdateResult(NamedTuple):
     metrics: dict[str, float]  # the last update's (rank 0's, globally reduced)
     nonfinite_steps: int  # optimizer steps discarded for a NaN/inf loss or gradient, all epochs
     optimizer_steps: int  # all epochs
-    entropy: torch.Tensor | None  # [N, R] pi_old's entropy completed by the first forward (reuse), else None
+    # [N, R] pi_old's entropy, complete: with reuse_old_logprobs its first mini-batch's rows come from the
+    # update's first forward; None only when there was none to return (reuse, and no epoch ran).
+    entropy: torch.Tensor | None
 
 
 def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, first: int) -> torch.Tensor:
@@ -191,12 +193,12 @@ class ActorGroup:
 
         With ``reuse_old_logprobs`` the first epoch's first step takes the first mini-batch's old
         log-probs (and entropy) from its own forward: they are written into ``batch.old_logprobs``
-        and into ``entropy`` (``old_logprobs``'s return; completed in place), which comes back
-        in the result, complete, for the step's metrics.
+        and into ``entropy`` (``old_logprobs``'s return; completed in place). The result carries
+        the complete entropy either way, for the step's metrics.
         """
         update: dict = {}
         bad = total = 0
-        complete = None
+        complete = None if self.reuse_old else entropy
         for epoch in range(epochs):
             if self.reuse_old and epoch == 0:
                 update, first_old, first_entropy = self.update_on_policy(batch, options)

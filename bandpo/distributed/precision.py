@@ -4,7 +4,7 @@
     auto   bf16 on GPU; on CPU bf16 only where the processor multiplies bf16 in hardware
            (``cpu_has_fast_bf16``), else fp32. Without that hardware PyTorch's CPU GEMMs
            emulate bf16 (measured on an AMD Zen 3: 0.27 against 46 GFLOP/s in fp32), while
-           with AMX they ran 2.6-4.2x faster than fp32 (an Intel Xeon; README, Precision).
+           with AMX they ran 2.6-4.2x faster than fp32 (an Intel Xeon; docs/configuration.md, Precision).
     true / false  as given, on any device (an explicit choice wins over the detection).
 bf16 means DeepSpeed's bf16 mode: bf16 weights and activations, fp32 master weights, fp32
 gradient accumulation (``bandpo.actor.ds_config``).

@@ -10,7 +10,10 @@ Steps (all on CPU, a few minutes on 2 cores):
    template, the loss covers only the solution and the closing ``<|im_end|>``. ``sft_steps``
    sets where RL starts: the default 500 steps leave ~20% held-out accuracy (the e2e tests'
    model); the recipe's config (configs/model/tiny.yaml, ``model.build_args``) takes 1,500
-   (~76%), from which RL's held-out gain is measurable (recipes/tiny_arith/default.md).
+   (~76% on 2026-11-24's machine), from which RL's held-out gain is measurable
+   (recipes/tiny_arith/default.md). The warm start is not reproducible across machines and
+   library versions: 1,500 steps at lr 3e-3 amplify float differences (a 2026-11-27 build of
+   the same arguments reached 92.5%), so the marker's report records the environment.
 4. A quick held-out check: one sample per problem at temperature 1.0 (and greedy) with
    transformers ``generate``, exact match on the last "Answer:" line. Printed and stored.
 
@@ -61,6 +64,20 @@ class BuildArgs:
     n_eval: int = 200
 
 
+
+def _environment() -> dict[str, str | int]:
+    """What the build ran on (library versions, threads, CPU): the report's context, not hashed."""
+    import platform
+
+    import tokenizers
+    import torch
+    import transformers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__, "threads": torch.get_num_threads(), "cpu": cpu}
+
 def build(out_dir: str | Path, seed: int = 0, sft_steps: int = BuildArgs.sft_steps, *, verbose: bool = True, **overrides) -> Path:
     """Build (or reuse) the tiny-arith model folder at ``out_dir`` and return its path.
 
@@ -92,6 +109,7 @@ def build(out_dir: str | Path, seed: int = 0, sft_steps: int = BuildArgs.sft_ste
     try:
         report = _build_into(tmp, args, log)
         report["build_seconds"] = round(time.time() - t0, 1)
+        report["environment"] = _environment()
         (tmp / MARKER).write_text(json.dumps({"hash": digest, "args": dataclasses.asdict(args),
                                               "version": BUILD_VERSION, "report": report}, indent=2))
         if out.exists():

@@ -91,6 +91,17 @@ def write_records(path: Path, records: Sequence[dict]) -> Path:
     return path
 
 
+def write_round_trace(folder: Path, step: int, examples: Sequence, rnd, max_chars: int) -> Path:
+    """The groups of a step's batch (``rnd``: ``bandpo.trainer.dynamic_sampling.Round``; ``examples``
+    indexed by its ``idx``) with texts, grades and advantages, to ``folder/step_<step>.jsonl``."""
+    ex = [examples[i] for i in rnd.idx]
+    b = rnd.batch
+    records = group_records(
+        step, [e.id for e in ex], [e.problem for e in ex], [e.answer for e in ex], rnd.texts, rnd.scores,
+        b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons, max_chars)
+    return write_records(folder / f"step_{step}.jsonl", records)
+
+
 def read_records(path: Path) -> list[dict]:
     with open(path) as fh:
         return [json.loads(line) for line in fh if line.strip()]

@@ -49,7 +49,8 @@ class Round:
 
 @dataclass
 class Drawn:
-    """What a step trains on, and what it generated to get there (dropped rounds included)."""
+    """A drawn batch: what a step trains on, and what it generated to get there (dropped rounds
+    included). ``Drawn`` and ``Round`` keep their names: checkpoints pickle them (in_flight.pt)."""
 
     round: Round
     metrics: dict[str, float]  # filter/* with dynamic sampling, else empty
@@ -58,7 +59,7 @@ class Drawn:
 
 
 @dataclass
-class GroupDraw:
+class GroupSelection:
     """Which prompt groups of which rounds a step trains on (``draw_groups``)."""
 
     rounds: int  # rollout rounds run
@@ -68,7 +69,7 @@ class GroupDraw:
     drawn: int  # groups (prompts) drawn
 
 
-def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[bool]]) -> GroupDraw:
+def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[bool]]) -> GroupSelection:
     """DAPO dynamic sampling's control loop: run rounds until ``need`` informative groups or ``max_rounds``.
 
     ``run_round(r)`` draws the next prompts from the (resumable) sampler, rolls them out and
@@ -88,7 +89,7 @@ def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[
         informative = len(kept)
         if informative >= need:
             break
-    return GroupDraw(rounds=r + 1, kept=kept[:need], flat=flat, informative=informative, drawn=drawn)
+    return GroupSelection(rounds=r + 1, kept=kept[:need], flat=flat, informative=informative, drawn=drawn)
 
 
 def check_groups(prompt_index: torch.Tensor, num_prompts: int, n: int) -> None:
@@ -99,7 +100,7 @@ def check_groups(prompt_index: torch.Tensor, num_prompts: int, n: int) -> None:
                            f"order (prompt_index starts {prompt_index[:2 * n].tolist()})")
 
 
-class Rollouts:
+class BatchDrawer:
     """Draws a step's batch: ``sampler`` picks indices into ``prompts`` (token ids) and ``answers``
     (gold), ``rollout`` generates (a ``RolloutGroup``), ``scorer`` grades the decoded responses.
     ``timed(name)`` times a stage into the step's ``time/<name>``."""

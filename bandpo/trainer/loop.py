@@ -23,25 +23,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
                    actor's weights (``bandpo.weight_sync.checksums``; ``time/verify_sync``)
     8. log / eval / checkpoint
 
-With ``trainer.max_staleness=1`` (one-step off-policy, ``bandpo.trainer.overlap``) the stages
-1-3 of step t+1 become one background stage, started after step t's own batch is in hand
-(``draw_ahead``) and joined before stage 7 (``join_ahead``): the engines generate and the
-verifier grades batch t+1 with the weights after step t-1 while the actor runs 4-6 on batch
-t, which the weights after step t-2 generated (step 1's batch is drawn first, in the
-foreground). Evaluation and checkpoints follow stage 7, on the synced weights of their step.
-The objective is decoupled PPO's (AReaL), with pi_b the engine that sampled the batch,
-pi_old the actor at the start of the update (stage 5, or the first optimizer step's forward)
-and r = pi_theta / pi_old:
-
-    L = w * max(-A r, -A clip(r, lo(pi_old), hi(pi_old))),   w = min(pi_old / pi_b, C)  (detached)
-
-The clip / Band interval stays around pi_old (r = 1 at the first optimizer step), and the
-truncated importance weight w corrects the behaviour mismatch: one update of staleness plus
-the engines' numerics (``algorithm.tis_cap`` = C >= 1, 2 by default when stale). Logged:
-``health/staleness`` (updates between the batch's weights and pi_old: 0 synchronous, 1
-overlapped from step 2), ``health/rollout_actor_*`` (log pi_b - log pi_old) and the weight's
-``actor/tis/*``. A checkpoint holds the batch drawn ahead (``in_flight.pt``): regenerating it on
-resume would need the weights before the checkpoint's update.
+With ``trainer.max_staleness=1`` (one-step off-policy) stages 1-3 of step t+1 run in the
+background while 4-6 run on batch t (``draw_ahead`` / ``join_ahead``), under decoupled PPO's
+objective with a truncated importance weight (``bandpo.trainer.overlap``, which states it).
 
 Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.launch``; the step's own
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
@@ -70,8 +54,10 @@ import math
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
+from bandpo.actor.group import UpdateResult
 from bandpo.algo import compute_advantages
 from bandpo.algo.losses import LossOptions
 from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
@@ -86,7 +72,7 @@ from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfini
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
 from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
-from bandpo.trainer.dynamic_sampling import Drawn, Rollouts, check_groups
+from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.launch import (
     Workers,
     ensure_model,
@@ -158,7 +144,7 @@ class Trainer:
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
-        self.rollouts = Rollouts(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
+        self.drawer = BatchDrawer(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
                                  self.workers.rollout, self.workers.scorer, self.tokenizer, self.timed)
         record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         report_startup(self.out, self.startup, time.perf_counter() - t_setup)
@@ -190,72 +176,111 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One step, stage by stage (the module docstring); each stage's seconds go to ``time/<stage>``."""
-        cfg, n = self.cfg, self.cfg.rollout.n
-        actor, rollout = self.workers.actor, self.workers.rollout
         last_checkpoint = self.timings.get("checkpoint")  # written after its step's line: logged on the next
         self.timings, t_step = {}, time.perf_counter()
-
-        drawn, made_by, fresh = self.next_batch()  # 1-3: sample, rollout, reward (dynamic sampling: rounds)
-        generated = drawn.gen_tokens if fresh else 0  # tokens generated during this step
+        drawn, made_by, generated = self.next_batch()  # 1-3: sample, rollout, reward (dynamic sampling: rounds)
         background = self.draw_ahead()  # max_staleness=1: 1-3 of the next step while 4-6 run
-        batch = drawn.round.batch
-        if rollout.sleeps:  # colocated GPU layout: free the GPUs for the actor's stages
-            with self.timed("sleep"), stage("sleep", "rollout"):
-                rollout.sleep()
-        if actor.offloads:  # the actor's states come back from host memory for stages 5-6
-            with self.timed("reload"), stage("reload", "actor"):
-                actor.reload()
-        with self.timed("advantages"):  # 4
-            check_groups(batch.prompt_index, len(drawn.round.idx), n)
-            batch.advantages, adv_metrics = compute_advantages(batch.rewards, n, cfg.algorithm.advantage)  # [N]
-        if cfg.trainer.trace_every and self.step % cfg.trainer.trace_every == 0:
-            with self.timed("trace"):
-                self._write_trace(drawn.round)
+        self.enter_actor_phase()  # the engines sleep, the actor's states come back
+        batch, metrics = self.advantages(drawn)  # 4
         t_actor = time.perf_counter()
-        with self.timed("logprobs"), stage("logprobs", "actor"):  # 5
-            entropy = actor.old_logprobs(batch)  # [N, R]; with reuse the first mini-batch's rows come in 6
-            if self.loss.band_adaptive == "entropy":  # the per-token band radius is a function of it
-                batch.old_entropy = entropy  # [N, R]
-            if cfg.algorithm.kl_coef > 0:
-                batch.ref_logprobs, _ = actor.compute_logprobs(batch, ref=True)  # [N, R]
-        metrics = {**reward_metrics(drawn.scores), **{k: float(v) for k, v in adv_metrics.items()}, **drawn.metrics,
-                   **rollout_metrics(batch, None if actor.reuse_old else entropy)}
-        if cfg.trainer.inject_nonfinite_step == self.step:  # test hook, see configs/trainer/default.yaml
-            inject_nonfinite(batch, cfg.trainer.inject_nonfinite)
-        updated = not self.guard.check(self.step, first_nonfinite(batch))
-        if updated:
-            with self.timed("update"), stage("update", "actor"):  # 6
-                result = actor.train(batch, self.step_loss_options(batch), cfg.actor.epochs, entropy)
-            if result.entropy is not None:  # pi_old of the first mini-batch came from the update's forward
-                metrics.update(rollout_metrics(batch, result.entropy))
-            metrics.update({f"actor/{k}": v for k, v in result.metrics.items()})
-            if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
-                self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
-                                            f"{result.optimizer_steps} optimizer steps (those were not applied)")
+        entropy = self.old_logprobs(batch)  # 5
+        metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
+        result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
+        metrics.update(self.update_metrics(batch, result))
         metrics["health/staleness"] = self.step - 1 - made_by  # updates between the batch's weights and pi_old's
         if background is not None:  # the next step's batch, generated on the weights before this update
             metrics.update(self.join_ahead(background, (t_actor, time.perf_counter())))
             generated += self.in_flight.drawn.gen_tokens
-        if actor.offloads:  # ... and wait there while the engines wake and generate
-            with self.timed("offload"), stage("offload", "actor"):
-                actor.offload()
-        if updated or rollout.sleeps:  # 7: the engines wake (with the new weights) for the next rollout
-            with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                # At sleep level 2 the engines kept no weights: a skipped update loads the unchanged ones.
-                rollout.wake(lambda: self.load_engines(updated or rollout.drops_weights))
-        self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
+        self.enter_rollout_phase(updated=result is not None)  # 7: the engines wake with the new weights
         metrics["trainer/skipped_steps"] = self.guard.skipped
         return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint)}
 
-    def next_batch(self) -> tuple[Drawn, int, bool]:
-        """This step's batch, the weights version that generated it, and whether it was drawn now:
-        the one the previous step drew ahead (max_staleness=1), else stages 1-3 now."""
+    def next_batch(self) -> tuple[Drawn, int, int]:
+        """Stages 1-3: this step's batch, the weights version that generated it, and the tokens
+        generated during this step: the batch the previous step drew ahead (max_staleness=1; its
+        tokens counted there), else drawn now."""
         ahead, self.in_flight = self.in_flight, None
         if ahead is not None:
             if ahead.step != self.step:
                 raise RuntimeError(f"the batch drawn ahead is step {ahead.step}'s, not step {self.step}'s")
-            return ahead.drawn, ahead.version, False
-        return self.rollouts.draw(self.step), self.engine_version, True
+            return ahead.drawn, ahead.version, 0
+        drawn = self.drawer.draw(self.step)
+        return drawn, self.engine_version, drawn.gen_tokens
+
+    def enter_actor_phase(self) -> None:
+        """Between stages 3 and 4, the devices go to the actor: colocated engines sleep (their
+        weights and KV cache freed), and with offload the actor's states come back from host memory."""
+        actor, rollout = self.workers.actor, self.workers.rollout
+        if rollout.sleeps:
+            with self.timed("sleep"), stage("sleep", "rollout"):
+                rollout.sleep()
+        if actor.offloads:
+            with self.timed("reload"), stage("reload", "actor"):
+                actor.reload()
+
+    def enter_rollout_phase(self, updated: bool) -> None:
+        """Stage 7, the devices go back to the engines: with offload the actor's states leave first;
+        the engines wake with the actor's weights, synced when the step updated them (and at sleep
+        level 2, which kept none, even when it did not); then their KV cache."""
+        actor, rollout = self.workers.actor, self.workers.rollout
+        if actor.offloads:
+            with self.timed("offload"), stage("offload", "actor"):
+                actor.offload()
+        if updated or rollout.sleeps:
+            with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
+                rollout.wake(partial(self.load_engines, updated or rollout.drops_weights))
+        self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
+
+    def advantages(self, drawn: Drawn) -> tuple[TrainBatch, dict[str, float]]:
+        """Stage 4: group-normalised advantages into the batch (and every ``trace_every`` steps the
+        groups' trace); returns the batch and the reward's, advantages' and draw's metrics."""
+        batch = drawn.round.batch
+        with self.timed("advantages"):
+            check_groups(batch.prompt_index, len(drawn.round.idx), self.cfg.rollout.n)
+            batch.advantages, adv = compute_advantages(batch.rewards, self.cfg.rollout.n,
+                                                       self.cfg.algorithm.advantage)  # [N]
+        if self.cfg.trainer.trace_every and self.step % self.cfg.trainer.trace_every == 0:
+            from bandpo.run.traces import write_round_trace
+
+            with self.timed("trace"):
+                write_round_trace(self.out / "traces", self.step, self.examples, drawn.round,
+                                  self.cfg.trainer.trace_max_chars)
+        return batch, {**reward_metrics(drawn.scores), **{k: float(v) for k, v in adv.items()}, **drawn.metrics}
+
+    def old_logprobs(self, batch: TrainBatch):
+        """Stage 5: ``batch.old_logprobs`` (and ``ref_logprobs`` when kl_coef > 0); returns pi_old's
+        entropy [N, R] (with reuse_old_logprobs the first mini-batch's rows come in stage 6)."""
+        actor = self.workers.actor
+        with self.timed("logprobs"), stage("logprobs", "actor"):
+            entropy = actor.old_logprobs(batch)  # [N, R]
+            if self.loss.band_adaptive == "entropy":  # the per-token band radius is a function of it
+                batch.old_entropy = entropy  # [N, R]
+            if self.cfg.algorithm.kl_coef > 0:
+                batch.ref_logprobs, _ = actor.compute_logprobs(batch, ref=True)  # [N, R]
+        return entropy
+
+    def update(self, batch: TrainBatch, entropy) -> UpdateResult | None:
+        """Stage 6: the policy update, unless the batch holds a non-finite reward or log-prob (the
+        guard counts the skip, or stops the run: ``trainer.on_nonfinite``); None when skipped."""
+        cfg = self.cfg
+        if cfg.trainer.inject_nonfinite_step == self.step:  # test hook, see configs/trainer/default.yaml
+            inject_nonfinite(batch, cfg.trainer.inject_nonfinite)
+        if self.guard.check(self.step, first_nonfinite(batch)):
+            return None
+        with self.timed("update"), stage("update", "actor"):
+            result = self.workers.actor.train(batch, self.step_loss_options(batch), cfg.actor.epochs, entropy)
+        if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
+            self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
+                                        f"{result.optimizer_steps} optimizer steps (those were not applied)")
+        return result
+
+    def update_metrics(self, batch: TrainBatch, result: UpdateResult | None) -> dict[str, float]:
+        """The update's ``actor/*`` metrics; with reuse_old_logprobs also pi_old's entropy and the
+        rollout/actor mismatch, complete once the update's first forward filled the first rows."""
+        if result is None:
+            return {}
+        completed = rollout_metrics(batch, result.entropy) if self.workers.actor.reuse_old else {}
+        return {**completed, **{f"actor/{k}": v for k, v in result.metrics.items()}}
 
     def draw_ahead(self) -> Background | None:
         """The overlap stage's start: the next step's stages 1-3 on the engines' weights of now (after
@@ -263,7 +288,7 @@ class Trainer:
         if not self.cfg.trainer.max_staleness or self.step >= self.cfg.trainer.total_steps:
             return None
         step, version = self.step + 1, self.engine_version
-        return Background(lambda: InFlight(step, version, self.rollouts.draw(step)), f"draw-step-{step}")
+        return Background(lambda: InFlight(step, version, self.drawer.draw(step)), f"draw-step-{step}")
 
     def join_ahead(self, background: Background, actor: tuple[float, float]) -> dict[str, float]:
         """The overlap stage's end: wait for the next step's batch (kept as ``in_flight``). Returns the
@@ -290,17 +315,6 @@ class Trainer:
     def timed(self, name: str):
         """Time a step stage into ``self.timings`` (logged as ``time/<name>``)."""
         return timed_into(self.timings, name)
-
-    def _write_trace(self, rnd) -> None:
-        from bandpo.run.traces import group_records, write_records
-
-        ex = [self.examples[i] for i in rnd.idx]
-        b = rnd.batch
-        records = group_records(
-            self.step, [e.id for e in ex], [e.problem for e in ex], [e.answer for e in ex], rnd.texts, rnd.scores,
-            b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons,
-            self.cfg.trainer.trace_max_chars)
-        write_records(self.out / "traces" / f"step_{self.step}.jsonl", records)
 
     def load_engines(self, updated: bool) -> None:
         """Stage 7 between the engines' weights and their KV cache: the actor's weights into them (when

@@ -4,13 +4,33 @@ With ``max_staleness=1`` step t starts one background stage, the engines generat
 verifier grading batch t+1 with the weights they hold (the actor's after step t-1), while
 the actor trains on batch t (which the weights after step t-2 generated); the stage is
 joined before the weight sync that gives the engines the weights of step t. One
-background thread on the driver runs the same ``Rollouts.draw`` as the synchronous loop:
+background thread on the driver runs the same ``BatchDrawer.draw`` as the synchronous loop:
 it only waits on Ray calls (engines, verifier actors) and decodes, so the GIL is free for
 the actor's Ray calls on the main thread.
 
 Why one step and not more: the behaviour policy is then at most one update older than the
 proximal policy, which the truncated importance weight corrects (``bandpo.algo.losses``;
 ``algorithm.tis_cap``, on by default here: ``STALE_TIS_CAP``).
+
+In the trainer's loop (``bandpo.trainer.loop``) the stages
+1-3 of step t+1 become one background stage, started after step t's own batch is in hand
+(``draw_ahead``) and joined before stage 7 (``join_ahead``): the engines generate and the
+verifier grades batch t+1 with the weights after step t-1 while the actor runs 4-6 on batch
+t, which the weights after step t-2 generated (step 1's batch is drawn first, in the
+foreground). Evaluation and checkpoints follow stage 7, on the synced weights of their step.
+The objective is decoupled PPO's (AReaL), with pi_b the engine that sampled the batch,
+pi_old the actor at the start of the update (stage 5, or the first optimizer step's forward)
+and r = pi_theta / pi_old:
+
+    L = w * max(-A r, -A clip(r, lo(pi_old), hi(pi_old))),   w = min(pi_old / pi_b, C)  (detached)
+
+The clip / Band interval stays around pi_old (r = 1 at the first optimizer step), and the
+truncated importance weight w corrects the behaviour mismatch: one update of staleness plus
+the engines' numerics (``algorithm.tis_cap`` = C >= 1, 2 by default when stale). Logged:
+``health/staleness`` (updates between the batch's weights and pi_old: 0 synchronous, 1
+overlapped from step 2), ``health/rollout_actor_*`` (log pi_b - log pi_old) and the weight's
+``actor/tis/*``. A checkpoint holds the batch drawn ahead (``in_flight.pt``): regenerating it on
+resume would need the weights before the checkpoint's update.
 
 Layouts: the split GPU layout (engines and actor ranks on disjoint GPUs) and CPU overlap;
 the colocated GPU layout cannot (the engines sleep while the actor holds the GPUs) and is

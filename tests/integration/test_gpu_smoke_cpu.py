@@ -16,6 +16,11 @@ def test_gpu_smoke_cpu_mode(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py")
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
+    spec = importlib.util.spec_from_file_location(
+        "gpu_smoke_checks", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke_checks.py"
+    )
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
     out = tmp_path / "smoke.json"
     result = smoke.main(["--cpu", "--rows", "8", "--workdir", str(tmp_path / "models"), "--out", str(out)])
     assert json.loads(out.read_text())["meta"]["device"] == "cpu"
@@ -30,6 +35,6 @@ def test_gpu_smoke_cpu_mode(tmp_path):
         assert r["freed_after_close"], r  # Actor.close left nothing holding the model
         assert r["tokens"] == prompt_tokens  # same batch both stages
     # 8 rows in 2 groups: each group's prompt counted once, so fewer tokens than 8 prompts + responses
-    rb = smoke.random_batch(8, 16, 24, 512)
-    assert result["stages"][0]["tokens"] == smoke.computed_tokens(rb) < int(rb.prompt_mask.sum() + rb.response_mask.sum())
+    rb = checks.random_batch(8, 16, 24, 512)
+    assert result["stages"][0]["tokens"] == checks.computed_tokens(rb) < int(rb.prompt_mask.sum() + rb.response_mask.sum())
     assert result["ipc"] is None

@@ -1,4 +1,5 @@
-"""scripts/gpu_smoke.py's arithmetic: the peak table, MFU and the bf16 / fp32 log-prob tolerance."""
+"""scripts/gpu_smoke.py's arithmetic: its peak table; MFU, the bf16 / fp32 log-prob tolerance and the
+shared-prompt batch of its checks (scripts/gpu_smoke_checks.py)."""
 
 import importlib.util
 import math
@@ -9,6 +10,11 @@ import pytest
 _spec = importlib.util.spec_from_file_location("gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py")
 smoke = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(smoke)
+_spec = importlib.util.spec_from_file_location(
+    "gpu_smoke_checks", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke_checks.py"
+)
+checks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checks)
 
 
 def test_peak_by_exact_device_name():
@@ -25,21 +31,21 @@ def test_peak_by_exact_device_name():
 
 
 def test_groups_share_one_prompt():
-    rb = smoke.random_batch(8, 16, 24, 512)
+    rb = checks.random_batch(8, 16, 24, 512)
     prompts, responses, _ = rb.to_lists()
     assert prompts[0] == prompts[3] != prompts[4] == prompts[7]  # two groups of GROUP = 4
     assert len({tuple(r) for r in responses}) == 8
-    assert smoke.computed_tokens(rb) == len(prompts[0]) + len(prompts[4]) + sum(map(len, responses))
+    assert checks.computed_tokens(rb) == len(prompts[0]) + len(prompts[4]) + sum(map(len, responses))
 
 
 def test_mfu_is_six_params_tokens_over_time_and_peak():
     # 1.5e9 params x 10,000 tokens x 6 = 9e13 FLOP in 0.2 s = 4.5e14 FLOP/s of 989e12
-    assert smoke.mfu(1_500_000_000, 10_000, 0.2, 989e12) == pytest.approx(4.5e14 / 989e12, rel=1e-12)
-    assert smoke.mfu(1, 1, 1.0, None) is None
+    assert checks.mfu(1_500_000_000, 10_000, 0.2, 989e12) == pytest.approx(4.5e14 / 989e12, rel=1e-12)
+    assert checks.mfu(1, 1, 1.0, None) is None
 
 
 def test_logprob_tolerance_follows_the_unit_roundoff():
     # bf16: 2 * 2^-8 * (1 + 9) * sqrt(2 * 28) = 0.5846...; fp32 adds sqrt(H) to 2^-24's bound
-    assert smoke.logprob_tolerance("bfloat16", 9.0, 28, 1536) == pytest.approx(2 * 2**-8 * 10 * math.sqrt(56))
-    assert smoke.logprob_tolerance("float32", 9.0, 28, 1536) == pytest.approx(2 * 2**-24 * 10 * math.sqrt(56)
+    assert checks.logprob_tolerance("bfloat16", 9.0, 28, 1536) == pytest.approx(2 * 2**-8 * 10 * math.sqrt(56))
+    assert checks.logprob_tolerance("float32", 9.0, 28, 1536) == pytest.approx(2 * 2**-24 * 10 * math.sqrt(56)
                                                                                * math.sqrt(1536))

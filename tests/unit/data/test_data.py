@@ -12,7 +12,6 @@ from bandpo.data.datasets import (
     REGISTRY,
     _resolve_spec,
     dataset_names,
-    examples_from_rows,
     load_eval_sets,
     load_examples,
     load_local,
@@ -20,6 +19,7 @@ from bandpo.data.datasets import (
     load_source,
 )
 from bandpo.data.prompts import encode_examples, format_user_message, render_prompt, render_prompt_text
+from bandpo.data.rows import examples_from_rows
 from bandpo.data.sampler import EpochSampler
 from bandpo.errors import InputError
 

@@ -1,6 +1,6 @@
 """model=smollm2-135m's build (bandpo.models.smollm2): its failure modes are one line naming the fix,
 and the hub id is kept only where it can be loaded. None of these touch the network: the real build
-(a 93 MB download) is exercised by hand (README), its architecture end to end by
+(a 93 MB download) is exercised by hand (docs/configuration.md, Models), its architecture end to end by
 tests/integration/test_options_e2e.py."""
 
 from __future__ import annotations

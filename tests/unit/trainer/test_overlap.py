@@ -39,7 +39,7 @@ class Engines:
 
 
 class Draws:
-    """``Rollouts.draw`` stand-in: records (step, engines' version, thread) and times a 'rollout' stage."""
+    """``BatchDrawer.draw`` stand-in: records (step, engines' version, thread) and times a 'rollout' stage."""
 
     def __init__(self, trainer, engines):
         self.trainer, self.engines, self.log = trainer, engines, []
@@ -104,7 +104,7 @@ def make_trainer(tmp_path, staleness, steps=3):
                    "trainer.eval_before_train=false", "trainer.export_hf=false", f"trainer.output_dir={tmp_path}"])
     t = Trainer(cfg)
     engines, actor = Engines(), Actor()
-    t.workers.rollout, t.workers.actor, t.rollouts = engines, actor, Draws(t, engines)
+    t.workers.rollout, t.workers.actor, t.drawer = engines, actor, Draws(t, engines)
     t.sampler, t.logger, t.eval_sets = EpochSampler(100, seed=0), Log(), {}
 
     def sync():
@@ -127,7 +127,7 @@ def run(t, steps):
 def test_synchronous_loop_draws_each_batch_on_the_latest_weights(tmp_path):
     t = make_trainer(tmp_path, 0)
     rows = run(t, 3)
-    assert t.rollouts.log == [(1, 0, True), (2, 1, True), (3, 2, True)]
+    assert t.drawer.log == [(1, 0, True), (2, 1, True), (3, 2, True)]
     assert t.workers.actor.trained == [(1, 0), (2, 1), (3, 2)]
     assert [r["health/staleness"] for r in rows] == [0, 0, 0]
     assert not any("time/overlap" in r for r in rows)
@@ -138,7 +138,7 @@ def test_one_step_off_policy_draws_the_next_batch_in_the_background_on_the_previ
     rows = run(t, 3)
     # Step 1 draws its own batch (foreground) and batch 2 in the background, both on the initial
     # weights; step 2 draws batch 3 on the weights after step 1; step 3 (the last) draws nothing.
-    assert t.rollouts.log == [(1, 0, True), (2, 0, False), (3, 1, False)]
+    assert t.drawer.log == [(1, 0, True), (2, 0, False), (3, 1, False)]
     assert t.workers.actor.trained == [(1, 0), (2, 1), (3, 2)]
     assert [r["health/staleness"] for r in rows] == [0, 1, 1]
     assert t.loss.tis_cap == 2.0  # decoupled PPO's behaviour weight is on by default
@@ -160,7 +160,7 @@ def test_the_batch_drawn_ahead_is_checkpointed_and_resumed(tmp_path):
     assert (resumed.in_flight.step, resumed.in_flight.version) == (3, 1)
     assert torch.equal(resumed.in_flight.drawn.round.batch.response_ids, pending.drawn.round.batch.response_ids)
     rows = run(resumed, 2)
-    assert resumed.rollouts.log == [(4, 2, False)]  # batch 3 is not regenerated
+    assert resumed.drawer.log == [(4, 2, False)]  # batch 3 is not regenerated
     assert resumed.workers.actor.trained == [(3, 2), (4, 3)]
     assert [r["health/staleness"] for r in rows] == [1, 1]
 

@@ -58,7 +58,7 @@ class _Rollout:
         self.log.append("engines.wake_up(kv_cache)")
 
 
-class _Rollouts:
+class _Drawer:
     def __init__(self, trainer, log):
         self.trainer, self.log = trainer, log
 
@@ -79,7 +79,7 @@ def _trainer(offloads, *overrides):
     trainer.in_flight, trainer.engine_version = None, 0  # synchronous (trainer.max_staleness=0)
     trainer.guard, trainer.loss = NonfiniteGuard("skip", 5), loss_options(cfg)
     trainer.workers = Workers(rollout=_Rollout(log), actor=_Actor(log, offloads))
-    trainer.rollouts = _Rollouts(trainer, log)
+    trainer.drawer = _Drawer(trainer, log)
     trainer.sync_weights = lambda: log.append("actor->engines weight sync")
     return trainer, log
 
