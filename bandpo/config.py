@@ -141,12 +141,12 @@ def band_delta_range(band) -> tuple[float, float]:
 
 
 def loss_options(cfg):
-    """The run's ``LossOptions`` (``bandpo.algo.losses``), built once from ``algorithm.*`` and
+    """The run's ``LossOptions`` (``bandpo.algo.options``), built once from ``algorithm.*`` and
     ``rollout.max_tokens`` (Dr. GRPO's constant length). The adaptive band's ``entropy_scale`` is
     left None: it is known only per step (``batch``) or once the model is loaded (``logv``)."""
     from dataclasses import replace
 
-    from bandpo.algo.losses import LossOptions
+    from bandpo.algo.options import LossOptions
 
     a = cfg.algorithm
     tis_cap = a.get("tis_cap")
@@ -181,13 +181,13 @@ def validate(cfg) -> None:
     from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
     from bandpo.algo.band import DIVERGENCES, check_eps, check_threshold, check_upper_cap
-    from bandpo.algo.losses import ALGORITHMS, KL_ESTIMATORS, check_agg, check_applies, check_dual_clip
     from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
+    from bandpo.algo.options import ALGORITHMS, KL_ESTIMATORS, check_agg, check_applies, check_dual_clip
     from bandpo.algo.rivals import check_ratio_cap, check_tau
 
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
-    # Options another algorithm reads are refused by name when set, never ignored (bandpo.algo.losses.OPTION_SCOPES).
+    # Options another algorithm reads are refused by name when set, never ignored (bandpo.algo.options.OPTION_SCOPES).
     for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
         key = f"algorithm.{option}"
         if _get(cfg, key) is not None:

@@ -169,7 +169,7 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int, params: int) -> 
         t0 = time.perf_counter()
         batch.old_logprobs, _ = group.compute_logprobs(batch)
         logprob_s = time.perf_counter() - t0
-        from bandpo.algo.losses import LossOptions
+        from bandpo.algo.options import LossOptions
 
         loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
         group.update(batch, loss_options)  # warm-up: allocator, first-step optimizer state

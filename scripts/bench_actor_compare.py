@@ -90,7 +90,7 @@ def single(args) -> dict:
     import torch
 
     from bandpo.actor import Actor
-    from bandpo.algo.losses import LossOptions
+    from bandpo.algo.options import LossOptions
 
     loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
     bf16 = resolved_bf16(args.bf16)

@@ -183,7 +183,7 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
     import torch
 
     from bandpo.actor import Actor
-    from bandpo.algo.losses import LossOptions
+    from bandpo.algo.options import LossOptions
     from bandpo.types import TrainBatch
 
     cuda = not args.cpu

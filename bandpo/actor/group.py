@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from bandpo.algo.losses import LossOptions
+from bandpo.algo.options import LossOptions
 from bandpo.distributed import forwarded_env
 from bandpo.types import RolloutBatch, TrainBatch
 

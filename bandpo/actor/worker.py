@@ -24,8 +24,9 @@ set explicitly, and ranks split micro-batches until all run the same number (ZeR
 gradients every micro-batch). ``padding_free=False`` is the previous padded path with full
 float32 logits, kept as the reference.
 
-The weight buckets for the rollout engines are the methods of its base ``bandpo.actor.state_io.ActorStateIO``,
-checkpoints and the HF export those of ``bandpo.checkpoint.actor_state.ActorCheckpoints``.
+The forward passes (log-probs, entropy) are the methods of its base ``bandpo.actor.forward.ActorForward``,
+the weight buckets for the rollout engines those of ``bandpo.actor.state_io.ActorStateIO``, checkpoints
+and the HF export those of ``bandpo.checkpoint.actor_state.ActorCheckpoints``.
 
 Every method that runs the model or touches parameters is collective under
 data parallelism: all ranks must call it, the same number of times, in the same order.
@@ -46,23 +47,16 @@ import torch
 
 from bandpo.actor.chunked import DEFAULT_CHUNK, check_chunk, check_temperature
 from bandpo.actor.ds_config import build_ds_config, grad_accum_steps
+from bandpo.actor.forward import ActorForward
 from bandpo.actor.logprobs import (
-    budget_chunks,
     check_padding,
-    packed_logprobs,
-    response_logits,
-    token_entropy,
-    token_logprobs,
-    trim_padding,
 )
-from bandpo.actor.lora import LoraSettings, reference_mode
+from bandpo.actor.lora import LoraSettings
 from bandpo.actor.loss_metrics import MetricAccumulator
 from bandpo.actor.packing import (
     check_micro_batch_tokens,
     check_token_budget,
-    pack_rows,
     packed_budget_groups,
-    prompt_keys,
     split_to_count,
 )
 from bandpo.actor.setup import (
@@ -74,7 +68,8 @@ from bandpo.actor.setup import (
     seed_everything,
 )
 from bandpo.actor.state_io import ActorStateIO
-from bandpo.algo.losses import LossOptions, policy_loss
+from bandpo.algo.losses import policy_loss
+from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.actor_state import ActorCheckpoints
 from bandpo.run.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
@@ -83,7 +78,7 @@ from bandpo.types import TrainBatch
 _LOSS_TOKEN_FIELDS = ("old_entropy", "rollout_logprobs")
 
 
-class Actor(ActorStateIO, ActorCheckpoints):
+class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
     """One data-parallel rank of the policy (and, optionally, a frozen reference model).
 
     Args:
@@ -215,91 +210,6 @@ class Actor(ActorStateIO, ActorCheckpoints):
             self.offloader = ActorOffload(self.engine, self.ref, zero_stage, self.device)
             self.offload()  # the engines generate first (and load their weights from the model's files)
             self.offload_weights()
-
-    # ------------------------------------------------------------------ log-probs
-    @torch.no_grad()
-    def compute_logprobs(
-        self, batch: TrainBatch, with_entropy: bool = False, ref: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs [N, R] (and entropy [N, R] when asked) of the response tokens, float32 on CPU.
-
-        ``ref=True`` uses the frozen reference model (with LoRA: this model with its adapters off,
-        ``bandpo.actor.lora.reference_mode``). Rows are grouped into forward passes of
-        at most ``logprob_token_budget`` tokens (packed; padded ones with ``padding_free=False``);
-        padding positions hold 0.0.
-        """
-        model = self._model(ref)
-        model.eval()
-        with reference_mode(model, active=ref):
-            return self._compute_logprobs(model, batch, with_entropy)
-
-    def _compute_logprobs(self, model, batch: TrainBatch, with_entropy: bool):
-        check_padding(batch.prompt_mask, batch.response_mask)
-        if not isinstance(batch, TrainBatch):
-            batch = TrainBatch.from_rollout(batch)
-        n, width = batch.response_ids.shape
-        logprobs = torch.zeros(n, width, dtype=torch.float32)
-        entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
-        p_lens, r_lens = batch.prompt_mask.sum(-1).tolist(), batch.response_mask.sum(-1).tolist()
-        if self.padding_free:
-            chunks = packed_budget_groups(p_lens, r_lens, self.logprob_token_budget, self._prompt_keys(batch))
-        else:
-            chunks = budget_chunks(p_lens, r_lens, self.logprob_token_budget)
-        for idx in chunks:
-            rows = torch.tensor(idx)
-            lp, ent, r_mask = self._forward(model, batch.select(rows), with_entropy=with_entropy)
-            r = r_mask.shape[1]
-            logprobs[rows, :r] = lp.cpu()
-            if entropy is not None:
-                entropy[rows, :r] = ent.cpu()
-        self._pad_zero3_passes(model, len(chunks))
-        self._release_cache()
-        return logprobs, entropy
-
-    def _forward(self, model, mb: TrainBatch, *, with_entropy: bool = True, entropy_grad: bool = False):
-        """``(logprobs [n, r], entropy [n, r] or None, response_mask [n, r])`` on the device for
-        the rows of ``mb``, r its longest response; 0.0 at padding. Grad flows when enabled."""
-        if self.padding_free:
-            packed = pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                               share_prompts=self.share_prompts).to(self.device)
-            lp, ent = packed_logprobs(
-                model, packed, temperature=self.temperature, chunk=self.logits_chunk_tokens, entropy_grad=entropy_grad
-            )
-            return lp, ent, packed.response_mask.long()
-        p_ids, p_mask, r_ids, r_mask = (
-            t.to(self.device) for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-        )
-        logits = response_logits(model, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature)
-        pad = r_mask == 0
-        logprobs = token_logprobs(logits, r_ids).masked_fill(pad, 0.0)  # [n, r]
-        entropy = None
-        if entropy_grad:
-            entropy = token_entropy(logits).masked_fill(pad, 0.0)
-        elif with_entropy:  # for the metric only: no graph through a second softmax
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach()).masked_fill(pad, 0.0)
-        return logprobs, entropy, r_mask
-
-    def _prompt_keys(self, batch: TrainBatch) -> list | None:
-        """Per-row prompt keys for grouping rows that share a prompt, or None when prompts are not shared."""
-        return prompt_keys(batch.prompt_ids, batch.prompt_mask) if self.share_prompts else None
-
-    def _model(self, ref: bool):
-        if not ref or self.lora is not None:  # LoRA: the reference is the engine with its adapters off
-            return self.engine
-        if self.ref is None:
-            raise ValueError("compute_logprobs(ref=True) needs an Actor built with ref_model=True")
-        return self.ref
-
-    def _pad_zero3_passes(self, model, done: int) -> None:
-        """Under ZeRO-3 every forward is a collective (parameter gathers): ranks with fewer
-        chunks than the busiest rank run dummy one-token forwards to keep in step."""
-        if self.zero_stage != 3 or self.world_size == 1:
-            return
-        most = self._all_reduce(torch.tensor([done]), max_=True)
-        one = torch.ones(1, 1, dtype=torch.long, device=self.device)
-        for _ in range(int(most) - done):
-            model(input_ids=one, attention_mask=one, use_cache=False, logits_to_keep=1)
 
     # ------------------------------------------------------------------ update
     def update(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:

@@ -7,17 +7,9 @@ from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, adaptive_delta, 
 from bandpo.algo.advantages import compute_advantages, group_advantages
 from bandpo.algo.band import DIVERGENCES, band_bounds
 from bandpo.algo.dcpo import dac_bounds
-from bandpo.algo.losses import (
-    AGG_MODES,
-    ALGORITHMS,
-    LossOptions,
-    aggregate,
-    get_algorithm,
-    kl_penalty,
-    policy_loss,
-    ratio_interval,
-)
+from bandpo.algo.losses import aggregate, kl_penalty, policy_loss, ratio_interval
 from bandpo.algo.mismatch import MISMATCH_MODES, mismatch_stats, mismatch_weights, tis_weights
+from bandpo.algo.options import AGG_MODES, ALGORITHMS, LossOptions, get_algorithm
 
 __all__ = [
     "ADAPTIVE_MODES", "AGG_MODES", "ALGORITHMS", "DIVERGENCES", "ENTROPY_NORMS", "LossOptions", "MISMATCH_MODES",

@@ -59,7 +59,7 @@ from pathlib import Path
 
 from bandpo.actor.group import UpdateResult
 from bandpo.algo import compute_advantages
-from bandpo.algo.losses import LossOptions
+from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
 from bandpo.config import loss_options, to_plain
 from bandpo.distributed import init_ray, stage

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from bandpo.actor import Actor
-from bandpo.algo.losses import LossOptions
+from bandpo.algo.options import LossOptions
 from bandpo.types import RolloutBatch, TrainBatch
 
 BANDPO = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")

@@ -12,7 +12,7 @@ import pytest
 from bandpo.actor.lora import check_zero_stage
 from bandpo.actor.packing import check_micro_batch_tokens
 from bandpo.algo.band import check_upper_cap
-from bandpo.algo.losses import LossOptions
+from bandpo.algo.options import LossOptions
 from bandpo.config import CONFIG_DIR, compose, loss_options
 from bandpo.errors import ConfigError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from bandpo.actor.group import ActorGroup
-from bandpo.algo.losses import LossOptions
+from bandpo.algo.options import LossOptions
 from bandpo.types import TrainBatch
 
 N, R, FIRST = 6, 3, 2  # rows, response width, rows of the first mini-batch

@@ -7,7 +7,8 @@ import inspect
 
 import pytest
 
-from bandpo.algo.losses import LossOptions, policy_loss
+from bandpo.algo.losses import policy_loss
+from bandpo.algo.options import LossOptions
 from bandpo.config import compose, loss_options
 
 
