@@ -69,7 +69,8 @@ def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
             continue
         close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
-        if key.startswith("algorithm.band.") and not any(k.startswith("algorithm.band.") for k in keys):  # no band block
+        # no band block
+        if key.startswith("algorithm.band.") and not any(k.startswith("algorithm.band.") for k in keys):
             hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
         raise ConfigError(f"config error: {key} is not a config key (override {o.input_line!r}){hint}")
 
@@ -238,7 +239,8 @@ def validate(cfg) -> None:
     from bandpo.weight_sync.transport import TRANSPORTS
 
     _choice(cfg, "rollout.backend", available_engines())
-    _choice(cfg, "rollout.weight_sync", TRANSPORTS)  # checked against the layout at start-up (choose_transport)
+    # checked against the layout at start-up (choose_transport)
+    _choice(cfg, "rollout.weight_sync", TRANSPORTS)
     _check(isinstance(_get(cfg, "rollout.verify_sync"), bool), "rollout.verify_sync", "must be true or false",
            _get(cfg, "rollout.verify_sync"))
     _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)

@@ -87,7 +87,8 @@ def load_tokenizer(path: str, key: str):
 
     try:
         return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:  # OSError: not found / unreachable; ValueError: a folder it cannot parse
+    # OSError: not found / unreachable; ValueError: a folder it cannot parse
+    except (OSError, ValueError) as e:
         what = f"model {path}" if os.path.isdir(path) else f"model {path} (hub id)"
         local = f"{key}=<local folder> (e.g. from `hf download {path} --local-dir <folder>` where the Hub is reachable)"
         raise keyed(hub_error(what, e), key, local) from e

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerFailure as e:  # already names the worker, the stage and the checkpoint to resume from
         print(f"[bandpo] run stopped: {e}", file=sys.stderr)
         return 1
-    except (VerifierUnavailable, FloatingPointError) as e:  # a broken verifier; NaN/inf under on_nonfinite=stop
+    # a broken verifier; NaN/inf under on_nonfinite=stop
+    except (VerifierUnavailable, FloatingPointError) as e:
         print(f"[bandpo] run stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     out = Path(cfg.trainer.output_dir)

@@ -125,7 +125,8 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
          f"trainer.prompts_per_step={s['prompts']}", f"rollout.n={s['n']}", f"rollout.max_tokens={s['max_tokens']}",
          f"eval.max_tokens={s['max_tokens']}", f"actor.mini_batch_prompts={s['mini_batch_prompts']}",
          f"actor.micro_batch_size={s['micro_batch_size']}", "actor.lr=2e-5",
-         "algorithm.filter_groups.enable=false"], dict(os.environ), f"{scale}: bandpo")  # TRL has no dynamic sampling
+         # TRL has no dynamic sampling
+         "algorithm.filter_groups.enable=false"], dict(os.environ), f"{scale}: bandpo")
     trl, ours = json.loads(trl_json.read_text())["summary"], json.loads(bandpo_json.read_text())
     b = ours["summary"]
     return {

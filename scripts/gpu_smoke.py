@@ -37,7 +37,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the checks beside this script, however it is loaded
+# the checks beside this script, however it is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_smoke_checks import GROUP, check_stage, ipc_round_trip
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s with fp32 accumulation, from the vendor's

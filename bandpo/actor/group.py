@@ -124,7 +124,8 @@ class ActorGroup:
 
         addr, port = ray.get(ray.remote(_rendezvous).options(
             num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"]).remote())
-        env = forwarded_env()  # the driver's of now: init_ray sets DS_ACCELERATOR after the job's env is taken
+        # the driver's of now: init_ray sets DS_ACCELERATOR after the job's env is taken
+        env = forwarded_env()
         remote_cls = ray.remote(Actor)
         self.workers = [
             remote_cls.options(
@@ -183,7 +184,8 @@ class ActorGroup:
         first = self.first_rows
         if first >= batch.size:
             return None
-        lp, ent = self.compute_logprobs(batch.select(slice(first, None)), with_entropy=True)  # [N - first, R] x2
+        # lp, ent: [N - first, R]
+        lp, ent = self.compute_logprobs(batch.select(slice(first, None)), with_entropy=True)
         pad = torch.zeros(first, lp.shape[1], dtype=lp.dtype)
         batch.old_logprobs = torch.cat([pad, lp])  # [N, R]
         return torch.cat([pad, ent])  # [N, R]
@@ -202,7 +204,8 @@ class ActorGroup:
         for epoch in range(epochs):
             if self.reuse_old and epoch == 0:
                 update, first_old, first_entropy = self.update_on_policy(batch, options)
-                batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, self.first_rows)  # [N, R]
+                # old_logprobs: [N, R]
+                batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, self.first_rows)
                 complete = _merge_first_rows(first_entropy, entropy, self.first_rows)  # [N, R]
             else:
                 update = self.update(batch, options)

@@ -103,7 +103,8 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
     copy_weights(model, files, zero3=zero3_config is not None)
     try:  # the checkpoint's sampling defaults travel with an HF export, as from_pretrained's do
         model.generation_config = GenerationConfig.from_pretrained(path)
-    except OSError:  # none saved: from_config's, derived from the model config (from_pretrained's fallback too)
+    # none saved: from_config's, derived from the model config (from_pretrained's fallback too)
+    except OSError:
         pass
     return model.eval()
 

@@ -153,7 +153,8 @@ class ActorStateIO:
                     self._nccl = NcclSender(engines, engine_tp, timeout_s)
                 except Exception as e:
                     failure = e
-            if self.zero_stage == 3:  # the other ranks would wait for rank 0 in the first gather: tell them first
+            # the other ranks would wait for rank 0 in the first gather: tell them first
+            if self.zero_stage == 3:
                 exchange(self._all_gather_object, None, failure, "joining the NCCL group with the engines")
             elif failure is not None:
                 raise failure

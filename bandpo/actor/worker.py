@@ -256,13 +256,15 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         for step in range(n_steps):
             reuse = reuse_old and step == 0  # the policy before the first step is this forward's
             lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
-            finite = torch.ones((), dtype=torch.bool, device=self.device)  # read once per step: no sync per micro
+            # read once per step: no sync per micro
+            finite = torch.ones((), dtype=torch.bool, device=self.device)
             micros = self._micro_batches(batch, step * per_rank, per_rank)
             for k, idx in enumerate(micros):
                 self.engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
                 rows = torch.tensor(idx)
                 mb = batch.select(rows)
-                logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)  # [n, r]
+                # logprobs, entropy, r_mask: [n, r]
+                logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)
                 r = r_mask.shape[1]
                 if reuse:  # the policy before this step is the one of this forward: ratio == 1
                     # old_entropy [n, r] is pi_old's entropy too, computed before the loss (detached)

@@ -265,7 +265,8 @@ def load_hub(spec: DatasetSpec, *, source: str | None = None, cache_dir: str | N
     log.info("loading %s from the hub", where)
     try:
         ds = load_dataset(spec.hub_id, spec.config, split=spec.split, cache_dir=cache_dir)
-    except (OSError, ValueError) as e:  # OSError: ConnectionError, DatasetNotFoundError; ValueError: split/subset
+    # OSError: ConnectionError, DatasetNotFoundError; ValueError: split/subset
+    except (OSError, ValueError) as e:
         named = f"{source} " if source and source != spec.hub_id else ""
         subset = f", subset {spec.config}" if spec.config else ""
         raise hub_error(f"dataset {named}(hub id {spec.hub_id}{subset}, split {spec.split})", e,

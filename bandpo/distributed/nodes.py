@@ -19,7 +19,8 @@ from functools import cache
 from bandpo.errors import ConfigError, WorkerFailure
 
 MARKER_PREFIX = ".bandpo-shared-check-"
-CHECK_TIMEOUT_S = 120.0  # a node that cannot start a worker (no CPU to spare is no reason: the task takes none)
+# a node that cannot start a worker (no CPU to spare is no reason: the task takes none)
+CHECK_TIMEOUT_S = 120.0
 
 
 def read_marker(path: str) -> tuple[str, str | None]:

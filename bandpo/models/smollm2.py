@@ -200,7 +200,8 @@ def _convert(gguf: Path, out: Path) -> dict:
     fields = loaded.config.to_dict()
     fields.pop("quantization_config", None)  # the weights below are plain fp32: nothing is quantized any more
     fields.pop("_model_name_or_path", None)  # the GGUF's internal training-run name
-    fields["rms_norm_eps"] = float(f"{fields['rms_norm_eps']:.6g}")  # GGUF stores 1e-5 as float32 (9.99999975e-06)
+    # GGUF stores 1e-5 as float32 (9.99999975e-06)
+    fields["rms_norm_eps"] = float(f"{fields['rms_norm_eps']:.6g}")
     config = LlamaConfig(**fields)
     config.dtype = torch.float32
     model = LlamaForCausalLM(config)

@@ -22,7 +22,8 @@ from bandpo.shm.vllm_leftovers import alive
 from bandpo.weight_sync.format import TensorMeta, layout, metas_from_wire, views
 
 COPY_THREADS = 4  # copy threads per weight-file write (``copy_into``)
-SHM_PREFIX = "/dev/shm/bandpo-weights-"  # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
+# + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer
+SHM_PREFIX = "/dev/shm/bandpo-weights-"
 
 
 def node_shm_path(prefix: str, node_id: str) -> str:

@@ -92,7 +92,8 @@ class Trainer:
         from omegaconf import OmegaConf
 
         self.cfg = cfg
-        self.out = Path(os.path.abspath(cfg.trainer.output_dir))  # the driver's: every node writes the same folder
+        # the driver's: every node writes the same folder
+        self.out = Path(os.path.abspath(cfg.trainer.output_dir))
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
@@ -103,10 +104,13 @@ class Trainer:
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.loss = loss_options(cfg)  # the policy loss's options, validated once
         self.workers = Workers()
-        self.weight_sync = None  # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
-        self.synced = False  # a sync has been verified (the first of a run always is: bandpo.weight_sync.checksums)
+        # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
+        self.weight_sync = None
+        # a sync has been verified (the first of a run always is: bandpo.weight_sync.checksums)
+        self.synced = False
         self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
-        self.engine_version = 0  # the engines hold the weights after this step's update (0: the initial model)
+        # the engines hold the weights after this step's update (0: the initial model)
+        self.engine_version = 0
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
 
     # ------------------------------------------------------------------ setup
@@ -178,7 +182,8 @@ class Trainer:
         """One step, stage by stage (the module docstring); each stage's seconds go to ``time/<stage>``."""
         last_checkpoint = self.timings.get("checkpoint")  # written after its step's line: logged on the next
         self.timings, t_step = {}, time.perf_counter()
-        drawn, made_by, generated = self.next_batch()  # 1-3: sample, rollout, reward (dynamic sampling: rounds)
+        # 1-3: sample, rollout, reward (dynamic sampling: rounds)
+        drawn, made_by, generated = self.next_batch()
         background = self.draw_ahead()  # max_staleness=1: 1-3 of the next step while 4-6 run
         self.enter_actor_phase()  # the engines sleep, the actor's states come back
         batch, metrics = self.advantages(drawn)  # 4
@@ -187,7 +192,8 @@ class Trainer:
         metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
-        metrics["health/staleness"] = self.step - 1 - made_by  # updates between the batch's weights and pi_old's
+        # updates between the batch's weights and pi_old's
+        metrics["health/staleness"] = self.step - 1 - made_by
         if background is not None:  # the next step's batch, generated on the weights before this update
             metrics.update(self.join_ahead(background, (t_actor, time.perf_counter())))
             generated += self.in_flight.drawn.gen_tokens
@@ -396,13 +402,15 @@ class Trainer:
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
         check_files(folder / "actor")  # a file holding code: one line here, not a worker's failure
-        with stage("resume", "actor"):  # colocated: the engines sleep while the states load (offload: and go back)
+        # colocated: the engines sleep while the states load (offload: and go back)
+        with stage("resume", "actor"):
             self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
             self.workers.rollout.wake(lambda: self.load_engines(True))
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.engine_version = self.step
-        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, in_flight_types())  # None: the next batch is drawn at its step
+        # None: the next batch is drawn at its step
+        self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, in_flight_types())
         self.sampler.load_state_dict(state["sampler"])
         self.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)

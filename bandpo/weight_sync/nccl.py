@@ -68,7 +68,8 @@ class NcclSender:
         address, port = ray.util.get_node_ip_address(), _free_port()
         self.hint = NCCL_HINT.format(address=address, port=port)
         infos = worker_init_infos(address, port, len(engines), tp)
-        device = torch.cuda.current_device()  # a thread starts on device 0: CUDA's current device is per thread
+        # a thread starts on device 0: CUDA's current device is per thread
+        device = torch.cuda.current_device()
 
         def join() -> object:
             torch.cuda.set_device(device)

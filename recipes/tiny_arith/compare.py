@@ -21,7 +21,8 @@ from pathlib import Path
 from bandpo.viz import main as viz_main
 from bandpo.viz import plot_headline
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script, however it is loaded
+# the modules beside this script, however it is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_runs import find_runs, run_summary, share_before
 from compare_tables import (
     _accuracy_section,

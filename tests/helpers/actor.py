@@ -143,7 +143,8 @@ def bf16_logprob_bound(model_dir: str, rb: RolloutBatch) -> tuple[float, dict]:
     prompts, responses, _ = rb.to_lists()
     with torch.no_grad():
         for p, r in zip(prompts, responses):
-            h = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]  # [T, H]
+            # h: [T, H]
+            h = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]
             max_z = max(max_z, float((h @ weight.t()).abs().max()))
             m2 = max(m2, float((h.square() @ weight.square().t()).sqrt().max()))
     n = BF16_ROUNDINGS_PER_LAYER * model.config.num_hidden_layers + BF16_ROUNDINGS_OUTSIDE_LAYERS

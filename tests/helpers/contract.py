@@ -29,7 +29,8 @@ class Call:
     positional: int
     keywords: tuple[str, ...]
     starred: bool  # *args or **kwargs in the call: only what is spelled out is bound
-    constants: dict = field(default_factory=dict, hash=False, compare=False)  # argument index / keyword -> constant
+    # argument index / keyword -> constant
+    constants: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 def _dotted(node: ast.AST) -> list[str] | None:
@@ -70,7 +71,8 @@ def _modules():
 def library_calls(package: str) -> list[Call]:
     calls = []
     for rel, tree in _modules():
-        names: dict[str, str] = {}  # local name -> dotted name in the package (file-wide: imports are unambiguous here)
+        # local name -> dotted name in the package (file-wide: imports are unambiguous here)
+        names: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -145,7 +147,8 @@ def bind_errors(calls: list[Call], owner: type | None = None) -> tuple[list[str]
             continue
         try:
             sig = inspect.signature(obj)
-        except (TypeError, ValueError):  # a C function / builtin without a signature: existence is all we know
+        # a C function / builtin without a signature: existence is all we know
+        except (TypeError, ValueError):
             continue
         bind = sig.bind_partial if c.starred else sig.bind
         # a plain function on the class takes self; static- and classmethods do not

@@ -91,7 +91,8 @@ def test_contract_llm_kwargs_of_the_gpu_configs(vllm, overrides):
     cfg = compose(overrides)
     engine_kw, _ = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))
     inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
-    own = {k: engine_kw.pop(k) for k in ("sleep_level",) if k in engine_kw}  # VllmEngine's: its llm.sleep(level=)
+    # VllmEngine's: its llm.sleep(level=)
+    own = {k: engine_kw.pop(k) for k in ("sleep_level",) if k in engine_kw}
     assert set(own) <= {"sleep_level"}
     kwargs = llm_kwargs(cfg.model.path, on_cpu=False, **engine_kw)
     assert _llm_kwarg_errors(vllm, kwargs) == []

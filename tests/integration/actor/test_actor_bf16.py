@@ -83,7 +83,8 @@ def test_two_bf16_ranks_reduce_over_gloo_and_stay_equal(ray_local, tiny_model_di
         # All ranks at once: under ZeRO-3 every bucket is a gather (of bf16 partitions, over gloo).
         fetch = lambda actor: {n: t for bucket in actor.named_weights() for n, t in bucket}  # noqa: E731
         rank0, rank1 = ray.get([w.__ray_call__.remote(fetch) for w in group.workers])
-        assert max_diff(rank0, rank1) == 0.0  # the same reduced gradients, the same fp32 step, the same rounding
+        # the same reduced gradients, the same fp32 step, the same rounding
+        assert max_diff(rank0, rank1) == 0.0
         assert {t.dtype for t in rank0.values()} == {torch.bfloat16}
     finally:
         group.shutdown()

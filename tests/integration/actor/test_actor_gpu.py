@@ -51,6 +51,7 @@ def test_bf16_actor_on_cuda_updates_under_zero2_and_zero3(tiny_model_dir):
         assert r["device"].startswith("cuda"), (stage, r)
         # bf16 weights and activations: logprobs agree with the fp32 reference to bf16 precision.
         assert r["logprob_err"] < 0.01, (stage, r)  # H100: 1.2e-3
-        assert r["loss"] == pytest.approx(-1.0, abs=1e-3), (stage, r)  # ratio 1 before the step: loss = -mean A
+        # ratio 1 before the step: loss = -mean A
+        assert r["loss"] == pytest.approx(-1.0, abs=1e-3), (stage, r)
         assert r["grad_norm"] > 0 and r["finite"] and r["entropy_ok"], (stage, r)
         assert all(d > 0 for d in r["rise"]), (stage, r)  # positive advantage raises every row's logprobs

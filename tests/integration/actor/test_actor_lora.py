@@ -35,7 +35,8 @@ def test_lora_update_reference_and_merged_sync(tiny_model_dir):
     before = _params(actor)
     assert all((".lora_A." in n or ".lora_B." in n) == p.requires_grad
                for n, p in actor.engine.module.named_parameters())
-    in_optimizer = {id(p) for group in actor.engine.optimizer.bit16_groups for p in group}  # ZeRO-2's own list
+    # ZeRO-2's own list
+    in_optimizer = {id(p) for group in actor.engine.optimizer.bit16_groups for p in group}
     assert in_optimizer == {id(p) for p in actor.engine.module.parameters() if p.requires_grad}
     ref0, _ = actor.compute_logprobs(rb, ref=True)
     pol0, _ = actor.compute_logprobs(rb)

@@ -34,7 +34,8 @@ def cluster(tmp_path_factory):
         os.chdir(driver_dir)
         c.wait_for_nodes()
         os.makedirs("runs/r/logs")
-        device = init_ray(c.address, "auto", logs_dir="runs/r/logs")  # relative, as output_dir=runs/... gives it
+        # relative, as output_dir=runs/... gives it
+        device = init_ray(c.address, "auto", logs_dir="runs/r/logs")
         yield device, driver_dir, other_dir
     finally:
         ray.shutdown()

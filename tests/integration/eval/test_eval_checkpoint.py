@@ -48,7 +48,8 @@ def test_consolidated_checkpoint_equals_hf_export(tiny_model_dir, tmp_path, zero
     with torch.no_grad():
         logits = {p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()(input_ids=ids).logits
                   for p in (path, str(target.step_dir / "hf"), str(run / "hf"))}
-        assert (logits[str(run / "hf")] - base(input_ids=ids).logits).abs().max() > 1e-3  # training moved them
+        # training moved them
+        assert (logits[str(run / "hf")] - base(input_ids=ids).logits).abs().max() > 1e-3
     for p in (path, str(target.step_dir / "hf")):
         torch.testing.assert_close(logits[p], logits[str(run / "hf")], atol=1e-6, rtol=0)
 

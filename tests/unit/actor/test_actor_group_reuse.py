@@ -25,7 +25,8 @@ class _Group(ActorGroup):
         self.reuse_old, self.first_rows, self.calls = reuse, FIRST, []
 
     def compute_logprobs(self, batch, with_entropy=False, ref=False):
-        rows = torch.arange(N - batch.size, N, dtype=torch.float32)[:, None].expand(-1, R)  # the batch's tail rows
+        # the batch's tail rows
+        rows = torch.arange(N - batch.size, N, dtype=torch.float32)[:, None].expand(-1, R)
         self.calls.append(("logprobs", batch.size))
         return -(rows + 1), rows + 1
 

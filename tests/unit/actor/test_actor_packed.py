@@ -138,7 +138,8 @@ def test_shared_prompt_forward_equals_padded_forward(tiny_model_dir):
     p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
     packed = pack_rows(p_ids, p_mask, r_ids, r_mask, share_prompts=True)
     with torch.no_grad():
-        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]  # [n, r, V]
+        # padded: [n, r, V]
+        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]
         flat = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                      **{LAYOUT_KW: packed.layout}).logits[0, packed.target_index]
     torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
@@ -173,7 +174,8 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
     packed = pack_rows(p_ids, p_mask, r_ids, r_mask)
     kw = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
     with torch.no_grad():
-        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]  # [n, r, V]
+        # padded: [n, r, V]
+        padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]
         with_cache = model(**kw, use_cache=True).logits[0, packed.target_index]
         if attn == "packed":
             use_packed_attention(model)

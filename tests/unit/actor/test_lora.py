@@ -134,7 +134,8 @@ def test_merged_weight_in_bf16_within_the_derived_bound_of_peft():
 
 def test_merged_weight_is_the_formula():
     g = torch.Generator().manual_seed(0)
-    w, a, b = (torch.randn(s, generator=g, dtype=torch.float64) for s in [(5, 3), (2, 3), (5, 2)])  # out 5, in 3, r 2
+    # out 5, in 3, r 2
+    w, a, b = (torch.randn(s, generator=g, dtype=torch.float64) for s in [(5, 3), (2, 3), (5, 2)])
     got = merged_weight(w.float(), a.float(), b.float(), 0.5).double()
     torch.testing.assert_close(got, w + 0.5 * b @ a, atol=1e-6, rtol=0)
 

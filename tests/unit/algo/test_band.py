@@ -115,7 +115,8 @@ def test_properties(log_p, d1, d2, div):
     inv_p = math.exp(-log_p)
     for lo, hi in ((lo1, hi1), (lo2, hi2)):
         assert 0.0 <= lo.item() <= 1.0 <= hi.item() <= inv_p * (1 + 1e-12)
-    assert lo2.item() <= lo1.item() * (1 + 1e-12) and hi2.item() >= hi1.item() * (1 - 1e-12)  # monotone in delta
+    # monotone in delta
+    assert lo2.item() <= lo1.item() * (1 + 1e-12) and hi2.item() >= hi1.item() * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -154,7 +155,8 @@ def test_options():
     lo, hi = band_bounds(x, "kl", 0.05, upper_cap=10.0)
     assert hi[0].item() == 10.0 and hi[1].item() < 10.0
     lo, hi = band_bounds(x, "kl", 0.05, relax_high_p=(0.2, 0.28))
-    assert lo[1].item() == pytest.approx(0.8) and hi[1].item() == pytest.approx(1.28)  # head: clip interval wins
+    # head: clip interval wins
+    assert lo[1].item() == pytest.approx(0.8) and hi[1].item() == pytest.approx(1.28)
     assert hi[0].item() > 100  # tail: band wins
 
 

@@ -122,7 +122,8 @@ def test_vectorised_bounds_match_the_slow_reference(eps_low, eps_high, cap):
 
 
 def test_edge_inputs():
-    x = torch.tensor([-math.inf, 0.0, 1e-7, math.nan], dtype=torch.float64)  # q = 0, 1, 1 (rounding noise), NaN
+    # q = 0, 1, 1 (rounding noise), NaN
+    x = torch.tensor([-math.inf, 0.0, 1e-7, math.nan], dtype=torch.float64)
     lo, hi = dac_bounds(x, EPS_LOW, EPS_HIGH, upper_cap=10.0)
     assert lo[:3].tolist() == [0.5, 0.8, 0.8] and hi[0].item() == 10.0
     assert hi[1].item() == hi[2].item() == pytest.approx(0.5 + 0.5 * math.sqrt(1.8), rel=1e-15)

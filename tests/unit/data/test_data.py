@@ -200,7 +200,8 @@ def test_registry_names_and_hub_ids():
         assert name in dataset_names()
     assert REGISTRY["math_l3to5"].levels == (3, 4, 5) and REGISTRY["math_l3to5"].split == "train"
     assert _resolve_spec("math-ai/amc23").problem_key == "question"
-    assert _resolve_spec("nlile/hendrycks-MATH-benchmark").levels is None  # the bare id is the whole train split
+    # the bare id is the whole train split
+    assert _resolve_spec("nlile/hendrycks-MATH-benchmark").levels is None
     assert _resolve_spec("someone/other-set").hub_id == "someone/other-set"
 
 
@@ -255,7 +256,8 @@ def test_load_eval_sets_mapping_overrides_some_names(tmp_path, monkeypatch):
     sets = load_eval_sets(["tiny_arith_test", "mine"], {"mine": str(tmp_path / "a.jsonl")}, limit=3)
     assert list(sets) == ["tiny_arith_test", "mine"]
     assert len(sets["tiny_arith_test"]) == 3 and sets["mine"][0].id == "a-1"
-    assert list(load_eval_sets(["tiny_arith_test"], {}, limit=1)) == ["tiny_arith_test"]  # empty paths: by name
+    # empty paths: by name
+    assert list(load_eval_sets(["tiny_arith_test"], {}, limit=1)) == ["tiny_arith_test"]
 
 
 def test_generated_tiny_arith_sets():

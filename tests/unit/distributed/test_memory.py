@@ -47,7 +47,8 @@ def test_small_zero2_shape_by_hand():
     # which are freed before it: the peak holds the states and the step.
     assert est.parts["optimizer_step"] == pytest.approx(4 * P / W / GIB, rel=1e-12)
     assert "ref_weights" not in est.parts and "live_params" not in est.parts  # kl_coef 0, ZeRO-2
-    peak = (sum(v for k, v in want.items() if k not in ("head", "activations")) + 4 * P / W) / GIB  # 12.93 GiB
+    # 12.93 GiB
+    peak = (sum(v for k, v in want.items() if k not in ("head", "activations")) + 4 * P / W) / GIB
     assert est.train == pytest.approx(peak + VLLM_ASLEEP_GIB + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
     # Offload on (colocated default): ZeRO-2 keeps only its reduce bucket during the rollout.
     assert est.offload and est.rollout == pytest.approx(1e9 / GIB + 0.5 * 16 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
@@ -56,7 +57,8 @@ def test_small_zero2_shape_by_hand():
 
 def test_small_shape_without_offload_does_not_fit_and_names_the_keys():
     est = _estimate(SMALL + ["actor.offload_during_rollout=false"], 16.0)
-    resident = (2 * 2**30 + 2 * 2**30 + 4 * 2**30 + 2 * 2**30 + 1e9) / GIB  # weights, master, Adam, grads, bucket
+    # weights, master, Adam, grads, bucket
+    resident = (2 * 2**30 + 2 * 2**30 + 4 * 2**30 + 2 * 2**30 + 1e9) / GIB
     assert est.rollout == pytest.approx(resident + 8.0 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)  # 20.13 GiB > 16
     # Without offload the engines start first and hold their share while the actor builds: the same sum.
     assert est.phase("startup") == est.rollout
@@ -118,6 +120,7 @@ def test_dry_run_prints_the_same_and_exits_2(capsys):
     base = ["model=qwen2.5-7b", "trainer.dry_run=true", "trainer.nnodes=1", "trainer.gpus_per_node=8"]
     assert train_main(base + ["trainer.gpu_memory_gib=80"]) == 0
     assert "colocated GPU: startup 20.9  rollout 43.0  train 33.1" in capsys.readouterr().out
-    assert train_main(base + ["trainer.gpu_memory_gib=24"]) == 2  # rollout 1.8 + 0.5 x 24 + 1.2 fits; train not
+    # rollout 1.8 + 0.5 x 24 + 1.2 fits; train not
+    assert train_main(base + ["trainer.gpu_memory_gib=24"]) == 2
     err = capsys.readouterr().err
     assert "train phase needs 33.1 GiB" in err and "actor.max_tokens_per_micro_batch" in err

@@ -265,7 +265,8 @@ def test_cli_config_overrides():
                            "eval.paths=/data/eval", "--out", "/tmp/o", "eval.engine.gpu_memory_utilization=0.2"])
     assert cfg.checkpoint == "/m" and cfg.eval.datasets == ["amc23", "aime24"] and cfg.eval.n == 8
     assert cfg.eval.out == "/tmp/o" and cfg.eval.engine == {"gpu_memory_utilization": 0.2}
-    assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.template) == (1.0, 1.0, "dapo")  # the paper's protocol
+    # the paper's protocol
+    assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.template) == (1.0, 1.0, "dapo")
 
 
 @pytest.mark.parametrize("argv,match", [

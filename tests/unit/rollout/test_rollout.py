@@ -200,7 +200,8 @@ def test_overlong_prompt(engine, prompts):
     finally:
         engine.overlong_prompt = "error"
     assert batch.prompt_mask[1].sum() == engine.max_model_len - 1
-    assert batch.response_mask[1].sum() == 1 and batch.finish_reasons[1] == "length"  # one slot of context left
+    # one slot of context left
+    assert batch.response_mask[1].sum() == 1 and batch.finish_reasons[1] == "length"
 
 
 def test_sleep_wake_are_safe(engine, prompts):
@@ -282,7 +283,8 @@ def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipp
             sync_then_verify(corrupt.items())
 
         engine.update_weights(original.named_parameters())
-        skipped = [(n, t) for n, t in sent.items() if n != "model.norm.weight"]  # the engine keeps the original's
+        # the engine keeps the original's
+        skipped = [(n, t) for n, t in sent.items() if n != "model.norm.weight"]
         with pytest.raises(WeightSyncMismatch, match=r"engine 0 tensor model\.norm\.weight, TP rank 0 differs"):
             sync_then_verify(skipped)
     finally:

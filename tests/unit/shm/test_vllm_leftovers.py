@@ -83,7 +83,8 @@ def test_removes_recorded_entries_of_dead_runs_only(shm_dir, tmp_path):
         removed = vllm_leftovers.remove_dead_entries(tmp_path / "run")
         assert sorted(removed) == [str(shm_dir / "psm_dead_run"), str(shm_dir / "sem.mp-dead_run")]
         assert sorted(p.name for p in shm_dir.iterdir()) == ["psm_live_run", "psm_never_recorded"]
-        assert [p.name for p in vllm_leftovers.INDEX_DIR.iterdir()] == ["2.json"]  # the dead run's record is done
+        # the dead run's record is done
+        assert [p.name for p in vllm_leftovers.INDEX_DIR.iterdir()] == ["2.json"]
     finally:
         alive.kill()
         alive.wait()

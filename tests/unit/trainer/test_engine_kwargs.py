@@ -76,10 +76,12 @@ def test_hf_wake_up_takes_vllms_tags(tiny_model_dir):
 
 @pytest.mark.parametrize("overrides, device, fast_cpu_bf16, dtype", [
     (["model=tiny"], "cpu", False, "float32"),  # this machine's kind: bf16 would be emulated
-    (["model=tiny"], "cpu", True, "bfloat16"),  # AVX512-BF16 / AMX: the actor computes in bf16, so do the engines
+    # AVX512-BF16 / AMX: the actor computes in bf16, so do the engines
+    (["model=tiny"], "cpu", True, "bfloat16"),
     (["model=tiny", "actor.bf16=false"], "cpu", True, "float32"),
     (["model=tiny", "actor.bf16=true"], "cpu", False, "bfloat16"),
-    (["model=tiny", "actor.bf16=true", "model.dtype=float32"], "cpu", False, "float32"),  # named: used as given
+    # named: used as given
+    (["model=tiny", "actor.bf16=true", "model.dtype=float32"], "cpu", False, "float32"),
     (["model=tiny", "rollout=hf"], "cpu", True, "bfloat16"),
     (["model=qwen2.5-3b"], "cuda", False, "bfloat16"),
     (["model=qwen2.5-3b", "actor.bf16=false"], "cuda", False, "float32"),

@@ -129,7 +129,8 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
     assert made == [transport]
     assert g.log[:8] == [("engine0", "sleep"), ("engine1", "sleep"),
                          ("engine0", "wake_up", ("weights",)), ("engine1", "wake_up", ("weights",)),
-                         ("actor", f"sync:{transport}"), ("actor", "verify"),  # the run's first sync is verified
+                         # the run's first sync is verified
+                         ("actor", f"sync:{transport}"), ("actor", "verify"),
                          ("engine0", "wake_up", ("kv_cache",)), ("engine1", "wake_up", ("kv_cache",))]
     assert g.log.count(("actor", "verify")) == 1  # rollout.verify_sync=false: the later syncs are not
     assert "verify_sync" in trainer.timings

@@ -153,7 +153,8 @@ def _two_ranks(monkeypatch, fail_pack_at=None, engine_fails=None):
         return f"gpu{rank}", "payload", object()
 
     monkeypatch.setattr(ipc, "pack_ipc_bucket", pack)
-    slots, barrier = [None, None], threading.Barrier(2, timeout=30)  # a bound for a broken test, never reached
+    # a bound for a broken test, never reached
+    slots, barrier = [None, None], threading.Barrier(2, timeout=30)
 
     def all_gather(mine):
         rank = int(threading.current_thread().name)
@@ -224,7 +225,8 @@ def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
 def test_a_write_that_would_not_fit_fails_before_touching_the_file(tmp_path, monkeypatch):
     from bandpo.shm import weight_files
 
-    monkeypatch.setattr(weight_files, "shm_free_bytes", lambda d: (1000, 64 << 20))  # Docker's default 64 MB, nearly full
+    # Docker's default 64 MB, nearly full
+    monkeypatch.setattr(weight_files, "shm_free_bytes", lambda d: (1000, 64 << 20))
     path = str(tmp_path / "w.bin")
     with pytest.raises(SharedMemoryFull, match=r"\(64.0 MiB\) with 1000 free"):
         weight_files.write_weights_shm([("w", torch.zeros(1000))], path)
