@@ -25,6 +25,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
 
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+
             def schema(groups):
                 return hydra_compose(config_name, overrides=groups)
 
@@ -127,8 +128,15 @@ def _choice(cfg, key: str, valid: Sequence[str]) -> Any:
     return value
 
 
-def _number(cfg, key: str, *, low: float | None = None, high: float | None = None, strict_low: bool = False,
-            integer: bool = False) -> float:
+def _number(
+    cfg,
+    key: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    strict_low: bool = False,
+    integer: bool = False,
+) -> float:
     value = _get(cfg, key)
     _rule(check_number, value, key, low=low, high=high, strict_low=strict_low, integer=integer)
     return value
@@ -155,21 +163,39 @@ def loss_options(cfg):
         from bandpo.trainer.overlap import STALE_TIS_CAP
 
         tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
-    opts = LossOptions(algorithm=a.name, eps_low=_float(a.eps_low), eps_high=_float(a.eps_high),
-                       dual_clip=a.dual_clip, agg=a.loss_agg, norm_len=float(cfg.rollout.max_tokens),
-                       kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                       tis_cap=_float(tis_cap), mismatch=a.mismatch.mode,
-                       mismatch_cap=float(a.mismatch.cap), ratio_cap=_float(a.get("ratio_cap")),
-                       tau_pos=_float(a.get("tau_pos")), tau_neg=_float(a.get("tau_neg")),
-                       upper_cap=_float(a.get("upper_cap")))
+    opts = LossOptions(
+        algorithm=a.name,
+        eps_low=_float(a.eps_low),
+        eps_high=_float(a.eps_high),
+        dual_clip=a.dual_clip,
+        agg=a.loss_agg,
+        norm_len=float(cfg.rollout.max_tokens),
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        tis_cap=_float(tis_cap),
+        mismatch=a.mismatch.mode,
+        mismatch_cap=float(a.mismatch.cap),
+        ratio_cap=_float(a.get("ratio_cap")),
+        tau_pos=_float(a.get("tau_pos")),
+        tau_neg=_float(a.get("tau_neg")),
+        upper_cap=_float(a.get("upper_cap")),
+    )
     if a.name != "bandpo":
         return opts
     band = a.band
-    opts = replace(opts, divergence=band.divergence, delta=band.delta, upper_cap=band.upper_cap,
-                   relax_high_p=band.relax_high_p)
+    opts = replace(
+        opts,
+        divergence=band.divergence,
+        delta=band.delta,
+        upper_cap=band.upper_cap,
+        relax_high_p=band.relax_high_p,
+    )
     if band.get("adaptive", "none") == "entropy":
         lo, hi = band_delta_range(band)
-        opts = replace(opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm)
+        opts = replace(
+            opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm
+        )
     return opts
 
 
@@ -193,12 +219,18 @@ def validate(cfg) -> None:
         key = f"algorithm.{option}"
         if _get(cfg, key) is not None:
             if option == "upper_cap" and algo.band:
-                raise ConfigError(f"config error: {key} does not apply to algorithm={name}: bandpo's is "
-                                  f"algorithm.band.upper_cap; set it to null")
+                raise ConfigError(
+                    f"config error: {key} does not apply to algorithm={name}: bandpo's is "
+                    f"algorithm.band.upper_cap; set it to null"
+                )
             _rule(check_applies, name, option, key)
     if algo.surrogate != "sapo":  # numbers (a null is refused), in the interval's range
-        _rule(check_eps, _number(cfg, "algorithm.eps_low"), _number(cfg, "algorithm.eps_high"),
-              ("algorithm.eps_low", "algorithm.eps_high"))
+        _rule(
+            check_eps,
+            _number(cfg, "algorithm.eps_low"),
+            _number(cfg, "algorithm.eps_high"),
+            ("algorithm.eps_low", "algorithm.eps_high"),
+        )
     _rule(check_dual_clip, _get(cfg, "algorithm.dual_clip"), "algorithm.dual_clip")
     _rule(check_ratio_cap, _get(cfg, "algorithm.ratio_cap"), "algorithm.ratio_cap")
     _rule(check_upper_cap, _get(cfg, "algorithm.upper_cap"), "algorithm.upper_cap")
@@ -207,7 +239,12 @@ def validate(cfg) -> None:
             _rule(check_tau, _number(cfg, key), key)
     _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
     mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
-    _rule(check_one_correction, _get(cfg, "algorithm.tis_cap"), mode, ("algorithm.tis_cap", "algorithm.mismatch.mode"))
+    _rule(
+        check_one_correction,
+        _get(cfg, "algorithm.tis_cap"),
+        mode,
+        ("algorithm.tis_cap", "algorithm.mismatch.mode"),
+    )
     _rule(check_cap, _get(cfg, "algorithm.mismatch.cap"), "algorithm.mismatch.cap")
     _number(cfg, "algorithm.kl_coef", low=0)
     _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
@@ -224,12 +261,18 @@ def validate(cfg) -> None:
                     _number(cfg, key)  # a number; its range below, nulls resolved (band_delta_range)
             _rule(check_delta_range, *band_delta_range(cfg.algorithm.band), keys)
     elif _get(cfg, "algorithm.band") is not None:
-        raise ConfigError(f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
-                          f"remove the algorithm.band.* overrides or pick algorithm=bandpo")
+        raise ConfigError(
+            f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
+            f"remove the algorithm.band.* overrides or pick algorithm=bandpo"
+        )
     if _get(cfg, "algorithm.tis_cap") is not None:
         _rule(check_cap, _get(cfg, "algorithm.tis_cap"), "algorithm.tis_cap")
-    _check(isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool), "algorithm.filter_groups.enable",
-           "must be true or false", _get(cfg, "algorithm.filter_groups.enable"))
+    _check(
+        isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool),
+        "algorithm.filter_groups.enable",
+        "must be true or false",
+        _get(cfg, "algorithm.filter_groups.enable"),
+    )
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
     _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
 
@@ -241,8 +284,12 @@ def validate(cfg) -> None:
     _choice(cfg, "rollout.backend", available_engines())
     # checked against the layout at start-up (choose_transport)
     _choice(cfg, "rollout.weight_sync", TRANSPORTS)
-    _check(isinstance(_get(cfg, "rollout.verify_sync"), bool), "rollout.verify_sync", "must be true or false",
-           _get(cfg, "rollout.verify_sync"))
+    _check(
+        isinstance(_get(cfg, "rollout.verify_sync"), bool),
+        "rollout.verify_sync",
+        "must be true or false",
+        _get(cfg, "rollout.verify_sync"),
+    )
     _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)
     _rule(check_group_size, _get(cfg, "rollout.n"), "rollout.n")
     _rule(check_temperature, _get(cfg, "rollout.temperature"), "rollout.temperature")
@@ -251,10 +298,14 @@ def validate(cfg) -> None:
     _number(cfg, "rollout.num_workers", low=1, integer=True)
     _choice(cfg, "rollout.sleep_level", [1, 2])
     tp = _get(cfg, "rollout.tensor_parallel_size")
-    _check(_get(cfg, "rollout.backend") != "hf" or tp in (None, 1), "rollout.tensor_parallel_size",
-           "must be 1 with rollout.backend=hf (transformers generate runs each engine on one device; tensor "
-           f"parallelism needs rollout.backend=vllm): add rollout.tensor_parallel_size=1 "
-           f"rollout.num_workers={_get(cfg, 'actor.num_workers')} for the colocated layout", tp)
+    _check(
+        _get(cfg, "rollout.backend") != "hf" or tp in (None, 1),
+        "rollout.tensor_parallel_size",
+        "must be 1 with rollout.backend=hf (transformers generate runs each engine on one device; tensor "
+        f"parallelism needs rollout.backend=vllm): add rollout.tensor_parallel_size=1 "
+        f"rollout.num_workers={_get(cfg, 'actor.num_workers')} for the colocated layout",
+        tp,
+    )
 
     _choice(cfg, "actor.zero_stage", [2, 3])
     check_bf16(_get(cfg, "actor.bf16"))
@@ -264,14 +315,23 @@ def validate(cfg) -> None:
     _number(cfg, "actor.epochs", low=1, integer=True)
     prompts = _number(cfg, "trainer.prompts_per_step", low=1, integer=True)
     mini = _number(cfg, "actor.mini_batch_prompts", low=1, integer=True)
-    _check(prompts % mini == 0, "actor.mini_batch_prompts", f"must divide trainer.prompts_per_step={prompts}", mini)
+    _check(
+        prompts % mini == 0,
+        "actor.mini_batch_prompts",
+        f"must divide trainer.prompts_per_step={prompts}",
+        mini,
+    )
     from bandpo.actor.chunked import check_chunk
     from bandpo.actor.ds_config import check_batch_split
     from bandpo.actor.packing import check_micro_batch_tokens, check_token_budget
 
-    _rule(check_batch_split, mini * _get(cfg, "rollout.n"), _get(cfg, "actor.micro_batch_size"),
-          _get(cfg, "actor.num_workers"), ("actor.mini_batch_prompts x rollout.n", "actor.micro_batch_size",
-                                           "actor.num_workers"))
+    _rule(
+        check_batch_split,
+        mini * _get(cfg, "rollout.n"),
+        _get(cfg, "actor.micro_batch_size"),
+        _get(cfg, "actor.num_workers"),
+        ("actor.mini_batch_prompts x rollout.n", "actor.micro_batch_size", "actor.num_workers"),
+    )
     _rule(check_token_budget, _get(cfg, "actor.logprob_token_budget"), "actor.logprob_token_budget")
     _rule(check_chunk, _get(cfg, "actor.logits_chunk_tokens"), "actor.logits_chunk_tokens")
     _number(cfg, "actor.collective_timeout_min", low=0, strict_low=True)
@@ -279,12 +339,20 @@ def validate(cfg) -> None:
         _number(cfg, "actor.cpu_threads", low=1, integer=True)
     padding_free = _get(cfg, "actor.padding_free")
     _check(isinstance(padding_free, bool), "actor.padding_free", "must be true or false", padding_free)
-    _rule(check_micro_batch_tokens, _get(cfg, "actor.max_tokens_per_micro_batch"), padding_free,
-          ("actor.max_tokens_per_micro_batch", "actor.padding_free"))
+    _rule(
+        check_micro_batch_tokens,
+        _get(cfg, "actor.max_tokens_per_micro_batch"),
+        padding_free,
+        ("actor.max_tokens_per_micro_batch", "actor.padding_free"),
+    )
     share = _get(cfg, "actor.share_prompts")
     _check(isinstance(share, bool), "actor.share_prompts", "must be true or false", share)
-    _check(padding_free or not share, "actor.share_prompts",
-           "must be false with actor.padding_free=false (padded rows hold their own prompt)", share)
+    _check(
+        padding_free or not share,
+        "actor.share_prompts",
+        "must be false with actor.padding_free=false (padded rows hold their own prompt)",
+        share,
+    )
     reuse = reuse_old_logprobs(cfg)
     _validate_lora(cfg, reuse)
 
@@ -308,8 +376,12 @@ def validate(cfg) -> None:
     _choice(cfg, "trainer.verbose", [True, False])
     actors = _get(cfg, "trainer.verifier_actors")
     if actors != "per_node":
-        _check(isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1, "trainer.verifier_actors",
-               "must be an integer >= 1 or per_node", actors)
+        _check(
+            isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1,
+            "trainer.verifier_actors",
+            "must be an integer >= 1 or per_node",
+            actors,
+        )
     if _get(cfg, "trainer.verifier_workers") is not None:
         _number(cfg, "trainer.verifier_workers", low=1, integer=True)
     _choice(cfg, "data.template", list(TEMPLATES))
@@ -319,9 +391,13 @@ def validate(cfg) -> None:
     _rule(check_samples, _get(cfg, "eval.n"), "eval.n")
 
     path = str(_get(cfg, "model.path"))
-    looks_local = path.startswith(("/", ".", "~")) or os.sep in path and Path(path).expanduser().parent.exists()
+    looks_local = (
+        path.startswith(("/", ".", "~")) or os.sep in path and Path(path).expanduser().parent.exists()
+    )
     if looks_local and not Path(path).expanduser().exists() and not _get(cfg, "model.build"):
-        raise ConfigError(f"config error: model.path {path!r} does not exist (a local folder or a hub id is needed)")
+        raise ConfigError(
+            f"config error: model.path {path!r} does not exist (a local folder or a hub id is needed)"
+        )
 
 
 def reuse_old_logprobs(cfg) -> bool:
@@ -335,13 +411,21 @@ def reuse_old_logprobs(cfg) -> bool:
     before the update's first forward (there ``true`` is a config error).
     """
     value = _get(cfg, "actor.reuse_old_logprobs")
-    _check(value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value)
+    _check(
+        value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value
+    )
     band = _get(cfg, "algorithm.band") if _get(cfg, "algorithm.name") == "bandpo" else None
-    needs_pass = band is not None and band.get("adaptive", "none") == "entropy" and band.get("adaptive_norm") == "batch"
+    needs_pass = (
+        band is not None
+        and band.get("adaptive", "none") == "entropy"
+        and band.get("adaptive_norm") == "batch"
+    )
     if value is True and needs_pass:
-        raise ConfigError("config error: actor.reuse_old_logprobs=true cannot be used with algorithm.band.adaptive="
-                          "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
-                          "old-logprob pass over every row); use auto or false, or adaptive_norm=logv")
+        raise ConfigError(
+            "config error: actor.reuse_old_logprobs=true cannot be used with algorithm.band.adaptive="
+            "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
+            "old-logprob pass over every row); use auto or false, or adaptive_norm=logv"
+        )
     return not needs_pass and value is not False
 
 
@@ -352,9 +436,15 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
     dropout = _number(cfg, "actor.lora.dropout", low=0)
     _check(dropout < 1, "actor.lora.dropout", "must be < 1", dropout)
     targets = _get(cfg, "actor.lora.target_modules")
-    _check(isinstance(targets, Sequence) and not isinstance(targets, str) and len(targets) > 0
-           and all(isinstance(t, str) and t for t in targets), "actor.lora.target_modules",
-           "must be a non-empty list of module names", targets)
+    _check(
+        isinstance(targets, Sequence)
+        and not isinstance(targets, str)
+        and len(targets) > 0
+        and all(isinstance(t, str) and t for t in targets),
+        "actor.lora.target_modules",
+        "must be a non-empty list of module names",
+        targets,
+    )
     if rank == 0:
         return
     from bandpo.actor.lora import check_zero_stage
@@ -363,9 +453,11 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
     # The reused old log-probs are the update's own training forward: with dropout on the adapter they
     # would be one dropout draw's, not the policy's (the model's own dropout is forced off for this).
     if dropout > 0 and reuse_old:
-        raise ConfigError("config error: actor.lora.dropout > 0 cannot be used with actor.reuse_old_logprobs="
-                          f"{_get(cfg, 'actor.reuse_old_logprobs')} (the first step's old log-probs would come "
-                          "from a forward with adapter dropout); set actor.reuse_old_logprobs=false or dropout=0")
+        raise ConfigError(
+            "config error: actor.lora.dropout > 0 cannot be used with actor.reuse_old_logprobs="
+            f"{_get(cfg, 'actor.reuse_old_logprobs')} (the first step's old log-probs would come "
+            "from a forward with adapter dropout); set actor.reuse_old_logprobs=false or dropout=0"
+        )
 
 
 def _validate_staleness(cfg) -> None:
@@ -375,8 +467,12 @@ def _validate_staleness(cfg) -> None:
     from bandpo.trainer.overlap import MAX_STALENESS, check_layout
 
     staleness = _get(cfg, "trainer.max_staleness")
-    _check(staleness in MAX_STALENESS and not isinstance(staleness, bool), "trainer.max_staleness",
-           f"must be one of {', '.join(map(str, MAX_STALENESS))}", staleness)
+    _check(
+        staleness in MAX_STALENESS and not isinstance(staleness, bool),
+        "trainer.max_staleness",
+        f"must be one of {', '.join(map(str, MAX_STALENESS))}",
+        staleness,
+    )
     if _get(cfg, "rollout.cpu_threads") is not None:
         _number(cfg, "rollout.cpu_threads", low=1, integer=True)
     if _get(cfg, "trainer.device") == "cuda":

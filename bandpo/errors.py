@@ -73,8 +73,15 @@ def check(cond: bool, key: str, msg: str, shown: object) -> None:
         raise ConfigError(f"config error: {key} {msg}, got {shown}")
 
 
-def check_number(value: object, name: str, *, low: float | None = None, high: float | None = None,
-                 strict_low: bool = False, integer: bool = False) -> None:
+def check_number(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    strict_low: bool = False,
+    integer: bool = False,
+) -> None:
     """Raise ``ValueError("<name> must be ..., got <repr(value)>")`` unless ``value`` is a finite number
     (an int with ``integer``; never a bool) with ``low <= value`` (``<`` with ``strict_low``) and
     ``value <= high``."""

@@ -36,7 +36,13 @@ def is_unreachable(err: BaseException) -> bool:
     import httpx
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    kinds = (ConnectionError, TimeoutError, httpx.TransportError, LocalEntryNotFoundError, OfflineModeIsEnabled)
+    kinds = (
+        ConnectionError,
+        TimeoutError,
+        httpx.TransportError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+    )
     try:  # recent huggingface_hub releases make their requests with httpx2, whose errors are its own classes
         import httpx2
 
@@ -66,11 +72,15 @@ def hub_error(what: str, err: BaseException, offline_env: tuple[str, ...] = MODE
 
     flags = offline_vars(offline_env)
     if flags:
-        why = (f"offline mode is on ({', '.join(f'{k}={os.environ[k]}' for k in flags)}) and it is not in the "
-               f"Hugging Face cache ({constants.HF_HOME})")
+        why = (
+            f"offline mode is on ({', '.join(f'{k}={os.environ[k]}' for k in flags)}) and it is not in the "
+            f"Hugging Face cache ({constants.HF_HOME})"
+        )
     else:
-        why = (f"the Hub cannot be reached ({first_line(err)}) and it is not in the Hugging Face cache "
-               f"({constants.HF_HOME}; HF_HUB_OFFLINE=1 reads a warm one without trying the network)")
+        why = (
+            f"the Hub cannot be reached ({first_line(err)}) and it is not in the Hugging Face cache "
+            f"({constants.HF_HOME}; HF_HUB_OFFLINE=1 reads a warm one without trying the network)"
+        )
     return HubUnreachable(f"{what} cannot be loaded: {why}")
 
 

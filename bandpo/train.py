@@ -59,10 +59,22 @@ def main(argv: list[str] | None = None) -> int:
 # Keys that do not change what a run computes beyond its seed (the reference covers seeds) or
 # only say where and how it is logged: a run that differs from the default in these alone is the
 # run the reference describes.
-REFERENCE_FREE_KEYS = ("trainer.seed", "data.shuffle_seed", "trainer.output_dir", "trainer.resume", "trainer.wandb",
-                       "trainer.verbose", "trainer.ray_address", "trainer.trace_every", "trainer.trace_max_chars",
-                       "trainer.keep_last", "trainer.save_every", "trainer.export_hf", "rollout.cpu_threads",
-                       "actor.cpu_threads")
+REFERENCE_FREE_KEYS = (
+    "trainer.seed",
+    "data.shuffle_seed",
+    "trainer.output_dir",
+    "trainer.resume",
+    "trainer.wandb",
+    "trainer.verbose",
+    "trainer.ray_address",
+    "trainer.trace_every",
+    "trainer.trace_max_chars",
+    "trainer.keep_last",
+    "trainer.save_every",
+    "trainer.export_hf",
+    "rollout.cpu_threads",
+    "actor.cpu_threads",
+)
 
 
 def reference_result(cfg) -> str | None:
@@ -122,8 +134,10 @@ def summary(metrics_path: Path, total_steps: int, reference: str | None = None) 
         first, last = train_rows[0], train_rows[-1]
         for key in ("reward/mean", "reward/accuracy", "actor/entropy"):
             if key in first and key in last:
-                lines.append(f"  {key:<34} step {first['step']}: {first[key]:.4f} -> step {last['step']}: "
-                             f"{last[key]:.4f}")
+                lines.append(
+                    f"  {key:<34} step {first['step']}: {first[key]:.4f} -> step {last['step']}: "
+                    f"{last[key]:.4f}"
+                )
     eval_rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
     if eval_rows:
         before, after = eval_rows[0], eval_rows[-1]
@@ -132,7 +146,9 @@ def summary(metrics_path: Path, total_steps: int, reference: str | None = None) 
             has_before = key in before and before is not after
             was = f"{before[key]:.4f}" if has_before else "  -   "
             change = f" ({100 * (after[key] - before[key]):+.1f} points)" if has_before else ""
-            lines.append(f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}{change}")
+            lines.append(
+                f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}{change}"
+            )
     if reference:
         lines.append(f"  reference: {reference}")
     return "\n".join(lines)

@@ -76,10 +76,14 @@ class RolloutBatch:
         response_ids, response_mask = pad(responses, pad_id, left=False)
         rollout_logprobs, _ = pad(logprobs, 0.0, left=False, dtype=torch.float32)
         return cls(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-            response_mask=response_mask, rollout_logprobs=rollout_logprobs,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            rollout_logprobs=rollout_logprobs,
             prompt_index=torch.as_tensor(list(prompt_index), dtype=torch.long),
-            finish_reasons=list(finish_reasons), pad_id=pad_id,
+            finish_reasons=list(finish_reasons),
+            pad_id=pad_id,
         )
 
     @classmethod
@@ -90,8 +94,11 @@ class RolloutBatch:
         pad_id = batches[0].pad_id
         rows = [b.to_lists() for b in batches]
         return cls.from_lists(
-            [p for r in rows for p in r[0]], [x for r in rows for x in r[1]], [x for r in rows for x in r[2]],
-            [x for b in batches for x in b.prompt_index.tolist()], [x for b in batches for x in b.finish_reasons],
+            [p for r in rows for p in r[0]],
+            [x for r in rows for x in r[1]],
+            [x for r in rows for x in r[2]],
+            [x for b in batches for x in b.prompt_index.tolist()],
+            [x for b in batches for x in b.finish_reasons],
             pad_id,
         )
 

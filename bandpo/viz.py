@@ -37,8 +37,9 @@ _DIVERGENCE_STYLE = {"kl": ("KL", "tab:blue"), "tv": ("TV", "tab:orange"), "chi2
 # ------------------------------------------------------------------------------ band
 
 
-def band_curves(delta: float, divergences: Sequence[str] = ("kl", "tv", "chi2"), p_min: float = 1e-4,
-                points: int = 400) -> dict[str, np.ndarray]:
+def band_curves(
+    delta: float, divergences: Sequence[str] = ("kl", "tv", "chi2"), p_min: float = 1e-4, points: int = 400
+) -> dict[str, np.ndarray]:
     """Old probabilities ``p`` (log-spaced in [p_min, 1)) and the band (lower, upper) per divergence.
 
     Returns ``{"p": p, "<div>_lower": ..., "<div>_upper": ...}`` as float64 arrays.
@@ -56,8 +57,13 @@ def band_curves(delta: float, divergences: Sequence[str] = ("kl", "tv", "chi2"),
     return out
 
 
-def plot_band(out_png: str | Path, delta: float = 0.05, divergences: Sequence[str] = ("kl", "tv", "chi2"),
-              clips: Iterable[tuple[float, float]] = FIXED_CLIPS, p_min: float = 1e-4) -> Path:
+def plot_band(
+    out_png: str | Path,
+    delta: float = 0.05,
+    divergences: Sequence[str] = ("kl", "tv", "chi2"),
+    clips: Iterable[tuple[float, float]] = FIXED_CLIPS,
+    p_min: float = 1e-4,
+) -> Path:
     """Band bounds vs old probability (log x) for each divergence against fixed clipping.
 
     Left: the ratio interval [lower, upper]. Right: the same interval as the allowed change
@@ -86,13 +92,30 @@ def plot_band(out_png: str | Path, delta: float = 0.05, divergences: Sequence[st
         eps_dirs.setdefault(round(1.0 - lo, 12), []).append("down")
         eps_dirs.setdefault(round(hi - 1.0, 12), []).append("up")
     for i, (eps, dirs) in enumerate(sorted(eps_dirs.items())):
-        ax_d.plot(p, eps * p, color=greys[i % len(greys)], lw=1.3, ls="-.",
-                  label=f"clip eps {eps:g} ({' & '.join(sorted(set(dirs), reverse=True))})")
+        ax_d.plot(
+            p,
+            eps * p,
+            color=greys[i % len(greys)],
+            lw=1.3,
+            ls="-.",
+            label=f"clip eps {eps:g} ({' & '.join(sorted(set(dirs), reverse=True))})",
+        )
     ax_r.plot(p, 1.0 / p, color="0.75", lw=1, label="simplex limit 1/p")
-    ax_r.set(xscale="log", ylim=(0, 3.2), xlabel=r"old probability $\pi_{old}(a|s)$", ylabel="ratio bound",
-             title=rf"Ratio interval, $\delta$ = {delta:g}")
-    ax_d.set(xscale="log", yscale="log", ylim=(p_min * 1e-2, 1.0), xlabel=r"old probability $\pi_{old}(a|s)$",
-             ylabel="allowed |change of probability|", title="Allowed probability change per update")
+    ax_r.set(
+        xscale="log",
+        ylim=(0, 3.2),
+        xlabel=r"old probability $\pi_{old}(a|s)$",
+        ylabel="ratio bound",
+        title=rf"Ratio interval, $\delta$ = {delta:g}",
+    )
+    ax_d.set(
+        xscale="log",
+        yscale="log",
+        ylim=(p_min * 1e-2, 1.0),
+        xlabel=r"old probability $\pi_{old}(a|s)$",
+        ylabel="allowed |change of probability|",
+        title="Allowed probability change per update",
+    )
     for ax in (ax_r, ax_d):
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
@@ -121,8 +144,14 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def select_series(rows: Sequence[dict], key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{metric name: (steps, values)}`` for the numeric metrics that ``key`` selects."""
-    names = sorted({name for r in rows for name, v in r.items() if name != "step" and _matches(name, key)
-                    and _is_number(v)})
+    names = sorted(
+        {
+            name
+            for r in rows
+            for name, v in r.items()
+            if name != "step" and _matches(name, key) and _is_number(v)
+        }
+    )
     series = {}
     for name in names:
         pts = [(r["step"], float(r[name])) for r in rows if _is_number(r.get(name))]
@@ -130,8 +159,12 @@ def select_series(rows: Sequence[dict], key: str) -> dict[str, tuple[np.ndarray,
     return series
 
 
-def plot_run_metrics(metrics_jsonl_path: str | Path, out_png: str | Path,
-                     keys: Sequence[str] = DEFAULT_KEYS, title: str | None = None) -> Path:
+def plot_run_metrics(
+    metrics_jsonl_path: str | Path,
+    out_png: str | Path,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    title: str | None = None,
+) -> Path:
     """One panel per key, one line per selected metric, against the step; returns the PNG path."""
     rows = read_metrics(metrics_jsonl_path)
     fig, axes = _panels(len(keys))
@@ -145,8 +178,12 @@ def plot_run_metrics(metrics_jsonl_path: str | Path, out_png: str | Path,
     return _save(fig, out_png)
 
 
-def plot_compare(runs: Mapping[str, str | Path | Sequence[str | Path]], out_png: str | Path,
-                 keys: Sequence[str] = DEFAULT_KEYS, title: str | None = None) -> Path:
+def plot_compare(
+    runs: Mapping[str, str | Path | Sequence[str | Path]],
+    out_png: str | Path,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    title: str | None = None,
+) -> Path:
     """Runs side by side: one panel per key, one colour per run label.
 
     Args:
@@ -161,8 +198,10 @@ def plot_compare(runs: Mapping[str, str | Path | Sequence[str | Path]], out_png:
     Returns:
         The PNG path.
     """
-    loaded = {label: [read_metrics(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-              for label, paths in runs.items()}
+    loaded = {
+        label: [read_metrics(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+        for label, paths in runs.items()
+    }
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ("-", "--", ":", "-.")
     fig, axes = _panels(len(keys))
@@ -177,8 +216,16 @@ def plot_compare(runs: Mapping[str, str | Path | Sequence[str | Path]], out_png:
                     continue
                 line_label = label if len(names) == 1 else f"{label}: {name}"
                 color = colors[i % len(colors)]
-                ax.plot(steps, mean, color=color, ls=styles[j % len(styles)], lw=1.6, label=line_label,
-                        marker="o" if len(steps) < 30 else None, ms=3)
+                ax.plot(
+                    steps,
+                    mean,
+                    color=color,
+                    ls=styles[j % len(styles)],
+                    lw=1.6,
+                    label=line_label,
+                    marker="o" if len(steps) < 30 else None,
+                    ms=3,
+                )
                 if len(seeds) > 1:
                     ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15, lw=0)
                 drawn = True
@@ -222,8 +269,15 @@ def _finish_panel(ax, key: str, drawn: bool) -> None:
     if drawn:
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, f"no metric matches {key!r}", ha="center", va="center", transform=ax.transAxes,
-                color="0.5")
+        ax.text(
+            0.5,
+            0.5,
+            f"no metric matches {key!r}",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="0.5",
+        )
 
 
 def _save(fig, out_png: str | Path) -> Path:
@@ -317,17 +371,38 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
         x = np.arange(len(bins)) + (i - (len(labels) - 1) / 2) * width
         heights = [np.mean(v) if v else np.nan for v in values]
         bar_tops[label] = (x, heights)
-        ax_c.bar(x, heights, width, color=color, label=label,
-                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values], capsize=2)
-        deltas = [[100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
-                  for d in datasets]
+        ax_c.bar(
+            x,
+            heights,
+            width,
+            color=color,
+            label=label,
+            yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in values],
+            capsize=2,
+        )
+        deltas = [
+            [100 * (s["after"][d] - s["before"][d]) for s in group if d in s["after"] and d in s["before"]]
+            for d in datasets
+        ]
         x = np.arange(len(datasets)) + (i - (len(labels) - 1) / 2) * width
-        ax_a.bar(x, [np.mean(v) if v else np.nan for v in deltas], width, color=color, label=label,
-                 yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas], capsize=2)
+        ax_a.bar(
+            x,
+            [np.mean(v) if v else np.nan for v in deltas],
+            width,
+            color=color,
+            label=label,
+            yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in deltas],
+            capsize=2,
+        )
     _cut_outlier_bars(ax_c, bar_tops)
-    ax_c.set(title="gradient removed by the clip / mask, by old probability p (%)",
-             xticks=range(len(bins)), xticklabels=[clip_label(b) for b in bins])
-    short = [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
+    ax_c.set(
+        title="gradient removed by the clip / mask, by old probability p (%)",
+        xticks=range(len(bins)),
+        xticklabels=[clip_label(b) for b in bins],
+    )
+    short = (
+        [d.split(" ", 1)[1] for d in datasets] if len({d.split(" ")[0] for d in datasets}) == 1 else datasets
+    )
     ax_a.set(title="held-out change after training (points)", xticks=range(len(datasets)), xticklabels=short)
     ax_a.axhline(0, color="0.3", lw=0.8)
     for ax in (ax_e, ax_c, ax_a):
@@ -368,10 +443,15 @@ def report_datasets(summaries: dict[str, list[dict]]) -> list[str]:
 
 def clip_label(key: str) -> str:
     """Column title of a clip-fraction metric: the old-probability bin, or which total it is."""
-    names = {"clip_frac_bin/lt0.01": "p < 0.01", "clip_frac_bin/0.01-0.1": "0.01 ≤ p < 0.1",
-             "clip_frac_bin/0.1-0.5": "0.1 ≤ p < 0.5", "clip_frac_bin/ge0.5": "p ≥ 0.5",
-             "clip_frac_up": "all, up (A > 0)", "clip_frac_down": "all, down (A < 0)",
-             "clip_frac_dual": "all, dual clip"}
+    names = {
+        "clip_frac_bin/lt0.01": "p < 0.01",
+        "clip_frac_bin/0.01-0.1": "0.01 ≤ p < 0.1",
+        "clip_frac_bin/0.1-0.5": "0.1 ≤ p < 0.5",
+        "clip_frac_bin/ge0.5": "p ≥ 0.5",
+        "clip_frac_up": "all, up (A > 0)",
+        "clip_frac_down": "all, down (A < 0)",
+        "clip_frac_dual": "all, dual clip",
+    }
     return names.get(key, key)
 
 

@@ -86,8 +86,9 @@ def _peak_rss_mib(_actor) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def matmul_peak(hidden: int, intermediate: int, dtype, device="cpu", min_seconds: float = 0.2,
-                max_tokens: int = 4096) -> dict:
+def matmul_peak(
+    hidden: int, intermediate: int, dtype, device="cpu", min_seconds: float = 0.2, max_tokens: int = 4096
+) -> dict:
     """Best torch.mm FLOP/s on this process's threads in ``dtype`` over the projection shapes of a model of
     ``hidden`` / ``intermediate`` sizes: T tokens doubled from 16 until one product takes ``min_seconds``
     (or T reaches ``max_tokens``), then the fastest of 3 timings. Emulated bf16 (a CPU without
@@ -116,8 +117,13 @@ def matmul_peak(hidden: int, intermediate: int, dtype, device="cpu", min_seconds
                 break
             t *= 2
         rates[f"{t}x{k}x{n}"] = 2.0 * t * k * n / min(timed(a, b) for _ in range(3))
-    return {"dtype": str(dtype).removeprefix("torch."), "device": str(dev), "threads": torch.get_num_threads(),
-            "flops_per_s": max(rates.values()), "by_shape": rates}
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "flops_per_s": max(rates.values()),
+        "by_shape": rates,
+    }
 
 
 def _rank_matmul_peak(actor, hidden: int, intermediate: int, bf16: bool) -> dict:
@@ -126,12 +132,17 @@ def _rank_matmul_peak(actor, hidden: int, intermediate: int, bf16: bool) -> dict
     return matmul_peak(hidden, intermediate, torch.bfloat16 if bf16 else torch.float32, actor.device)
 
 
-def peak_fractions(params: int, update_tokens: int, update_s: float, logprob_tokens: int, logprob_s: float,
-                   peak: float) -> dict:
+def peak_fractions(
+    params: int, update_tokens: int, update_s: float, logprob_tokens: int, logprob_s: float, peak: float
+) -> dict:
     """Model FLOP/s of an update (6 P T) and a log-prob pass (2 P T), and their fractions of ``peak``."""
     update, logprob = 6.0 * params * update_tokens / update_s, 2.0 * params * logprob_tokens / logprob_s
-    return {"update_flops_per_s": update, "update_peak_frac": update / peak,
-            "logprob_flops_per_s": logprob, "logprob_peak_frac": logprob / peak}
+    return {
+        "update_flops_per_s": update,
+        "update_peak_frac": update / peak,
+        "logprob_flops_per_s": logprob,
+        "logprob_peak_frac": logprob / peak,
+    }
 
 
 def resolved_bf16(setting: str) -> bool:
@@ -182,8 +193,14 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int, params: int) -> 
 
         rss = ray.get([w.__ray_call__.remote(_peak_rss_mib) for w in group.workers])
         # every rank at once, on its own threads: the ranks share the machine as they did training
-        peaks = ray.get([w.__ray_call__.remote(_rank_matmul_peak, args.hidden, args.intermediate,
-                                               resolved_bf16(args.bf16)) for w in group.workers])
+        peaks = ray.get(
+            [
+                w.__ray_call__.remote(
+                    _rank_matmul_peak, args.hidden, args.intermediate, resolved_bf16(args.bf16)
+                )
+                for w in group.workers
+            ]
+        )
     finally:
         group.shutdown()
     step_s = sum(times) / len(times)
@@ -222,35 +239,48 @@ def compare(args) -> None:
             raise SystemExit(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         results.append(json.loads(lines[-1]))
         print(json.dumps(results[-1]), flush=True)
-    print(f"{results[0]['matmul_peak']['dtype']}, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, "
-          f"{args.rows} rows, prompts "
-          f"{args.prompt_len // 2}-{args.prompt_len}, responses lognormal capped at R; new: max_tokens_per_micro_batch "
-          f"{args.max_tokens}, chunk {args.chunk}; old: micro_batch_size {args.micro}; logprob_token_budget "
-          f"{args.logprob_budget}; group size {args.group_size}; load average {os.getloadavg()}")
-    print(f"{'path':>4} {'R':>5} {'tokens':>6} {'lp extra GB':>11} {'upd extra GB':>12} {'lp tok/s':>9} "
-          f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7} {'run/rows':>8} {'peak GFLOP/s':>12} {'lp/peak':>7} "
-          f"{'upd/peak':>8}")
+    print(
+        f"{results[0]['matmul_peak']['dtype']}, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, "
+        f"{args.rows} rows, prompts "
+        f"{args.prompt_len // 2}-{args.prompt_len}, responses lognormal capped at R; new: max_tokens_per_micro_batch "
+        f"{args.max_tokens}, chunk {args.chunk}; old: micro_batch_size {args.micro}; logprob_token_budget "
+        f"{args.logprob_budget}; group size {args.group_size}; load average {os.getloadavg()}"
+    )
+    print(
+        f"{'path':>4} {'R':>5} {'tokens':>6} {'lp extra GB':>11} {'upd extra GB':>12} {'lp tok/s':>9} "
+        f"{'upd tok/s':>9} {'lp pad':>6} {'upd pad':>7} {'run/rows':>8} {'peak GFLOP/s':>12} {'lp/peak':>7} "
+        f"{'upd/peak':>8}"
+    )
     for x in results:
-        print(f"{x['path']:>4} {x['max_response']:>5} {x['real_tokens']:>6} {x['logprob_extra_peak_gb']:>11.2f} "
-              f"{x['update_extra_peak_gb']:>12.2f} {x['logprob_tok_s']:>9.0f} {x['update_tok_s']:>9.0f} "
-              f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%} {x['update_run_over_rows']:>8.2f} "
-              f"{x['matmul_peak']['flops_per_s'] / 1e9:>12.2f} {x['logprob_peak_frac']:>7.1%} "
-              f"{x['update_peak_frac']:>8.1%}")
-    print(f"matmul peak in {results[0]['matmul_peak']['dtype']} on {results[0]['torch_threads']} threads (per run): "
-          + ", ".join(f"{x['matmul_peak']['flops_per_s'] / 1e9:.2f}" for x in results) + " GFLOP/s")
+        print(
+            f"{x['path']:>4} {x['max_response']:>5} {x['real_tokens']:>6} {x['logprob_extra_peak_gb']:>11.2f} "
+            f"{x['update_extra_peak_gb']:>12.2f} {x['logprob_tok_s']:>9.0f} {x['update_tok_s']:>9.0f} "
+            f"{x['logprob_padding_frac']:>6.1%} {x['update_padding_frac']:>7.1%} {x['update_run_over_rows']:>8.2f} "
+            f"{x['matmul_peak']['flops_per_s'] / 1e9:>12.2f} {x['logprob_peak_frac']:>7.1%} "
+            f"{x['update_peak_frac']:>8.1%}"
+        )
+    print(
+        f"matmul peak in {results[0]['matmul_peak']['dtype']} on {results[0]['torch_threads']} threads (per run): "
+        + ", ".join(f"{x['matmul_peak']['flops_per_s'] / 1e9:.2f}" for x in results)
+        + " GFLOP/s"
+    )
     new = {x["max_response"]: x for x in results if x["path"] == "new"}
     old = next(x for x in results if x["path"] == "old")
     same_r = new[old["max_response"]]
     peak = {r: max(x["logprob_extra_peak_gb"], x["update_extra_peak_gb"]) for r, x in new.items()}
-    print(f"ratios at R={old['max_response']}: update tok/s new/old {same_r['update_tok_s'] / old['update_tok_s']:.2f}x, "
-          f"log-prob tok/s new/old {same_r['logprob_tok_s'] / old['logprob_tok_s']:.2f}x; new extra peak "
-          f"R={max(rs)} / R={min(rs)}: {peak[max(rs)] / peak[min(rs)]:.2f}")
+    print(
+        f"ratios at R={old['max_response']}: update tok/s new/old {same_r['update_tok_s'] / old['update_tok_s']:.2f}x, "
+        f"log-prob tok/s new/old {same_r['logprob_tok_s'] / old['logprob_tok_s']:.2f}x; new extra peak "
+        f"R={max(rs)} / R={min(rs)}: {peak[max(rs)] / peak[min(rs)]:.2f}"
+    )
     unshared = next((x for x in results if x["path"] == "unsh"), None)
     if unshared is not None:
         shared = new[unshared["max_response"]]
-        print(f"shared prompts at R={unshared['max_response']} (tokens/s of the rows' own tokens): update "
-              f"{shared['update_tok_s'] / unshared['update_tok_s']:.2f}x, log-probs "
-              f"{shared['logprob_tok_s'] / unshared['logprob_tok_s']:.2f}x the unshared packing")
+        print(
+            f"shared prompts at R={unshared['max_response']} (tokens/s of the rows' own tokens): update "
+            f"{shared['update_tok_s'] / unshared['update_tok_s']:.2f}x, log-probs "
+            f"{shared['logprob_tok_s'] / unshared['logprob_tok_s']:.2f}x the unshared packing"
+        )
 
 
 def main() -> None:
@@ -268,8 +298,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2, help="timed updates after one warm-up")
     p.add_argument("--zero-stage", type=int, default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--bf16", choices=("auto", "true", "false"), default="auto",
-                   help="actor.bf16: auto = bf16 on GPU and on CPUs with AVX512-BF16 / AMX, fp32 elsewhere")
+    p.add_argument(
+        "--bf16",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="actor.bf16: auto = bf16 on GPU and on CPUs with AVX512-BF16 / AMX, fp32 elsewhere",
+    )
     p.add_argument(
         "--cpus-per-rank",
         type=int,
@@ -279,13 +313,19 @@ def main() -> None:
     )
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--old-path", action="store_true", help="padded rows and full logits (the previous path)")
-    p.add_argument("--max-tokens", type=int, default=16384, help="actor.max_tokens_per_micro_batch (new path)")
+    p.add_argument(
+        "--max-tokens", type=int, default=16384, help="actor.max_tokens_per_micro_batch (new path)"
+    )
     p.add_argument("--chunk", type=int, default=512, help="actor.logits_chunk_tokens (new path)")
     p.add_argument("--logprob-budget", type=int, default=16384, help="actor.logprob_token_budget")
     p.add_argument("--compare", action="store_true", help="new vs old path, long-tailed lengths, one rank")
-    p.add_argument("--compare-r", default="1024,4096", help="--compare: the caps R of the new path (old: the smallest)")
+    p.add_argument(
+        "--compare-r", default="1024,4096", help="--compare: the caps R of the new path (old: the smallest)"
+    )
     p.add_argument("--max-response", type=int, default=4096, help="cap of the long-tailed response lengths")
-    p.add_argument("--group-size", type=int, default=1, help="--compare: rows per prompt (GRPO's n; 1 = distinct)")
+    p.add_argument(
+        "--group-size", type=int, default=1, help="--compare: rows per prompt (GRPO's n; 1 = distinct)"
+    )
     p.add_argument("--no-share", action="store_true", help="actor.share_prompts=false (new path)")
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # one measurement of --compare
     args = p.parse_args()
@@ -329,8 +369,10 @@ def main() -> None:
             f"{r['update_peak_frac']:>8.1%} {r['logprob_flops_per_s'] / 1e9:>10.2f} {r['logprob_peak_frac']:>7.1%}"
         )
     first = results[0]["matmul_peak_per_rank"][0]
-    print(f"matmul peak: torch.mm in {first['dtype']}, {first['threads']} threads per rank, all ranks at once, summed; "
-          f"model FLOPs 6 x params x tokens (update), 2 x params x tokens (log-probs)")
+    print(
+        f"matmul peak: torch.mm in {first['dtype']}, {first['threads']} threads per rank, all ranks at once, summed; "
+        f"model FLOPs 6 x params x tokens (update), 2 x params x tokens (log-probs)"
+    )
     report = {
         "params": n_params,
         "config": vars(args),

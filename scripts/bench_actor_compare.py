@@ -21,7 +21,9 @@ def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int,
     from bandpo.types import RolloutBatch, TrainBatch
 
     rng = np.random.default_rng(seed)
-    r_lens = np.clip(np.round(rng.lognormal(np.log(max_response / 8), 1.0, rows)), 1, max_response).astype(int)
+    r_lens = np.clip(np.round(rng.lognormal(np.log(max_response / 8), 1.0, rows)), 1, max_response).astype(
+        int
+    )
     r_lens[0] = max_response
     if rows % group:
         raise SystemExit(f"--rows {rows} is not a multiple of --group-size {group}")
@@ -49,8 +51,16 @@ def processed_tokens(batch, actor, update: bool) -> int:
         keys = prompt_keys(batch.prompt_ids, batch.prompt_mask) if actor.share_prompts else None
         budget = actor.max_tokens_per_micro_batch if update else actor.logprob_token_budget
         passes = [batch.select(torch.tensor(g)) for g in packed_budget_groups(p, r, budget, keys)]
-        return sum(pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                             share_prompts=actor.share_prompts).input_ids.shape[1] for mb in passes)
+        return sum(
+            pack_rows(
+                mb.prompt_ids,
+                mb.prompt_mask,
+                mb.response_ids,
+                mb.response_mask,
+                share_prompts=actor.share_prompts,
+            ).input_ids.shape[1]
+            for mb in passes
+        )
     if update:
         step = actor.micro_batch_size
         groups = [list(range(i, min(i + step, len(p)))) for i in range(0, len(p), step)]
@@ -95,14 +105,30 @@ def single(args) -> dict:
     loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
     bf16 = resolved_bf16(args.bf16)
     with tempfile.TemporaryDirectory() as tmp:
-        params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, args.kv_heads,
-                             args.prompt_len + args.max_response + 1)
-        actor = Actor(tmp, mini_batch_size=args.rows, micro_batch_size=args.micro, lr=1e-6, bf16=bf16,
-                      padding_free=not args.old_path, max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
-                      logprob_token_budget=args.logprob_budget, logits_chunk_tokens=args.chunk,
-                      share_prompts=not args.no_share)
-    batch = long_tailed_batch(args.rows, args.prompt_len, args.max_response, args.vocab, seed=0,
-                              group=args.group_size)
+        params = build_model(
+            tmp,
+            args.hidden,
+            args.layers,
+            args.intermediate,
+            args.vocab,
+            args.kv_heads,
+            args.prompt_len + args.max_response + 1,
+        )
+        actor = Actor(
+            tmp,
+            mini_batch_size=args.rows,
+            micro_batch_size=args.micro,
+            lr=1e-6,
+            bf16=bf16,
+            padding_free=not args.old_path,
+            max_tokens_per_micro_batch=0 if args.old_path else args.max_tokens,
+            logprob_token_budget=args.logprob_budget,
+            logits_chunk_tokens=args.chunk,
+            share_prompts=not args.no_share,
+        )
+    batch = long_tailed_batch(
+        args.rows, args.prompt_len, args.max_response, args.vocab, seed=0, group=args.group_size
+    )
     warm = long_tailed_batch(args.rows, 4, 4, args.vocab, seed=1)  # creates the optimizer state
     warm.old_logprobs = actor.compute_logprobs(warm)[0]
     actor.update(warm, loss_options)
@@ -114,7 +140,9 @@ def single(args) -> dict:
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     update_run = processed_tokens(batch, actor, update=True)
     logprob_run = processed_tokens(batch, actor, update=False)
-    peak = matmul_peak(args.hidden, args.intermediate, torch.bfloat16 if bf16 else torch.float32, actor.device)
+    peak = matmul_peak(
+        args.hidden, args.intermediate, torch.bfloat16 if bf16 else torch.float32, actor.device
+    )
     return {
         **peak_fractions(params, update_run, up_s, logprob_run, lp_s, peak["flops_per_s"]),
         "matmul_peak": peak,

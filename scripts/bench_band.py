@@ -96,44 +96,63 @@ def main() -> None:
     bound_fns = {div: (lambda d=div: band_bounds(old, d, args.delta)) for div in ("kl", "tv", "chi2")}
     # Entropy-adaptive band: per-token delta_t in [delta/4, 4 delta] from a synthetic old-policy
     # entropy (an exponential spread around 0.5 nat), "batch" normalisation.
-    entropy = (-torch.log(torch.rand(args.rows, args.cols, generator=torch.Generator().manual_seed(1))) * 0.5)
+    entropy = -torch.log(torch.rand(args.rows, args.cols, generator=torch.Generator().manual_seed(1))) * 0.5
     entropy = entropy.to(args.device)  # [rows, cols]
     d_range = (args.delta / 4, args.delta * 4)
     delta_t = adaptive_delta(entropy, delta_min=d_range[0], delta_max=d_range[1], scale=0.5).to(old.dtype)
-    bound_fns.update({f"{div}-adaptive": (lambda d=div: band_bounds_per_token(old, d, delta_t, d_range))
-                      for div in ("kl", "tv", "chi2")})
+    bound_fns.update(
+        {
+            f"{div}-adaptive": (lambda d=div: band_bounds_per_token(old, d, delta_t, d_range))
+            for div in ("kl", "tv", "chi2")
+        }
+    )
 
     # The rollout engine's logprobs for the mismatch corrections: pi_old with bf16-sized noise.
     rollout = old + 0.01 * torch.randn_like(old)  # [rows, cols]
 
     def loss_fn(algorithm: str, divergence: str = "kl", old_entropy=None, **extra):
-        opts = LossOptions(algorithm=algorithm, divergence=divergence, delta=args.delta, agg="seq-mean-token-mean",
-                           **extra)
+        opts = LossOptions(
+            algorithm=algorithm, divergence=divergence, delta=args.delta, agg="seq-mean-token-mean", **extra
+        )
 
         def run():
             logp = logp0.clone().requires_grad_()
-            loss, metrics = policy_loss(logp, old, adv, mask, opts, old_entropy=old_entropy,
-                                        rollout_logprobs=rollout)
+            loss, metrics = policy_loss(
+                logp, old, adv, mask, opts, old_entropy=old_entropy, rollout_logprobs=rollout
+            )
             loss.backward()
             return loss
+
         return run
 
     loss_fns = {"grpo": loss_fn("grpo"), "clip_higher": loss_fn("clip_higher")}
     loss_fns.update({f"bandpo-{d}": loss_fn("bandpo", d) for d in ("kl", "tv", "chi2")})
     # Adaptive: the radius is computed inside the loss from the entropy (counted in its time).
-    loss_fns["bandpo-kl-adaptive"] = loss_fn("bandpo", "kl", band_adaptive="entropy", delta_min=d_range[0],
-                                             delta_max=d_range[1], entropy_scale=0.5, old_entropy=entropy)
+    loss_fns["bandpo-kl-adaptive"] = loss_fn(
+        "bandpo",
+        "kl",
+        band_adaptive="entropy",
+        delta_min=d_range[0],
+        delta_max=d_range[1],
+        entropy_scale=0.5,
+        old_entropy=entropy,
+    )
     loss_fns["dcpo"] = loss_fn("dcpo", upper_cap=10.0)  # DAC's per-token bounds: a closed form, like tv
     # The rivals (their own surrogate, no dual clip) and the mismatch corrections on top of grpo.
-    loss_fns.update({name: loss_fn(name, dual_clip=None)
-                     for name in ("dppo_tv", "dppo_kl", "gspo", "cispo", "sapo")})
+    loss_fns.update(
+        {name: loss_fn(name, dual_clip=None) for name in ("dppo_tv", "dppo_kl", "gspo", "cispo", "sapo")}
+    )
     loss_fns.update({f"grpo+{mode}": loss_fn("grpo", mismatch=mode) for mode in MISMATCH_MODES[1:]})
     bounds_ms = median_ms(bound_fns, args.reps, args.device)
     loss_ms = median_ms(loss_fns, args.reps, args.device)
     errors = bounds_error(old_cpu, args.delta)
 
     tokens = args.rows * args.cols
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads"
+    where = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"cpu, {torch.get_num_threads()} threads"
+    )
     print(f"tokens per mini-batch: {tokens:,}  device: {where}  delta: {args.delta}")
     print("\n| bounds only | median ms | x fixed delta |\n|---|---|---|")
     for k, v in bounds_ms.items():
@@ -146,10 +165,17 @@ def main() -> None:
     for k, e in errors.items():
         print(f"| {k} | {e['lower_max_rel']:.2e} | {e['upper_max_rel']:.2e} |")
     print(f"load average: {os.getloadavg()}")
-    result = {"tokens": tokens, "delta": args.delta, "device": where, "loadavg": os.getloadavg(),
-              "bounds_ms": bounds_ms, "loss_fwd_bwd_ms": loss_ms,
-              "ratio_vs_clip_higher": {k: v / base for k, v in loss_ms.items()},
-              "ratio_vs_grpo": {k: v / grpo for k, v in loss_ms.items()}, "bounds_error": errors}
+    result = {
+        "tokens": tokens,
+        "delta": args.delta,
+        "device": where,
+        "loadavg": os.getloadavg(),
+        "bounds_ms": bounds_ms,
+        "loss_fwd_bwd_ms": loss_ms,
+        "ratio_vs_clip_higher": {k: v / base for k, v in loss_ms.items()},
+        "ratio_vs_grpo": {k: v / grpo for k, v in loss_ms.items()},
+        "bounds_error": errors,
+    }
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"\nwrote {args.out}")

@@ -90,14 +90,32 @@ def rank_main(args) -> None:
 
     load_peak = _watch_loading()
     t0 = time.perf_counter()
-    actor = Actor(args.model, rank=args.rank, world_size=args.ranks, master_port=args.port,
-                  zero_stage=args.zero_stage, ref_model=args.ref, mini_batch_size=args.ranks, micro_batch_size=1,
-                  cpu_threads=1)
+    actor = Actor(
+        args.model,
+        rank=args.rank,
+        world_size=args.ranks,
+        master_port=args.port,
+        zero_stage=args.zero_stage,
+        ref_model=args.ref,
+        mini_batch_size=args.ranks,
+        micro_batch_size=1,
+        cpu_threads=1,
+    )
     seconds = time.perf_counter() - t0
     if args.ranks > 1:
         torch.distributed.barrier()
-    print(json.dumps({"rank": args.rank, "build_s": seconds, "steps": actor.info()["global_steps"],
-                      "load_rss_mib": load_peak[0][0], "load_anon_mib": load_peak[0][1]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": args.rank,
+                "build_s": seconds,
+                "steps": actor.info()["global_steps"],
+                "load_rss_mib": load_peak[0][0],
+                "load_anon_mib": load_peak[0][1],
+            }
+        ),
+        flush=True,
+    )
 
 
 def measure(model: str, args) -> dict:
@@ -106,10 +124,27 @@ def measure(model: str, args) -> dict:
     port = free_port()
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--rank-worker", str(r), "--model", model, "--port", str(port),
-                          "--ranks", str(args.ranks), "--zero-stage", str(args.zero_stage),
-                          *(["--ref"] if args.ref else [])],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--rank-worker",
+                str(r),
+                "--model",
+                model,
+                "--port",
+                str(port),
+                "--ranks",
+                str(args.ranks),
+                "--zero-stage",
+                str(args.zero_stage),
+                *(["--ref"] if args.ref else []),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(args.ranks)
     ]
     peak_rss = peak_anon = 0.0
@@ -128,10 +163,14 @@ def measure(model: str, args) -> dict:
         if p.returncode:
             raise SystemExit(f"a rank failed (rc {p.returncode}):\n{err[-3000:]}")
     ranks = [json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]) for out, _ in outs]
-    return {"peak_rss_sum_mib": peak_rss, "peak_anon_sum_mib": peak_anon, "peak_anon_per_rank_mib": per_rank,
-            "loading_rss_sum_mib": sum(r["load_rss_mib"] for r in ranks),
-            "loading_anon_sum_mib": sum(r["load_anon_mib"] for r in ranks),
-            "build_s": max(r["build_s"] for r in ranks)}
+    return {
+        "peak_rss_sum_mib": peak_rss,
+        "peak_anon_sum_mib": peak_anon,
+        "peak_anon_per_rank_mib": per_rank,
+        "loading_rss_sum_mib": sum(r["load_rss_mib"] for r in ranks),
+        "loading_anon_sum_mib": sum(r["load_anon_mib"] for r in ranks),
+        "build_s": max(r["build_s"] for r in ranks),
+    }
 
 
 def _resave(path: str, dtype: str) -> None:
@@ -150,15 +189,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--zero-stage", type=int, default=2)
-    p.add_argument("--ref", action="store_true", help="also build the reference model (algorithm.kl_coef > 0)")
+    p.add_argument(
+        "--ref", action="store_true", help="also build the reference model (algorithm.kl_coef > 0)"
+    )
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--intermediate", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--checkpoint-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="dtype the random model is saved in (the shipped models are stored in bfloat16; the CPU "
-                        "actor trains in float32, so each rank casts)")
-    p.add_argument("--model", help="an existing model folder (default: a random Qwen2 built in a temp folder)")
+    p.add_argument(
+        "--checkpoint-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="dtype the random model is saved in (the shipped models are stored in bfloat16; the CPU "
+        "actor trains in float32, so each rank casts)",
+    )
+    p.add_argument(
+        "--model", help="an existing model folder (default: a random Qwen2 built in a temp folder)"
+    )
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--rank-worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -177,19 +224,30 @@ def main() -> None:
             n_params = build_model(tmp, args.hidden, args.layers, args.intermediate, args.vocab, kv_heads=2)
             if args.checkpoint_dtype != "float32":
                 _resave(tmp, args.checkpoint_dtype)
-        weights = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+        weights = sum(
+            os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors")
+        )
         result = measure(model, args)
-    report = {"params": n_params, "ranks": args.ranks, "zero_stage": args.zero_stage, "ref": args.ref,
-              "checkpoint_dtype": args.checkpoint_dtype, "checkpoint_mib": weights / 2**20,
-              "load_average": os.getloadavg(), **result}
-    print(f"{args.ranks} ranks, ZeRO-{args.zero_stage}, reference model {'on' if args.ref else 'off'}, "
-          f"{(n_params or 0) / 1e6:.0f}M params ({args.checkpoint_dtype} checkpoint {weights / 2**20:.0f} MiB, "
-          "float32 training): "
-          f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
-          f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}); while loading the "
-          f"model (before DeepSpeed's state): RSS {result['loading_rss_sum_mib']:.0f} MiB, anonymous {result['loading_anon_sum_mib']:.0f} MiB "
-          "(peaks per rank, summed); build "
-          f"{result['build_s']:.1f} s; load average {report['load_average']}")
+    report = {
+        "params": n_params,
+        "ranks": args.ranks,
+        "zero_stage": args.zero_stage,
+        "ref": args.ref,
+        "checkpoint_dtype": args.checkpoint_dtype,
+        "checkpoint_mib": weights / 2**20,
+        "load_average": os.getloadavg(),
+        **result,
+    }
+    print(
+        f"{args.ranks} ranks, ZeRO-{args.zero_stage}, reference model {'on' if args.ref else 'off'}, "
+        f"{(n_params or 0) / 1e6:.0f}M params ({args.checkpoint_dtype} checkpoint {weights / 2**20:.0f} MiB, "
+        "float32 training): "
+        f"peak RSS summed over ranks {result['peak_rss_sum_mib']:.0f} MiB, anonymous {result['peak_anon_sum_mib']:.0f}"
+        f" MiB (per rank {', '.join(f'{x:.0f}' for x in result['peak_anon_per_rank_mib'])}); while loading the "
+        f"model (before DeepSpeed's state): RSS {result['loading_rss_sum_mib']:.0f} MiB, anonymous {result['loading_anon_sum_mib']:.0f} MiB "
+        "(peaks per rank, summed); build "
+        f"{result['build_s']:.1f} s; load average {report['load_average']}"
+    )
     print(json.dumps(report))
     if args.out:
         with open(args.out, "w") as f:

@@ -29,7 +29,13 @@ import time
 # build_tiny_model sizes; the tokenizer (and so the vocabulary) is the tiny one's, ~500 tokens.
 MODELS = {
     "tiny": {},
-    "100m": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 3072},
+    "100m": {
+        "hidden_size": 768,
+        "num_layers": 12,
+        "num_heads": 12,
+        "num_kv_heads": 4,
+        "intermediate_size": 3072,
+    },
 }
 
 
@@ -80,11 +86,16 @@ def bench_sync(engine, weights, reps: int) -> dict:
         "copy_warm_s": copy_warm,
         "write_shm_s": lambda: write_weights_shm(weights, path),
         "write_shm_1t_s": lambda: write_weights_shm(weights, path, threads=1),
-        "sync_new_1t_s": lambda: (remove_shm(path), engine.update_weights_from_shm(
-            path, write_weights_shm(weights, path, threads=1))),
+        "sync_new_1t_s": lambda: (
+            remove_shm(path),
+            engine.update_weights_from_shm(path, write_weights_shm(weights, path, threads=1)),
+        ),
         "load_s": lambda: engine.update_weights_from_shm(path, metas),
         "sync_s": lambda: engine.update_weights_from_shm(path, write_weights_shm(weights, path)),
-        "sync_new_s": lambda: (remove_shm(path), engine.update_weights_from_shm(path, write_weights_shm(weights, path))),
+        "sync_new_s": lambda: (
+            remove_shm(path),
+            engine.update_weights_from_shm(path, write_weights_shm(weights, path)),
+        ),
     }
     try:
         out = {"params": sum(t.numel() for t in tensors), "bytes": total, **interleaved_medians(fns, reps)}
@@ -104,7 +115,9 @@ def bench_one(backend: str, model_dir: str, prompts, args) -> dict:
     from bandpo.types import SamplingParams
 
     t0 = time.perf_counter()
-    engine = make_engine(backend, model_dir, dtype="float32", enforce_eager=args.enforce_eager, kv_cache_gib=2)
+    engine = make_engine(
+        backend, model_dir, dtype="float32", enforce_eager=args.enforce_eager, kv_cache_gib=2
+    )
     init_s = time.perf_counter() - t0
     try:
         engine.generate(prompts[:1], SamplingParams(n=2, max_tokens=8, seed=0))  # warm-up
@@ -141,25 +154,41 @@ def main() -> None:
     for name in args.models.split(","):
         model_dir = str(build_tiny_model(os.path.join(args.workdir, name), **MODELS[name]))
         tok = AutoTokenizer.from_pretrained(model_dir)
-        msgs = [[{"role": "user", "content": f"What is {i} + {3 * i}? Answer: "}] for i in range(args.prompts)]
-        prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"] for m in msgs]
+        msgs = [
+            [{"role": "user", "content": f"What is {i} + {3 * i}? Answer: "}] for i in range(args.prompts)
+        ]
+        prompts = [
+            tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"] for m in msgs
+        ]
         for backend in args.backends.split(","):
             res = bench_one(backend, model_dir, prompts, args)
             rows.append({"model": name, "backend": backend, **res})
-            print(f"done {name}/{backend}: {res['tokens_per_s']:.0f} tok/s, sync {res['sync_s'] * 1e3:.1f} ms", flush=True)
+            print(
+                f"done {name}/{backend}: {res['tokens_per_s']:.0f} tok/s, sync {res['sync_s'] * 1e3:.1f} ms",
+                flush=True,
+            )
 
-    head = (f"{'model':6} {'engine':6} {'init s':>7} {'tok/s':>8} {'MB':>7} {'copy fresh':>11} {'copy warm':>10} "
-            f"{'write shm':>10} {'1 thread':>9} {'load':>8} {'sync':>8} {'sync new':>9} {'1 thread':>9} "
-            f"{'sync/fresh':>11} {'sync/warm':>10} {'new/sync':>9} {'host MB':>8}")
+    head = (
+        f"{'model':6} {'engine':6} {'init s':>7} {'tok/s':>8} {'MB':>7} {'copy fresh':>11} {'copy warm':>10} "
+        f"{'write shm':>10} {'1 thread':>9} {'load':>8} {'sync':>8} {'sync new':>9} {'1 thread':>9} "
+        f"{'sync/fresh':>11} {'sync/warm':>10} {'new/sync':>9} {'host MB':>8}"
+    )
     print(head)
     for r in rows:
-        print(f"{r['model']:6} {r['backend']:6} {r['init_s']:7.1f} {r['tokens_per_s']:8.0f} {r['bytes'] / 1e6:7.1f} "
-              f"{r['copy_fresh_s'] * 1e3:9.1f}ms {r['copy_warm_s'] * 1e3:8.1f}ms {r['write_shm_s'] * 1e3:8.1f}ms "
-              f"{r['write_shm_1t_s'] * 1e3:7.1f}ms {r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms "
-              f"{r['sync_new_s'] * 1e3:7.1f}ms {r['sync_new_1t_s'] * 1e3:7.1f}ms "
-              f"{r['sync_over_copy_fresh']:10.2f}x {r['sync_over_copy_warm']:9.2f}x {r['sync_new_over_sync']:8.2f}x "
-              f"{r['host_bytes_write'] / 1e6:8.1f}")
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "workload": vars(args)}
+        print(
+            f"{r['model']:6} {r['backend']:6} {r['init_s']:7.1f} {r['tokens_per_s']:8.0f} {r['bytes'] / 1e6:7.1f} "
+            f"{r['copy_fresh_s'] * 1e3:9.1f}ms {r['copy_warm_s'] * 1e3:8.1f}ms {r['write_shm_s'] * 1e3:8.1f}ms "
+            f"{r['write_shm_1t_s'] * 1e3:7.1f}ms {r['load_s'] * 1e3:6.1f}ms {r['sync_s'] * 1e3:6.1f}ms "
+            f"{r['sync_new_s'] * 1e3:7.1f}ms {r['sync_new_1t_s'] * 1e3:7.1f}ms "
+            f"{r['sync_over_copy_fresh']:10.2f}x {r['sync_over_copy_warm']:9.2f}x {r['sync_new_over_sync']:8.2f}x "
+            f"{r['host_bytes_write'] / 1e6:8.1f}"
+        )
+    meta = {
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "workload": vars(args),
+    }
     print(f"load average {os.getloadavg()}")
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)

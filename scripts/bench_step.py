@@ -48,8 +48,18 @@ from bandpo.viz import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 
 # The trainer's stages in the order they run; any other time/<name> key is listed after them.
-STAGE_ORDER = ("sample", "rollout", "reward", "advantages", "logprobs", "update", "overlap_wait", "weight_sync",
-               "checkpoint", "eval")
+STAGE_ORDER = (
+    "sample",
+    "rollout",
+    "reward",
+    "advantages",
+    "logprobs",
+    "update",
+    "overlap_wait",
+    "weight_sync",
+    "checkpoint",
+    "eval",
+)
 # Spans, not stages of their own: dynamic sampling's rounds hold sample/rollout/reward; with
 # trainer.max_staleness=1 the background stage holds them too (overlap_wait is its tail, the
 # driver waiting for it), and overlap is the time it shared with logprobs/update. "other" is the
@@ -61,9 +71,16 @@ ACTOR_SIDE = ("logprobs", "update")
 
 def train_overrides(steps: int, output_dir: Path, model_path: Path | None, extra: list[str]) -> list[str]:
     """The Hydra overrides of the benchmark run: ours first, then ``extra`` (which win)."""
-    ours = [f"trainer.total_steps={steps}", "trainer.eval_before_train=false", "trainer.eval_every=0",
-            "trainer.export_hf=false", "trainer.save_every=0", "trainer.resume=never", "trainer.wandb.mode=disabled",
-            f"trainer.output_dir={output_dir}"]
+    ours = [
+        f"trainer.total_steps={steps}",
+        "trainer.eval_before_train=false",
+        "trainer.eval_every=0",
+        "trainer.export_hf=false",
+        "trainer.save_every=0",
+        "trainer.resume=never",
+        "trainer.wandb.mode=disabled",
+        f"trainer.output_dir={output_dir}",
+    ]
     if model_path is not None:
         ours += [f"model.path={model_path}", "model.build=null"]
     return ours + extra
@@ -76,8 +93,13 @@ def run_training(overrides: list[str], log_path: Path) -> float:
     """
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "train.sh"), *overrides], cwd=REPO, check=False,
-                              stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "train.sh"), *overrides],
+            cwd=REPO,
+            check=False,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
@@ -101,8 +123,10 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         raise ValueError("metrics.jsonl has no training step (no 'time/step' key)")
     warmup = steps[0] if len(steps) > 1 else None
     measured = steps[1:] if warmup else steps
-    names = sorted({k[5:] for r in measured for k in r if k.startswith("time/") and k != "time/step"},
-                   key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
+    names = sorted(
+        {k[5:] for r in measured for k in r if k.startswith("time/") and k != "time/step"},
+        key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s),
+    )
     step_times = [r["time/step"] for r in measured]
     total = sum(step_times)
     stages = {}
@@ -110,8 +134,15 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         # A stage missing from a step (a skipped update) took no time in that step.
         times = [float(r.get(f"time/{name}", 0.0)) for r in measured]
         stages[name] = _stats(times, total)
-    stages["other"] = _stats([r["time/step"] - sum(float(r.get(f"time/{n}", 0.0)) for n in names if n not in SPANS)
-                              + float(r.get("time/overlap", 0.0)) for r in measured], total)
+    stages["other"] = _stats(
+        [
+            r["time/step"]
+            - sum(float(r.get(f"time/{n}", 0.0)) for n in names if n not in SPANS)
+            + float(r.get("time/overlap", 0.0))
+            for r in measured
+        ],
+        total,
+    )
     # The trainer logs perf/tokens_per_s = generated tokens / step time, so this recovers the tokens.
     gen_tokens = [r["perf/tokens_per_s"] * r["time/step"] for r in measured]
     all_tokens = sum(r["perf/tokens_per_s"] * r["time/step"] for r in steps)
@@ -133,8 +164,11 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
 
 
 def _stats(times: list[float], total: float) -> dict:
-    return {"median_s": statistics.median(times), "mean_s": statistics.mean(times),
-            "share": sum(times) / total if total > 0 else 0.0}
+    return {
+        "median_s": statistics.median(times),
+        "mean_s": statistics.mean(times),
+        "share": sum(times) / total if total > 0 else 0.0,
+    }
 
 
 def run_config(output_dir: Path) -> dict:
@@ -142,20 +176,31 @@ def run_config(output_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(output_dir / "config.yaml")
-    return {"model": str(cfg.model.path), "algorithm": cfg.algorithm.name, "device": cfg.trainer.device,
-            "prompts_per_step": cfg.trainer.prompts_per_step, "n": cfg.rollout.n,
-            "max_tokens": cfg.rollout.max_tokens, "rollout_workers": cfg.rollout.num_workers,
-            "actor_workers": cfg.actor.num_workers}
+    return {
+        "model": str(cfg.model.path),
+        "algorithm": cfg.algorithm.name,
+        "device": cfg.trainer.device,
+        "prompts_per_step": cfg.trainer.prompts_per_step,
+        "n": cfg.rollout.n,
+        "max_tokens": cfg.rollout.max_tokens,
+        "rollout_workers": cfg.rollout.num_workers,
+        "actor_workers": cfg.actor.num_workers,
+    }
 
 
 def print_report(report: dict) -> None:
     c, s = report["config"], report["summary"]
     t = s["throughput"]
-    print(f"\nmodel: {c['model']}  algorithm: {c['algorithm']}  device: {c['device']}  "
-          f"batch: {c['prompts_per_step']} prompts x n={c['n']}, max_tokens {c['max_tokens']}  "
-          f"CPUs: {report['machine']['cpus']}, load average {report['machine']['load_average_1m']:.1f}")
+    print(
+        f"\nmodel: {c['model']}  algorithm: {c['algorithm']}  device: {c['device']}  "
+        f"batch: {c['prompts_per_step']} prompts x n={c['n']}, max_tokens {c['max_tokens']}  "
+        f"CPUs: {report['machine']['cpus']}, load average {report['machine']['load_average_1m']:.1f}"
+    )
     warm = s["warmup_step_s"]
-    print(f"steps measured: {s['steps_measured']}" + (f" (step 1 = warm-up, {warm:.2f} s, dropped)" if warm else ""))
+    print(
+        f"steps measured: {s['steps_measured']}"
+        + (f" (step 1 = warm-up, {warm:.2f} s, dropped)" if warm else "")
+    )
     print("\n| stage | median s | mean s | share of step |\n|---|---|---|---|")
     for name, st in s["stages"].items():
         print(f"| {name} | {st['median_s']:.3f} | {st['mean_s']:.3f} | {100 * st['share']:.1f}% |")
@@ -165,7 +210,9 @@ def print_report(report: dict) -> None:
     print("\n| throughput | value |\n|---|---|")
     print(f"| generated tokens per step | {t['generated_tokens_per_step']:.0f} |")
     print(f"| generated tokens/s (whole steps) | {t['tokens_per_s']:.1f} |")
-    print(f"| rollout tokens/s (rollout stage) | {rollout:.1f} |" if rollout else "| rollout tokens/s | n/a |")
+    print(
+        f"| rollout tokens/s (rollout stage) | {rollout:.1f} |" if rollout else "| rollout tokens/s | n/a |"
+    )
     print(f"| wall time incl. start-up, s | {t['wall_s']:.1f} |")
     print(f"| of which outside steps (start-up, shutdown), s | {t['outside_steps_s']:.1f} |")
     print(f"| tokens/s over wall time (all steps) | {t['wall_tokens_per_s']:.1f} |")
@@ -191,9 +238,12 @@ def overlap_summary(rows: list[dict]) -> dict:
         return statistics.mean(f(r) for r in steady)
 
     return {
-        "steps": len(steps), "steps_per_s": len(steps) / total, "steady_steps": [r["step"] for r in steady],
+        "steps": len(steps),
+        "steps_per_s": len(steps) / total,
+        "steady_steps": [r["step"] for r in steady],
         "steady_step_s": mean(lambda r: r["time/step"]),
-        "rollout_busy_s": mean(lambda r: busy(r, ROLLOUT_SIDE)), "actor_busy_s": mean(lambda r: busy(r, ACTOR_SIDE)),
+        "rollout_busy_s": mean(lambda r: busy(r, ROLLOUT_SIDE)),
+        "actor_busy_s": mean(lambda r: busy(r, ACTOR_SIDE)),
         "rollout_idle_s": mean(lambda r: r["time/step"] - busy(r, ROLLOUT_SIDE)),
         "actor_idle_s": mean(lambda r: r["time/step"] - busy(r, ACTOR_SIDE)),
         "overlap_s": mean(lambda r: float(r.get("time/overlap", 0.0))),
@@ -206,60 +256,97 @@ def compare_staleness(steps: int, out_dir: Path, model_path: Path | None, extra:
     for staleness in (0, 1):
         run_dir = out_dir / f"max_staleness_{staleness}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        overrides = train_overrides(steps, run_dir, model_path, [*extra, f"trainer.max_staleness={staleness}"])
+        overrides = train_overrides(
+            steps, run_dir, model_path, [*extra, f"trainer.max_staleness={staleness}"]
+        )
         print(f"running: scripts/train.sh {' '.join(overrides)}\nlog: {run_dir / 'train.log'}", flush=True)
         load_before = os.getloadavg()[0]
         wall = run_training(overrides, run_dir / "train.log")
         rows = read_metrics(run_dir / "metrics.jsonl")
-        runs[staleness] = {"command": ["scripts/train.sh", *overrides], "load_average_1m_before": load_before,
-                           "load_average_1m_after": os.getloadavg()[0], "summary": summarize(rows, wall),
-                           "overlap": overlap_summary(rows)}
+        runs[staleness] = {
+            "command": ["scripts/train.sh", *overrides],
+            "load_average_1m_before": load_before,
+            "load_average_1m_after": os.getloadavg()[0],
+            "summary": summarize(rows, wall),
+            "overlap": overlap_summary(rows),
+        }
     sync, stale = runs[0]["overlap"], runs[1]["overlap"]
-    return {"config": run_config(out_dir / "max_staleness_0"), "machine": {"cpus": os.cpu_count()},
-            "runs": {f"max_staleness_{k}": v for k, v in runs.items()},
-            "ratio": {"steps_per_s": stale["steps_per_s"] / sync["steps_per_s"],
-                      "steady_step": sync["steady_step_s"] / stale["steady_step_s"]}}
+    return {
+        "config": run_config(out_dir / "max_staleness_0"),
+        "machine": {"cpus": os.cpu_count()},
+        "runs": {f"max_staleness_{k}": v for k, v in runs.items()},
+        "ratio": {
+            "steps_per_s": stale["steps_per_s"] / sync["steps_per_s"],
+            "steady_step": sync["steady_step_s"] / stale["steady_step_s"],
+        },
+    }
 
 
 def print_comparison(report: dict) -> None:
     c, runs = report["config"], report["runs"]
     s0, s1 = runs["max_staleness_0"], runs["max_staleness_1"]
-    print(f"\nmodel: {c['model']}  algorithm: {c['algorithm']}  device: {c['device']}  batch: {c['prompts_per_step']} "
-          f"prompts x n={c['n']}, max_tokens {c['max_tokens']}  CPUs: {report['machine']['cpus']}")
-    print("load average (1 min) before / after: " + ", ".join(
-        f"max_staleness {k[-1]}: {r['load_average_1m_before']:.1f} / {r['load_average_1m_after']:.1f}"
-        for k, r in runs.items()))
+    print(
+        f"\nmodel: {c['model']}  algorithm: {c['algorithm']}  device: {c['device']}  batch: {c['prompts_per_step']} "
+        f"prompts x n={c['n']}, max_tokens {c['max_tokens']}  CPUs: {report['machine']['cpus']}"
+    )
+    print(
+        "load average (1 min) before / after: "
+        + ", ".join(
+            f"max_staleness {k[-1]}: {r['load_average_1m_before']:.1f} / {r['load_average_1m_after']:.1f}"
+            for k, r in runs.items()
+        )
+    )
     names = list(dict.fromkeys([*s0["summary"]["stages"], *s1["summary"]["stages"]]))
     print("\n| stage (median s, steps 2..K) | max_staleness 0 | max_staleness 1 |\n|---|---|---|")
     for name in names:
-        cells = [f"{r['summary']['stages'][name]['median_s']:.3f}" if name in r["summary"]["stages"] else "-"
-                 for r in (s0, s1)]
+        cells = [
+            f"{r['summary']['stages'][name]['median_s']:.3f}" if name in r["summary"]["stages"] else "-"
+            for r in (s0, s1)
+        ]
         print(f"| {name} | {cells[0]} | {cells[1]} |")
     o0, o1 = s0["overlap"], s1["overlap"]
-    print(f"\n| per step (mean over steady steps {o1['steady_steps']}) | max_staleness 0 | max_staleness 1 |"
-          "\n|---|---|---|")
-    for key, label in (("steady_step_s", "step s"), ("rollout_busy_s", "rollout side busy s"),
-                       ("rollout_idle_s", "rollout side idle s"), ("actor_busy_s", "actor side busy s"),
-                       ("actor_idle_s", "actor side idle s"), ("overlap_s", "overlap (both busy) s")):
+    print(
+        f"\n| per step (mean over steady steps {o1['steady_steps']}) | max_staleness 0 | max_staleness 1 |"
+        "\n|---|---|---|"
+    )
+    for key, label in (
+        ("steady_step_s", "step s"),
+        ("rollout_busy_s", "rollout side busy s"),
+        ("rollout_idle_s", "rollout side idle s"),
+        ("actor_busy_s", "actor side busy s"),
+        ("actor_idle_s", "actor side idle s"),
+        ("overlap_s", "overlap (both busy) s"),
+    ):
         print(f"| {label} | {o0[key]:.3f} | {o1[key]:.3f} |")
     print(f"| steps/s over all {o0['steps']} steps | {o0['steps_per_s']:.4f} | {o1['steps_per_s']:.4f} |")
     r = report["ratio"]
-    print(f"\nratio max_staleness 1 / 0: steps/s (all steps) {r['steps_per_s']:.3f}x, "
-          f"steady-state step {r['steady_step']:.3f}x")
+    print(
+        f"\nratio max_staleness 1 / 0: steps/s (all steps) {r['steps_per_s']:.3f}x, "
+        f"steady-state step {r['steady_step']:.3f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 usage="%(prog)s [options] [-- HYDRA_OVERRIDES...]")
-    ap.add_argument("--steps", type=int, default=4, help="training steps; step 1 is dropped as warm-up if > 1")
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], usage="%(prog)s [options] [-- HYDRA_OVERRIDES...]"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=4, help="training steps; step 1 is dropped as warm-up if > 1"
+    )
     ap.add_argument("--model-path", type=Path, help="an existing HF model folder (sets model.build=null)")
-    ap.add_argument("--output-dir", type=Path,
-                    help="run folder to create (kept); default: a temporary one, removed after success")
+    ap.add_argument(
+        "--output-dir",
+        type=Path,
+        help="run folder to create (kept); default: a temporary one, removed after success",
+    )
     ap.add_argument("--out", default="bench_step.json", help="JSON results file")
-    ap.add_argument("--compare-staleness", action="store_true",
-                    help="run trainer.max_staleness 0 then 1 back to back and compare steps/s, overlap and idle time")
+    ap.add_argument(
+        "--compare-staleness",
+        action="store_true",
+        help="run trainer.max_staleness 0 then 1 back to back and compare steps/s, overlap and idle time",
+    )
     args = ap.parse_args(ours)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")

@@ -55,10 +55,14 @@ import time
 import warnings
 from pathlib import Path
 
-DEFAULT_MODEL = Path(os.environ.get("BANDPO_CACHE", Path.home() / ".cache" / "bandpo")) / "tiny_arith" / "model"
-INSTALL_HINT = ("TRL is not installed (it is not a bandpo dependency). Install it outside the project venv, e.g.\n"
-                "  .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate\n"
-                "and run with PYTHONPATH=/tmp/trl-site, or use a separate venv with trl installed.")
+DEFAULT_MODEL = (
+    Path(os.environ.get("BANDPO_CACHE", Path.home() / ".cache" / "bandpo")) / "tiny_arith" / "model"
+)
+INSTALL_HINT = (
+    "TRL is not installed (it is not a bandpo dependency). Install it outside the project venv, e.g.\n"
+    "  .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate\n"
+    "and run with PYTHONPATH=/tmp/trl-site, or use a separate venv with trl installed."
+)
 
 
 def build_dataset(tokenizer, size: int, seed: int):
@@ -70,8 +74,12 @@ def build_dataset(tokenizer, size: int, seed: int):
 
     examples = load_examples("tiny_arith", split="train", size=size, seed=seed)
     # Pre-rendered text: TRL tokenizes a plain prompt as is, giving bandpo's render_prompt ids.
-    return Dataset.from_list([{"prompt": render_prompt_text(tokenizer, ex.problem, "dapo"), "answer": ex.answer}
-                              for ex in examples])
+    return Dataset.from_list(
+        [
+            {"prompt": render_prompt_text(tokenizer, ex.problem, "dapo"), "answer": ex.answer}
+            for ex in examples
+        ]
+    )
 
 
 def make_reward(scorer, tokens: list[int], seconds: list[float]):
@@ -123,7 +131,9 @@ def make_timer():
     return StepTimer()
 
 
-def summarize(step_s: list[float], cpu_s: list[float], tokens: list[int], stages: dict[str, list[float]]) -> dict:
+def summarize(
+    step_s: list[float], cpu_s: list[float], tokens: list[int], stages: dict[str, list[float]]
+) -> dict:
     """Per-RL-step times and throughput, the first step dropped as warm-up when there is more than one.
 
     ``stages`` holds one time per RL step for each named stage; "other" is the rest of the step
@@ -165,8 +175,10 @@ def main() -> dict:
         ap.error(f"--model-path {args.model_path} has no config.json (build it with scripts/train.sh once)")
     rows_per_step, rows_per_update = args.prompts * args.n, args.mini_batch_prompts * args.n
     if args.steps < 1 or args.prompts % args.mini_batch_prompts or rows_per_update % args.micro_batch_size:
-        ap.error("need --steps >= 1, --prompts a multiple of --mini-batch-prompts, and "
-                 "--mini-batch-prompts x --n a multiple of --micro-batch-size")
+        ap.error(
+            "need --steps >= 1, --prompts a multiple of --mini-batch-prompts, and "
+            "--mini-batch-prompts x --n a multiple of --micro-batch-size"
+        )
     # TRL checks the vLLM version at import although this benchmark never uses vLLM.
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
     try:
@@ -183,25 +195,48 @@ def main() -> dict:
     updates_per_step = args.prompts // args.mini_batch_prompts
     out_dir = tempfile.mkdtemp(prefix="bandpo-bench-trl-")
     config = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, seed=args.seed, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, max_steps=args.steps * updates_per_step,
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        seed=args.seed,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        max_steps=args.steps * updates_per_step,
         per_device_train_batch_size=args.micro_batch_size,
         gradient_accumulation_steps=rows_per_update // args.micro_batch_size,
         steps_per_generation=rows_per_step // args.micro_batch_size,
-        num_generations=args.n, max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0,
-        learning_rate=2e-5, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=1.0,
-        beta=0.001, epsilon=0.2, delta=10.0, loss_type="grpo", scale_rewards="group", num_iterations=1,
-        use_vllm=False, model_init_kwargs={"dtype": torch.float32},
+        num_generations=args.n,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=2e-5,
+        lr_scheduler_type="constant",
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        beta=0.001,
+        epsilon=0.2,
+        delta=10.0,
+        loss_type="grpo",
+        scale_rewards="group",
+        num_iterations=1,
+        use_vllm=False,
+        model_init_kwargs={"dtype": torch.float32},
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     generated: list[int] = []
     stages: dict[str, list[float]] = {"generate": [], "reward": []}
     timer = make_timer()
     with RewardScorer(RewardScheme(correct=1.0, incorrect=-1.0), answer_format="dapo") as scorer:
-        trainer = GRPOTrainer(model=str(args.model_path), args=config,
-                              reward_funcs=make_reward(scorer, generated, stages["reward"]),
-                              train_dataset=build_dataset(tokenizer, args.train_size, args.seed),
-                              processing_class=tokenizer, callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=str(args.model_path),
+            args=config,
+            reward_funcs=make_reward(scorer, generated, stages["reward"]),
+            train_dataset=build_dataset(tokenizer, args.train_size, args.seed),
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         # Without vLLM, TRL samples through the model's own generate (one call per RL step, on
         # the unwrapped model, which on one CPU process is trainer.model): an instance
         # attribute shadows the method, so each call is timed.
@@ -210,18 +245,31 @@ def main() -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
 
     def per_rl_step(spans):
-        return [sum(spans[i:i + updates_per_step]) for i in range(0, len(spans), updates_per_step)]
+        return [sum(spans[i : i + updates_per_step]) for i in range(0, len(spans), updates_per_step)]
 
     step_s = per_rl_step(timer.wall)
     if not len(step_s) == len(generated) == len(stages["generate"]):
-        sys.exit(f"bench_trl: expected one generate and one reward call per RL step, got {len(stages['generate'])} "
-                 f"and {len(generated)} for {len(step_s)} steps")
+        sys.exit(
+            f"bench_trl: expected one generate and one reward call per RL step, got {len(stages['generate'])} "
+            f"and {len(generated)} for {len(step_s)} steps"
+        )
     report = {
-        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
-        "config": {"model": str(args.model_path), "prompts_per_step": args.prompts, "n": args.n,
-                   "max_tokens": args.max_tokens, "mini_batch_prompts": args.mini_batch_prompts,
-                   "micro_batch_size": args.micro_batch_size, "optimizer_steps_per_rl_step": updates_per_step,
-                   "device": "cpu", "torch_threads": torch.get_num_threads()},
+        "versions": {
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        "config": {
+            "model": str(args.model_path),
+            "prompts_per_step": args.prompts,
+            "n": args.n,
+            "max_tokens": args.max_tokens,
+            "mini_batch_prompts": args.mini_batch_prompts,
+            "micro_batch_size": args.micro_batch_size,
+            "optimizer_steps_per_rl_step": updates_per_step,
+            "device": "cpu",
+            "torch_threads": torch.get_num_threads(),
+        },
         "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
         "summary": summarize(step_s, per_rl_step(timer.cpu), generated, stages),
         # ru_maxrss is in KiB on Linux; the reward workers are separate processes, not counted.
@@ -236,13 +284,18 @@ def main() -> dict:
 
 def print_report(report: dict) -> None:
     c, s, v = report["config"], report["summary"], report["versions"]
-    print(f"\nTRL {v['trl']} (transformers {v['transformers']}, torch {v['torch']})  model: {c['model']}\n"
-          f"batch: {c['prompts_per_step']} prompts x n={c['n']}, max_tokens {c['max_tokens']}, "
-          f"{c['optimizer_steps_per_rl_step']} optimizer steps of {c['mini_batch_prompts']} prompts, "
-          f"micro-batch {c['micro_batch_size']}  CPUs: {report['machine']['cpus']}, "
-          f"torch threads {c['torch_threads']}, load average {report['machine']['load_average_1m']:.1f}")
+    print(
+        f"\nTRL {v['trl']} (transformers {v['transformers']}, torch {v['torch']})  model: {c['model']}\n"
+        f"batch: {c['prompts_per_step']} prompts x n={c['n']}, max_tokens {c['max_tokens']}, "
+        f"{c['optimizer_steps_per_rl_step']} optimizer steps of {c['mini_batch_prompts']} prompts, "
+        f"micro-batch {c['micro_batch_size']}  CPUs: {report['machine']['cpus']}, "
+        f"torch threads {c['torch_threads']}, load average {report['machine']['load_average_1m']:.1f}"
+    )
     warm = s["warmup_step_s"]
-    print(f"steps measured: {s['steps_measured']}" + (f" (step 1 = warm-up, {warm:.2f} s, dropped)" if warm else ""))
+    print(
+        f"steps measured: {s['steps_measured']}"
+        + (f" (step 1 = warm-up, {warm:.2f} s, dropped)" if warm else "")
+    )
     print("\n| TRL GRPOTrainer | value |\n|---|---|")
     print(f"| step times, s | {', '.join(f'{t:.2f}' for t in s['step_s'])} |")
     print(f"| median s/step | {s['median_step_s']:.2f} |")

@@ -46,8 +46,9 @@ SCALES = {
 }
 # bandpo's overrides per scale beyond the shared ones (the model config brings its tokenizer and lengths).
 SCALE_OVERRIDES = {"smollm2": ["model=smollm2-135m", "rollout.temperature=1.0"]}
-SIZE_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                intermediate_size=1536)
+SIZE_25M = dict(
+    hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1536
+)
 
 
 def tiny_model() -> Path:
@@ -81,7 +82,11 @@ def random_25m_model(tiny: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".random-25m.", dir=CACHE))
     model.save_pretrained(tmp, safe_serialization=True)
     for f in tiny.iterdir():  # tokenizer, chat template, generation config: prompts tokenize identically
-        if f.is_file() and f.name not in ("model.safetensors", "config.json") and not f.name.startswith("bandpo_"):
+        if (
+            f.is_file()
+            and f.name not in ("model.safetensors", "config.json")
+            and not f.name.startswith("bandpo_")
+        ):
             shutil.copy(f, tmp / f.name)
     tmp.rename(out)
     print(f"built {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
@@ -107,7 +112,9 @@ def run(cmd: list[str], env: dict, label: str) -> None:
     print(f"\n[{label}] load {load()}: {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"bench_vs_trl: {label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"bench_vs_trl: {label} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     print(f"[{label}] done, load {load()}", flush=True)
 
 
@@ -115,24 +122,72 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
     s = SCALES[scale]
     py = sys.executable
     trl_json, bandpo_json = workdir / f"trl-{scale}.json", workdir / f"bandpo-{scale}.json"
-    trl_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [trl_site, os.environ.get("PYTHONPATH")]))}
-    run([py, "scripts/bench_trl.py", "--steps", str(steps), "--model-path", str(model), "--prompts", str(s["prompts"]),
-         "--n", str(s["n"]), "--max-tokens", str(s["max_tokens"]), "--mini-batch-prompts", str(s["mini_batch_prompts"]),
-         "--micro-batch-size", str(s["micro_batch_size"]), "--out", str(trl_json)], trl_env, f"{scale}: TRL")
-    run([py, "scripts/bench_step.py", "--steps", str(steps), "--output-dir", str(workdir / f"run-{scale}"),
-         "--out", str(bandpo_json), "--", "algorithm=grpo", *SCALE_OVERRIDES.get(scale, []),
-         f"model.path={model}", "model.build=null",
-         f"trainer.prompts_per_step={s['prompts']}", f"rollout.n={s['n']}", f"rollout.max_tokens={s['max_tokens']}",
-         f"eval.max_tokens={s['max_tokens']}", f"actor.mini_batch_prompts={s['mini_batch_prompts']}",
-         f"actor.micro_batch_size={s['micro_batch_size']}", "actor.lr=2e-5",
-         # TRL has no dynamic sampling
-         "algorithm.filter_groups.enable=false"], dict(os.environ), f"{scale}: bandpo")
+    trl_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [trl_site, os.environ.get("PYTHONPATH")])),
+    }
+    run(
+        [
+            py,
+            "scripts/bench_trl.py",
+            "--steps",
+            str(steps),
+            "--model-path",
+            str(model),
+            "--prompts",
+            str(s["prompts"]),
+            "--n",
+            str(s["n"]),
+            "--max-tokens",
+            str(s["max_tokens"]),
+            "--mini-batch-prompts",
+            str(s["mini_batch_prompts"]),
+            "--micro-batch-size",
+            str(s["micro_batch_size"]),
+            "--out",
+            str(trl_json),
+        ],
+        trl_env,
+        f"{scale}: TRL",
+    )
+    run(
+        [
+            py,
+            "scripts/bench_step.py",
+            "--steps",
+            str(steps),
+            "--output-dir",
+            str(workdir / f"run-{scale}"),
+            "--out",
+            str(bandpo_json),
+            "--",
+            "algorithm=grpo",
+            *SCALE_OVERRIDES.get(scale, []),
+            f"model.path={model}",
+            "model.build=null",
+            f"trainer.prompts_per_step={s['prompts']}",
+            f"rollout.n={s['n']}",
+            f"rollout.max_tokens={s['max_tokens']}",
+            f"eval.max_tokens={s['max_tokens']}",
+            f"actor.mini_batch_prompts={s['mini_batch_prompts']}",
+            f"actor.micro_batch_size={s['micro_batch_size']}",
+            "actor.lr=2e-5",
+            # TRL has no dynamic sampling
+            "algorithm.filter_groups.enable=false",
+        ],
+        dict(os.environ),
+        f"{scale}: bandpo",
+    )
     trl, ours = json.loads(trl_json.read_text())["summary"], json.loads(bandpo_json.read_text())
     b = ours["summary"]
     return {
-        "scale": scale, "model": str(model), **s,
-        "trl_step_s": trl["median_step_s"], "bandpo_step_s": b["step"]["median_s"],
-        "trl_tokens_per_s": trl["tokens_per_s"], "bandpo_tokens_per_s": b["throughput"]["tokens_per_s"],
+        "scale": scale,
+        "model": str(model),
+        **s,
+        "trl_step_s": trl["median_step_s"],
+        "bandpo_step_s": b["step"]["median_s"],
+        "trl_tokens_per_s": trl["tokens_per_s"],
+        "bandpo_tokens_per_s": b["throughput"]["tokens_per_s"],
         "trl_tokens_per_step": trl["generated_tokens_per_step"],
         "bandpo_tokens_per_step": b["throughput"]["generated_tokens_per_step"],
         "step_ratio_trl_over_bandpo": trl["median_step_s"] / b["step"]["median_s"],
@@ -145,7 +200,9 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
 
 def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trl-site", default="/tmp/trl-site", help="folder TRL was installed into (pip --target)")
+    ap.add_argument(
+        "--trl-site", default="/tmp/trl-site", help="folder TRL was installed into (pip --target)"
+    )
     ap.add_argument("--steps", type=int, default=3, help="RL steps per side; step 1 is dropped as warm-up")
     ap.add_argument("--scales", default="tiny,25m", help=f"comma-separated, of {list(SCALES)}")
     ap.add_argument("--out", default="bench_vs_trl.json")
@@ -155,21 +212,32 @@ def main() -> list[dict]:
     if unknown:
         ap.error(f"unknown scale {unknown[0]!r}; valid: {list(SCALES)}")
     if not (Path(args.trl_site) / "trl").is_dir():
-        sys.exit(f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
-                 f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate")
+        sys.exit(
+            f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
+            f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate"
+        )
     tiny = tiny_model()
-    models = {"tiny": tiny, "25m": random_25m_model(tiny) if "25m" in scales else None,
-              "smollm2": smollm2_model() if "smollm2" in scales else None}
+    models = {
+        "tiny": tiny,
+        "25m": random_25m_model(tiny) if "25m" in scales else None,
+        "smollm2": smollm2_model() if "smollm2" in scales else None,
+    }
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl.") as tmp:
         rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp)) for s in scales]
     print(f"\nmachine: {os.cpu_count()} CPUs, load {load()} at the end\n")
-    print("| scale | TRL s/step | bandpo s/step | TRL / bandpo | tokens/s TRL | tokens/s bandpo | bandpo / TRL "
-          "| bandpo start-up s |\n|---|---|---|---|---|---|---|---|")
+    print(
+        "| scale | TRL s/step | bandpo s/step | TRL / bandpo | tokens/s TRL | tokens/s bandpo | bandpo / TRL "
+        "| bandpo start-up s |\n|---|---|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['scale']} | {r['trl_step_s']:.2f} | {r['bandpo_step_s']:.2f} | {r['step_ratio_trl_over_bandpo']:.2f}x "
-              f"| {r['trl_tokens_per_s']:.0f} | {r['bandpo_tokens_per_s']:.0f} "
-              f"| {r['tokens_per_s_ratio_bandpo_over_trl']:.2f}x | {r['bandpo_startup_s']:.1f} |")
-    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "rows": rows}, indent=2) + "\n")
+        print(
+            f"| {r['scale']} | {r['trl_step_s']:.2f} | {r['bandpo_step_s']:.2f} | {r['step_ratio_trl_over_bandpo']:.2f}x "
+            f"| {r['trl_tokens_per_s']:.0f} | {r['bandpo_tokens_per_s']:.0f} "
+            f"| {r['tokens_per_s_ratio_bandpo_over_trl']:.2f}x | {r['bandpo_startup_s']:.1f} |"
+        )
+    Path(args.out).write_text(
+        json.dumps({"machine": {"cpus": os.cpu_count()}, "rows": rows}, indent=2) + "\n"
+    )
     print(f"\nwrote {args.out}")
     return rows
 

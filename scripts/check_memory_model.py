@@ -30,8 +30,15 @@ import os
 import subprocess
 import sys
 
-SHAPE = dict(num_params=0, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-             vocab_size=49152)
+SHAPE = dict(
+    num_params=0,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    vocab_size=49152,
+)
 ROW_TOKENS = 256  # tokens per packed row: 16 prompt + 240 response
 PROMPT = 16
 GIB = float(1 << 30)
@@ -55,10 +62,16 @@ def child(tokens: int, checkpointing: bool, chunk: int) -> dict:
 
     start = _status_kib("VmRSS") * 1024
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=SHAPE["vocab_size"], hidden_size=SHAPE["hidden_size"],
-                         intermediate_size=SHAPE["intermediate_size"], num_hidden_layers=SHAPE["num_layers"],
-                         num_attention_heads=SHAPE["num_heads"], num_key_value_heads=SHAPE["num_kv_heads"],
-                         tie_word_embeddings=True, max_position_embeddings=4096)
+    config = LlamaConfig(
+        vocab_size=SHAPE["vocab_size"],
+        hidden_size=SHAPE["hidden_size"],
+        intermediate_size=SHAPE["intermediate_size"],
+        num_hidden_layers=SHAPE["num_layers"],
+        num_attention_heads=SHAPE["num_heads"],
+        num_key_value_heads=SHAPE["num_kv_heads"],
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    )
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).train()
     if not use_packed_attention(model):
@@ -84,8 +97,12 @@ def child(tokens: int, checkpointing: bool, chunk: int) -> dict:
     step()
     peak = _status_kib("VmHWM") * 1024
     params = sum(p.numel() for p in model.parameters())
-    return {"params": params, "tokens": int(packed.input_ids.shape[1]), "transient": peak - before,
-            "total": peak - start}
+    return {
+        "params": params,
+        "tokens": int(packed.input_ids.shape[1]),
+        "transient": peak - before,
+        "total": peak - start,
+    }
 
 
 def estimate(params: int, tokens: int, checkpointing: bool, chunk: int) -> dict:
@@ -99,17 +116,25 @@ def estimate(params: int, tokens: int, checkpointing: bool, chunk: int) -> dict:
     )
 
     shape = ModelShape(**{**SHAPE, "num_params": params})
-    backward = (tokens * (layers_activation_bytes(shape, 4, checkpointing) + head_activation_bytes(shape, 4, True))
-                + head_transient_bytes(shape, 4, chunk))
+    backward = tokens * (
+        layers_activation_bytes(shape, 4, checkpointing) + head_activation_bytes(shape, 4, True)
+    ) + head_transient_bytes(shape, 4, chunk)
     step = optimizer_step_bytes(shape, 1, 2)
     transient = max(backward, step)
-    return {"backward": backward, "optimizer_step": step, "transient": transient, "total": 16 * params + transient}
+    return {
+        "backward": backward,
+        "optimizer_step": step,
+        "transient": transient,
+        "total": 16 * params + transient,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2048, help="packed tokens in the step (rows of 256)")
-    ap.add_argument("--chunk", type=int, default=512, help="tokens per lm_head chunk (actor.logits_chunk_tokens)")
+    ap.add_argument(
+        "--chunk", type=int, default=512, help="tokens per lm_head chunk (actor.logits_chunk_tokens)"
+    )
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", choices=["plain", "checkpointing"], help=argparse.SUPPRESS)
@@ -122,24 +147,48 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     results = []
     for mode in ("plain", "checkpointing"):
-        cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(args.tokens), "--chunk", str(args.chunk)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--tokens",
+            str(args.tokens),
+            "--chunk",
+            str(args.chunk),
+        ]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"the {mode} measurement failed:\n{out.stderr[-3000:]}")
         measured = json.loads(out.stdout.strip().splitlines()[-1])
         est = estimate(measured["params"], measured["tokens"], mode == "checkpointing", args.chunk)
         for what in ("transient", "total"):
-            results.append({"mode": mode, "what": what, "measured_gib": measured[what] / GIB,
-                            "estimated_gib": est[what] / GIB, "ratio": est[what] / measured[what],
-                            "params": measured["params"], "tokens": measured["tokens"],
-                            "backward_gib": est["backward"] / GIB, "optimizer_step_gib": est["optimizer_step"] / GIB})
+            results.append(
+                {
+                    "mode": mode,
+                    "what": what,
+                    "measured_gib": measured[what] / GIB,
+                    "estimated_gib": est[what] / GIB,
+                    "ratio": est[what] / measured[what],
+                    "params": measured["params"],
+                    "tokens": measured["tokens"],
+                    "backward_gib": est["backward"] / GIB,
+                    "optimizer_step_gib": est["optimizer_step"] / GIB,
+                }
+            )
     print(f"{'mode':<14} {'peak':<10} {'measured GiB':>12} {'estimated GiB':>13} {'est/meas':>8}")
     for r in results:
-        print(f"{r['mode']:<14} {r['what']:<10} {r['measured_gib']:>12.3f} {r['estimated_gib']:>13.3f} "
-              f"{r['ratio']:>8.3f}")
+        print(
+            f"{r['mode']:<14} {r['what']:<10} {r['measured_gib']:>12.3f} {r['estimated_gib']:>13.3f} "
+            f"{r['ratio']:>8.3f}"
+        )
     ok = all(abs(r["ratio"] - 1) <= args.tolerance for r in results)
-    report = {"ok": ok, "tolerance": args.tolerance, "chunk": args.chunk,
-              "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in results]}
+    report = {
+        "ok": ok,
+        "tolerance": args.tolerance,
+        "chunk": args.chunk,
+        "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in results],
+    }
     print(json.dumps(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -64,10 +64,24 @@ PEAK_FLOPS = {
     "NVIDIA L4": 121e12,
     "NVIDIA GeForce RTX 4090": 165.2e12,
 }
-QWEN25_1_5B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                   intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
-TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=256, vocab_size=512, tie_word_embeddings=True)
+QWEN25_1_5B = dict(
+    hidden_size=1536,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    intermediate_size=8960,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+TINY = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=256,
+    vocab_size=512,
+    tie_word_embeddings=True,
+)
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -88,10 +102,17 @@ def build_model(folder: Path, shape: dict, dtype) -> int:
 
 
 COLUMNS = (  # header, key, format
-    ("ZeRO", "zero_stage", "4d"), ("update s", "update_s", "9.2f"), ("tokens/s", "tokens_per_s", "10.0f"),
-    ("MFU", "mfu", "6.3f"), ("peak GiB", "peak_gib", "9.2f"), ("est GiB", "estimate_gib", "8.2f"),
-    ("peak/est", "peak_over_estimate", "9.2f"), ("packed err", "packed_max_err", "11.2e"), ("tol", "packed_tol", "9.2e"),
-    ("offload diff", "offload_max_diff", "13.2e"), ("freed GiB", "offload_freed_gib", "10.2f"),
+    ("ZeRO", "zero_stage", "4d"),
+    ("update s", "update_s", "9.2f"),
+    ("tokens/s", "tokens_per_s", "10.0f"),
+    ("MFU", "mfu", "6.3f"),
+    ("peak GiB", "peak_gib", "9.2f"),
+    ("est GiB", "estimate_gib", "8.2f"),
+    ("peak/est", "peak_over_estimate", "9.2f"),
+    ("packed err", "packed_max_err", "11.2e"),
+    ("tol", "packed_tol", "9.2e"),
+    ("offload diff", "offload_max_diff", "13.2e"),
+    ("freed GiB", "offload_freed_gib", "10.2f"),
     ("left GiB", "left_after_close_gib", "9.2f"),
 )
 
@@ -104,22 +125,37 @@ def table(rows: list[dict], ipc: dict | None) -> str:
     lines = [" ".join(h.rjust(int(spec.rstrip("dfe").split(".")[0])) for h, _, spec in COLUMNS)]
     lines += [" ".join(cell(r.get(key), spec) for _, key, spec in COLUMNS) for r in rows]
     if ipc:
-        lines.append(f"IPC round trip: {ipc['ipc_bytes'] / 1e9:.2f} GB in {ipc['ipc_buckets']} buckets, "
-                     f"{ipc['ipc_gbs']:.1f} GB/s = {ipc['ipc_over_copy']:.2f} x the device copy "
-                     f"({ipc['device_copy_gbs']:.1f} GB/s)")
+        lines.append(
+            f"IPC round trip: {ipc['ipc_bytes'] / 1e9:.2f} GB in {ipc['ipc_buckets']} buckets, "
+            f"{ipc['ipc_gbs']:.1f} GB/s = {ipc['ipc_over_copy']:.2f} x the device copy "
+            f"({ipc['device_copy_gbs']:.1f} GB/s)"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="tiny model on the CPU, fp32 (the CI mode)")
-    ap.add_argument("--rows", type=int, default=None, help=f"rows per update, groups of {GROUP} (default 16 GPU, 8 CPU)")
+    ap.add_argument(
+        "--rows", type=int, default=None, help=f"rows per update, groups of {GROUP} (default 16 GPU, 8 CPU)"
+    )
     ap.add_argument("--prompt", type=int, default=None, help="max prompt tokens (default 512 GPU, 16 CPU)")
-    ap.add_argument("--response", type=int, default=None, help="max response tokens (default 1536 GPU, 24 CPU)")
-    ap.add_argument("--token-budget", type=int, default=None, help="packed tokens per micro-batch (default 32768)")
-    ap.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", default=None,
-                    help="no gradient checkpointing (default: on for GPU, off for CPU)")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of a GPU not in PEAK_FLOPS")
+    ap.add_argument(
+        "--response", type=int, default=None, help="max response tokens (default 1536 GPU, 24 CPU)"
+    )
+    ap.add_argument(
+        "--token-budget", type=int, default=None, help="packed tokens per micro-batch (default 32768)"
+    )
+    ap.add_argument(
+        "--no-grad-ckpt",
+        dest="grad_ckpt",
+        action="store_false",
+        default=None,
+        help="no gradient checkpointing (default: on for GPU, off for CPU)",
+    )
+    ap.add_argument(
+        "--peak-tflops", type=float, default=None, help="dense bf16 peak of a GPU not in PEAK_FLOPS"
+    )
     ap.add_argument("--stages", default="2,3")
     ap.add_argument("--no-ipc", dest="ipc", action="store_false", help="skip the CUDA IPC round trip")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bandpo-gpu-smoke"))
@@ -151,12 +187,24 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(check_stage(str(model_dir), int(stage), args, shape, params, dtype))
         print(json.dumps(rows[-1]), flush=True)
     ipc = ipc_round_trip(str(model_dir)) if not args.cpu and args.ipc else None
-    print(f"device {device}   model {params / 1e6:.1f}M params ({dtype})   rows {args.rows} "
-          f"(groups of {GROUP})   gradient checkpointing {args.grad_ckpt}   load average {os.getloadavg()}")
+    print(
+        f"device {device}   model {params / 1e6:.1f}M params ({dtype})   rows {args.rows} "
+        f"(groups of {GROUP})   gradient checkpointing {args.grad_ckpt}   load average {os.getloadavg()}"
+    )
     print(table(rows, ipc))
-    result = {"meta": {"device": device, "params": params, "dtype": dtype, "machine": platform.machine(),
-                       "peak_flops": args.peak, "load_avg": os.getloadavg(), "args": vars(args)},
-              "stages": rows, "ipc": ipc}
+    result = {
+        "meta": {
+            "device": device,
+            "params": params,
+            "dtype": dtype,
+            "machine": platform.machine(),
+            "peak_flops": args.peak,
+            "load_avg": os.getloadavg(),
+            "args": vars(args),
+        },
+        "stages": rows,
+        "ipc": ipc,
+    }
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return result

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 
-UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float32": 2.0 ** -24}
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
 GROUP = 4  # rows sharing one prompt, as GRPO's samples of a prompt do
 
 
@@ -55,8 +55,14 @@ def random_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 
     groups = [ids(prompt) for _ in range(math.ceil(rows / GROUP))]
     prompts = [list(groups[i // GROUP]) for i in range(rows)]
     responses = [ids(response) for _ in range(rows)]
-    return RolloutBatch.from_lists(prompts, responses, [[0.0] * len(r) for r in responses],
-                                   [i // GROUP for i in range(rows)], ["stop"] * rows, pad_id=0)
+    return RolloutBatch.from_lists(
+        prompts,
+        responses,
+        [[0.0] * len(r) for r in responses],
+        [i // GROUP for i in range(rows)],
+        ["stop"] * rows,
+        pad_id=0,
+    )
 
 
 def computed_tokens(rb) -> int:
@@ -75,19 +81,33 @@ def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool) -> flo
     from bandpo.distributed.plan import ClusterShape, make_plan
 
     ckpt = str(args.grad_ckpt).lower()
-    cfg = compose([
-        "model=qwen2.5-3b", f"model.num_params={params}", f"model.hidden_size={shape['hidden_size']}",
-        f"model.num_layers={shape['num_hidden_layers']}", f"model.vocab_size={shape['vocab_size']}",
-        f"model.max_model_len={args.prompt + args.response}", f"model.gradient_checkpointing={ckpt}",
-        f"actor.gradient_checkpointing={ckpt}", "actor.num_workers=1", "rollout.num_workers=1",
-        f"actor.zero_stage={stage}", f"actor.micro_batch_size={args.rows}", "actor.padding_free=true",
-        f"actor.max_tokens_per_micro_batch={args.token_budget}", f"actor.bf16={str(bf16).lower()}",
-        "algorithm.kl_coef=0",
-    ])
+    cfg = compose(
+        [
+            "model=qwen2.5-3b",
+            f"model.num_params={params}",
+            f"model.hidden_size={shape['hidden_size']}",
+            f"model.num_layers={shape['num_hidden_layers']}",
+            f"model.vocab_size={shape['vocab_size']}",
+            f"model.max_model_len={args.prompt + args.response}",
+            f"model.gradient_checkpointing={ckpt}",
+            f"actor.gradient_checkpointing={ckpt}",
+            "actor.num_workers=1",
+            "rollout.num_workers=1",
+            f"actor.zero_stage={stage}",
+            f"actor.micro_batch_size={args.rows}",
+            "actor.padding_free=true",
+            f"actor.max_tokens_per_micro_batch={args.token_budget}",
+            f"actor.bf16={str(bf16).lower()}",
+            "algorithm.kl_coef=0",
+        ]
+    )
     # The finer layer shape, where the config carries it (SwiGLU width, attention heads).
     with open_dict(cfg):
-        for key, value in (("intermediate_size", "intermediate_size"), ("num_heads", "num_attention_heads"),
-                           ("num_kv_heads", "num_key_value_heads")):
+        for key, value in (
+            ("intermediate_size", "intermediate_size"),
+            ("num_heads", "num_attention_heads"),
+            ("num_kv_heads", "num_key_value_heads"),
+        ):
             if key in cfg.model:
                 cfg.model[key] = shape[value]
     est = memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 1), "cuda"))
@@ -151,8 +171,12 @@ def actor_states(actor) -> list:
     masters = getattr(opt, "single_partition_of_fp32_groups", None) or opt.fp32_partitioned_groups_flat
     out = [t.detach().to("cpu", copy=True) for bucket in actor.named_weights() for _, t in bucket]
     out += [t.detach().to("cpu", copy=True) for t in masters]
-    out += [v.to("cpu", copy=True) for s in opt.optimizer.state.values() for v in s.values()
-            if torch.is_tensor(v) and v.dim() > 0]
+    out += [
+        v.to("cpu", copy=True)
+        for s in opt.optimizer.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    ]
     return out
 
 
@@ -173,9 +197,15 @@ def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
     after = actor_states(actor)
     if len(before) != len(after):
         raise RuntimeError(f"offload round trip: {len(before)} state tensors before, {len(after)} after")
-    diff = max(0.0 if torch.equal(a, b) else float((a.float() - b.float()).abs().max()) for a, b in zip(before, after))
-    return {"offload_max_diff": diff, "offload_states": len(before),
-            "offload_freed_gib": None if not cuda else resident - offloaded}
+    diff = max(
+        0.0 if torch.equal(a, b) else float((a.float() - b.float()).abs().max())
+        for a, b in zip(before, after)
+    )
+    return {
+        "offload_max_diff": diff,
+        "offload_states": len(before),
+        "offload_freed_gib": None if not cuda else resident - offloaded,
+    }
 
 
 def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtype: str) -> dict:
@@ -188,12 +218,23 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
 
     cuda = not args.cpu
     rb = random_batch(args.rows, args.prompt, args.response, shape["vocab_size"])
-    loss = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
+    loss = LossOptions(
+        algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
+    )
     out: dict = {"zero_stage": stage}
     baseline = PeakMemory.rss()
-    actor = Actor(model_dir, zero_stage=stage, bf16=cuda, mini_batch_size=args.rows, micro_batch_size=args.rows,
-                  lr=1e-5, max_tokens_per_micro_batch=args.token_budget, logprob_token_budget=args.token_budget,
-                  gradient_checkpointing=args.grad_ckpt, offload_during_rollout=cuda)
+    actor = Actor(
+        model_dir,
+        zero_stage=stage,
+        bf16=cuda,
+        mini_batch_size=args.rows,
+        micro_batch_size=args.rows,
+        lr=1e-5,
+        max_tokens_per_micro_batch=args.token_budget,
+        logprob_token_budget=args.token_budget,
+        gradient_checkpointing=args.grad_ckpt,
+        offload_during_rollout=cuda,
+    )
     try:
         actor.reload()  # an offloading actor starts with its states in host memory, as before a first rollout
         old, _ = actor.compute_logprobs(rb)
@@ -203,9 +244,14 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
         with PeakMemory(cuda, baseline) as peak:
             m = actor.update(batch, loss)
         tokens = computed_tokens(rb)
-        out.update(update_s=m["time_s"], tokens=tokens, tokens_per_s=tokens / m["time_s"],
-                   mfu=mfu(params, tokens, m["time_s"], args.peak), peak_gib=peak.peak_gib,
-                   estimate_gib=plan_estimate(params, shape, stage, args, bf16=cuda))
+        out.update(
+            update_s=m["time_s"],
+            tokens=tokens,
+            tokens_per_s=tokens / m["time_s"],
+            mfu=mfu(params, tokens, m["time_s"], args.peak),
+            peak_gib=peak.peak_gib,
+            estimate_gib=plan_estimate(params, shape, stage, args, bf16=cuda),
+        )
         out["peak_over_estimate"] = None if not out["estimate_gib"] else out["peak_gib"] / out["estimate_gib"]
 
         # packed attention + shared prompts + chunked head vs the padded reference with full logits
@@ -220,7 +266,9 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
         # The largest |log p| stands in for max|z|: log-softmax is shift-invariant, and z_max - z_y <= -log p_y.
         logits_max = float(padded[mask].abs().max())
         out["packed_max_err"] = float((packed - padded)[mask].abs().max())
-        out["packed_tol"] = logprob_tolerance(dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"])
+        out["packed_tol"] = logprob_tolerance(
+            dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"]
+        )
         out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
     finally:
         module = weakref.ref(actor.engine.module)
@@ -255,7 +303,9 @@ def ipc_round_trip(model_dir: str, bucket_bytes: int = 256 << 20) -> dict:
 
     from bandpo.weight_sync.ipc import pack_ipc_bucket
 
-    weights = list(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().named_parameters())
+    weights = list(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().named_parameters()
+    )
     buckets, cur, size = [], [], 0
     for name, p in weights:
         if cur and size + p.nbytes > bucket_bytes:
@@ -295,5 +345,11 @@ def ipc_round_trip(model_dir: str, bucket_bytes: int = 256 << 20) -> dict:
     torch.cuda.synchronize()
     copy_gbs = 5 * a.nbytes / (time.perf_counter() - t0) / 1e9
     ipc_gbs = total / seconds / 1e9
-    return {"ipc_bytes": total, "ipc_buckets": len(buckets), "ipc_s": seconds, "ipc_gbs": ipc_gbs,
-            "device_copy_gbs": copy_gbs, "ipc_over_copy": ipc_gbs / copy_gbs}
+    return {
+        "ipc_bytes": total,
+        "ipc_buckets": len(buckets),
+        "ipc_s": seconds,
+        "ipc_gbs": ipc_gbs,
+        "device_copy_gbs": copy_gbs,
+        "ipc_over_copy": ipc_gbs / copy_gbs,
+    }

@@ -19,10 +19,15 @@ def pytest_collection_modifyitems(config, items):
 
     # tests/integration/ is the engine tree: each file there says `pytestmark = pytest.mark.integration`,
     # so that `-m "not integration"` (the fast unit suite) never starts an engine.
-    unmarked = [i.nodeid for i in items
-                if i.nodeid.startswith("tests/integration/") and i.get_closest_marker("integration") is None]
+    unmarked = [
+        i.nodeid
+        for i in items
+        if i.nodeid.startswith("tests/integration/") and i.get_closest_marker("integration") is None
+    ]
     if unmarked:
-        raise pytest.UsageError("tests under tests/integration/ without the integration marker: " + ", ".join(unmarked))
+        raise pytest.UsageError(
+            "tests under tests/integration/ without the integration marker: " + ", ".join(unmarked)
+        )
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -93,8 +93,10 @@ def build_layout(rows: torch.Tensor, total: int) -> AttentionLayout:
         offset += index.numel()
     dest = torch.cat(dest) if dest else torch.zeros(0, dtype=torch.long)
     if dest.numel() != total or not bool((torch.bincount(dest, minlength=total) == 1).all()):
-        raise ValueError(f"attention layout: the rows write {dest.numel()} outputs, not each of the {total} "
-                         "packed positions once")
+        raise ValueError(
+            f"attention layout: the rows write {dest.numel()} outputs, not each of the {total} "
+            "packed positions once"
+        )
     source = torch.empty(total, dtype=torch.long)
     source[dest] = torch.cat(flat)
     return AttentionLayout(buckets, source)
@@ -135,10 +137,13 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if attention_mask is not None or query.shape[0] != 1 or (position_ids is None and layout is None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if kwargs.get("sliding_window") is not None:
-        raise ValueError("packed attention: sliding-window layers are not supported; use actor.padding_free=false")
+        raise ValueError(
+            "packed attention: sliding-window layers are not supported; use actor.padding_free=false"
+        )
     if layout is None:
         total = query.shape[2]
         layout = build_layout(contiguous_rows(row_lengths(position_ids)), total).to(query.device)
@@ -150,7 +155,9 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [b, heads, L, d]
         if groups > 1:  # grouped-query attention: share each kv head with its query heads
             kb, vb = kb.repeat_interleave(groups, dim=1), vb.repeat_interleave(groups, dim=1)
-        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling
+        )
         parts.append(out.transpose(1, 2).flatten(0, 1))  # [b * L, heads, d]
     # One gather picks each position's output from the row that writes it; its backward scatters
     # into unique indices (deterministic). The unwritten columns get zero gradient.
@@ -170,4 +177,3 @@ def use_packed_attention(model) -> bool:
     AttentionMaskInterface.register(NAME, _mask)
     model.set_attn_implementation(NAME)
     return True
-

@@ -119,5 +119,7 @@ def chunked_logprobs_entropy(
     """
     check_chunk(chunk)
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}"
+        )
     return ChunkedLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(chunk))

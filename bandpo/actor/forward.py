@@ -74,14 +74,24 @@ class ActorForward:
         """``(logprobs [n, r], entropy [n, r] or None, response_mask [n, r])`` on the device for
         the rows of ``mb``, r its longest response; 0.0 at padding. Grad flows when enabled."""
         if self.padding_free:
-            packed = pack_rows(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                               share_prompts=self.share_prompts).to(self.device)
+            packed = pack_rows(
+                mb.prompt_ids,
+                mb.prompt_mask,
+                mb.response_ids,
+                mb.response_mask,
+                share_prompts=self.share_prompts,
+            ).to(self.device)
             lp, ent = packed_logprobs(
-                model, packed, temperature=self.temperature, chunk=self.logits_chunk_tokens, entropy_grad=entropy_grad
+                model,
+                packed,
+                temperature=self.temperature,
+                chunk=self.logits_chunk_tokens,
+                entropy_grad=entropy_grad,
             )
             return lp, ent, packed.response_mask.long()
         p_ids, p_mask, r_ids, r_mask = (
-            t.to(self.device) for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+            t.to(self.device)
+            for t in trim_padding(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
         )
         logits = response_logits(model, p_ids, p_mask, r_ids, r_mask, temperature=self.temperature)
         pad = r_mask == 0

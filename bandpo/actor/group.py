@@ -110,20 +110,32 @@ class ActorGroup:
         self.first_rows = actor_kwargs.get("mini_batch_size")  # rows of the first optimizer step
         if options_per_rank is not None:
             if len(options_per_rank) != world_size:
-                raise ValueError(f"ActorGroup: options_per_rank has {len(options_per_rank)} entries for "
-                                 f"world_size={world_size}")
+                raise ValueError(
+                    f"ActorGroup: options_per_rank has {len(options_per_rank)} entries for "
+                    f"world_size={world_size}"
+                )
             self.pg = None  # the caller's placement groups
             opts = [dict(o) for o in options_per_rank]
         else:
             bundle = {"CPU": num_cpus_per_rank, **({"GPU": num_gpus_per_rank} if num_gpus_per_rank else {})}
             self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
             ray.get(self.pg.ready())
-            opts = [{"num_cpus": num_cpus_per_rank, "num_gpus": num_gpus_per_rank,
-                     "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)}
-                    for r in range(world_size)]
+            opts = [
+                {
+                    "num_cpus": num_cpus_per_rank,
+                    "num_gpus": num_gpus_per_rank,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=r
+                    ),
+                }
+                for r in range(world_size)
+            ]
 
-        addr, port = ray.get(ray.remote(_rendezvous).options(
-            num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"]).remote())
+        addr, port = ray.get(
+            ray.remote(_rendezvous)
+            .options(num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"])
+            .remote()
+        )
         # the driver's of now: init_ray sets DS_ACCELERATOR after the job's env is taken
         env = forwarded_env()
         remote_cls = ray.remote(Actor)
@@ -190,7 +202,9 @@ class ActorGroup:
         batch.old_logprobs = torch.cat([pad, lp])  # [N, R]
         return torch.cat([pad, ent])  # [N, R]
 
-    def train(self, batch: TrainBatch, options: LossOptions, epochs: int, entropy: torch.Tensor | None) -> UpdateResult:
+    def train(
+        self, batch: TrainBatch, options: LossOptions, epochs: int, entropy: torch.Tensor | None
+    ) -> UpdateResult:
         """Stage 6: ``epochs`` passes of mini-batched optimizer steps over ``batch``.
 
         With ``reuse_old_logprobs`` the first epoch's first step takes the first mini-batch's old
@@ -229,10 +243,12 @@ class ActorGroup:
         r, r + W, ...: together the batch's first ``mini_batch_size`` rows, the ones filled."""
         import ray
 
-        parts = ray.get([
-            w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options)
-            for r, w in enumerate(self.workers)
-        ])
+        parts = ray.get(
+            [
+                w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options)
+                for r, w in enumerate(self.workers)
+            ]
+        )
         return parts[0][0], unshard_rows([p[1] for p in parts]), unshard_rows([p[2] for p in parts])
 
     def compute_logprobs(self, batch: RolloutBatch, with_entropy: bool = False, ref: bool = False):

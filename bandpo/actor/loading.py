@@ -70,12 +70,16 @@ def weight_files(path: str) -> list[Path]:
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"model {path}: no *.safetensors weights in {folder} (the actor reads safetensors "
-                                "only; re-save the model with save_pretrained(..., safe_serialization=True))")
+        raise FileNotFoundError(
+            f"model {path}: no *.safetensors weights in {folder} (the actor reads safetensors "
+            "only; re-save the model with save_pretrained(..., safe_serialization=True))"
+        )
     return files
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu", zero3_config: dict | None = None):
+def load_model(
+    path: str, dtype: torch.dtype, device: torch.device | str = "cpu", zero3_config: dict | None = None
+):
     """HF causal LM of ``path`` in ``dtype``, in eval mode, on ``device`` or, with ``zero3_config``
     (the DeepSpeed config its engine will get), partitioned over the ranks by ZeRO-3.
 
@@ -93,8 +97,9 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device | str = "cpu"
         # by default zero.Init turns every float tensor into the training dtype, rotary frequencies
         # included (bf16 inv_freq), which from_pretrained + deepspeed.initialize keep in fp32.
         # Parameters are in ``dtype`` anyway (from_config builds under it).
-        place = deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype,
-                                    tensor_overrides=[DeepSpeedTensorOverride.device])
+        place = deepspeed.zero.Init(
+            config_dict_or_path=zero3_config, dtype=dtype, tensor_overrides=[DeepSpeedTensorOverride.device]
+        )
     else:
         place = torch.device(device)
     with place, no_init_weights():
@@ -125,16 +130,20 @@ def copy_weights(model: torch.nn.Module, files: list[Path], zero3: bool) -> None
                 param = params[name]
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != tuple(getattr(param, "ds_shape", param.shape)):
-                    raise ValueError(f"{file}: {name} has shape {shape}, the model's parameter "
-                                     f"{tuple(getattr(param, 'ds_shape', param.shape))}")
+                    raise ValueError(
+                        f"{file}: {name} has shape {shape}, the model's parameter "
+                        f"{tuple(getattr(param, 'ds_shape', param.shape))}"
+                    )
                 with _gathered(param, zero3), torch.no_grad():
                     if writer:
                         _fill(param, f, name, share=not zero3)
                 loaded.add(name)
     missing = sorted(params.keys() - loaded)
     if missing:
-        raise ValueError(f"model weights {files[0].parent}: no tensor for {len(missing)} parameters "
-                         f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+        raise ValueError(
+            f"model weights {files[0].parent}: no tensor for {len(missing)} parameters "
+            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+        )
 
 
 def _fill(param: torch.nn.Parameter, f, name: str, share: bool) -> None:

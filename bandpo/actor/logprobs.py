@@ -170,14 +170,20 @@ def _chunked_head(model, targets: torch.Tensor, temperature: float, chunk: int, 
     config = getattr(hf, "config", None)
     for key in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, key, None) not in (None, 1.0):
-            raise ValueError(f"packed log-probs: the model's {key}={getattr(config, key)} is not supported; "
-                             "use actor.padding_free=false")
+            raise ValueError(
+                f"packed log-probs: the model's {key}={getattr(config, key)} is not supported; "
+                "use actor.padding_free=false"
+            )
     head = hf.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
-        raise ValueError("packed log-probs: an lm_head with a bias is not supported; use actor.padding_free=false")
+        raise ValueError(
+            "packed log-probs: an lm_head with a bias is not supported; use actor.padding_free=false"
+        )
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:  # [1, n_resp, H] -> [1, n_resp, 2]
-        lp, ent = chunked_logprobs_entropy(hidden[0], head.weight, targets, temperature=temperature, chunk=chunk)
+        lp, ent = chunked_logprobs_entropy(
+            hidden[0], head.weight, targets, temperature=temperature, chunk=chunk
+        )
         return torch.stack([lp, ent if entropy_grad else ent.detach()], dim=-1)[None]
 
     head.forward = forward

@@ -44,7 +44,15 @@ class LoraSettings:
     rank: int = 0
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
     @classmethod
     def of(cls, value) -> LoraSettings | None:
@@ -76,8 +84,10 @@ def check_zero_stage(zero_stage) -> None:
     adapters-off reference under ZeRO-3's prefetch trace, checkpoints and several ranks are untested.
     """
     if zero_stage == 3:
-        raise ValueError("actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on a ZeRO-3 "
-                         "partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0")
+        raise ValueError(
+            "actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on a ZeRO-3 "
+            "partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0"
+        )
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
@@ -92,8 +102,13 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
-    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                        target_modules=list(settings.target_modules), bias="none")
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+    )
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as e:
@@ -101,12 +116,20 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     for name, mod in wrapped.named_modules():
         if not isinstance(mod, LoraLayer):
             continue
-        if not isinstance(mod, LoraLinear) or type(mod.base_layer) is not torch.nn.Linear or mod.fan_in_fan_out:
-            raise ValueError(f"actor.lora.target_modules: {name} is a {type(mod.base_layer).__name__}; "
-                             "only nn.Linear layers can take adapters")
+        if (
+            not isinstance(mod, LoraLinear)
+            or type(mod.base_layer) is not torch.nn.Linear
+            or mod.fan_in_fan_out
+        ):
+            raise ValueError(
+                f"actor.lora.target_modules: {name} is a {type(mod.base_layer).__name__}; "
+                "only nn.Linear layers can take adapters"
+            )
         if mod is wrapped.get_output_embeddings():
-            raise ValueError(f"actor.lora.target_modules: {name} is the output embedding, which cannot take an "
-                             "adapter (the chunked log-prob head reads its weight directly)")
+            raise ValueError(
+                f"actor.lora.target_modules: {name} is the output embedding, which cannot take an "
+                "adapter (the chunked log-prob head reads its weight directly)"
+            )
     return wrapped
 
 
@@ -137,11 +160,13 @@ def base_name(name: str) -> str | None:
     if ".lora_" in name:
         return None
     if name.startswith(PEFT_PREFIX):
-        name = name[len(PEFT_PREFIX):]
+        name = name[len(PEFT_PREFIX) :]
     return name.replace(BASE_LAYER + ".", ".")
 
 
-def merged_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+def merged_weight(
+    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
     """``W + scaling * (B @ A)`` as a new tensor in ``weight``'s dtype; the inputs are not written.
 
     weight [out, in], lora_a [rank, in], lora_b [out, rank]. In float32 the operations and their
@@ -178,7 +203,9 @@ class SyncEntry:
         if self.lora_a is None:
             return self.param.detach()
         with torch.no_grad():
-            return merged_weight(self.param.detach(), self.lora_a.detach(), self.lora_b.detach(), self.scaling)
+            return merged_weight(
+                self.param.detach(), self.lora_a.detach(), self.lora_b.detach(), self.scaling
+            )
 
 
 def sync_entries(module: torch.nn.Module) -> list[SyncEntry]:
@@ -192,7 +219,10 @@ def sync_entries(module: torch.nn.Module) -> list[SyncEntry]:
     for mod_name, mod in module.named_modules():
         if isinstance(mod, LoraLayer) and ADAPTER in mod.lora_A:
             factors[f"{mod_name}{BASE_LAYER}.weight"] = (
-                mod.lora_A[ADAPTER].weight, mod.lora_B[ADAPTER].weight, mod.scaling[ADAPTER])
+                mod.lora_A[ADAPTER].weight,
+                mod.lora_B[ADAPTER].weight,
+                mod.scaling[ADAPTER],
+            )
     entries = []
     for name, p in module.named_parameters():
         base = base_name(name)
@@ -222,7 +252,8 @@ def merge_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str
             t = merged_weight(t, state[a_name].to(t.dtype), state[b_name].to(t.dtype), scaling)
         out[base] = t
     unmerged = {n.split(".lora_")[0] for n in state if ".lora_" in n} - {
-        n[: -len(BASE_LAYER + ".weight")] for n in state if n.endswith(BASE_LAYER + ".weight")}
+        n[: -len(BASE_LAYER + ".weight")] for n in state if n.endswith(BASE_LAYER + ".weight")
+    }
     if unmerged:
         raise ValueError(f"LoRA factors without a base weight: {sorted(unmerged)[:3]}")
     return out
@@ -238,4 +269,3 @@ def merged_by_peft(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def trainable_names(module: torch.nn.Module) -> Iterator[str]:
     """Names of ``module``'s parameters that require a gradient (with LoRA on: the factors only)."""
     return (name for name, p in module.named_parameters() if p.requires_grad)
-

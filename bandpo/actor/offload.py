@@ -42,8 +42,11 @@ def moves(zero_stage: int, ref_model: bool) -> dict[str, tuple[str, ...]]:
     """``{"deepspeed": states, "own": states, "ref": ("ref_model",) or ()}`` moved for ``zero_stage``."""
     if zero_stage not in DEEPSPEED_STATES:
         raise ValueError(f"offload during rollout supports ZeRO stages 2 and 3, got {zero_stage!r}")
-    return {"deepspeed": DEEPSPEED_STATES[zero_stage], "own": OWN_STATES[zero_stage],
-            "ref": ("ref_model",) if ref_model else ()}
+    return {
+        "deepspeed": DEEPSPEED_STATES[zero_stage],
+        "own": OWN_STATES[zero_stage],
+        "ref": ("ref_model",) if ref_model else (),
+    }
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
@@ -102,8 +105,11 @@ class ActorOffload:
         from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 
         # offload_states skips what is already on the host; reload_states brings back all it moved.
-        self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in states], device=OffloadDeviceEnum.cpu,
-                                   pin_memory=self.device.type != "cpu")
+        self.engine.offload_states(
+            include=[OffloadStateTypeEnum(s) for s in states],
+            device=OffloadDeviceEnum.cpu,
+            pin_memory=self.device.type != "cpu",
+        )
 
     def reload(self) -> None:
         if not (self.offloaded or self.weights_offloaded):
@@ -137,7 +143,9 @@ class ActorOffload:
             return
         if self.zero_stage == 3:  # a DeepSpeed engine: each parameter's own partition (ds_tensor)
             for p in self.ref.module.parameters():
-                p.ds_tensor.data = _pinned(p.ds_tensor.data) if device == "cpu" else p.ds_tensor.data.to(device)
+                p.ds_tensor.data = (
+                    _pinned(p.ds_tensor.data) if device == "cpu" else p.ds_tensor.data.to(device)
+                )
         else:  # a module: Module.to("cpu") would give pageable memory, so each tensor moves on its own
             for t in [*self.ref.parameters(), *self.ref.buffers()]:
                 t.data = _pinned(t.data) if device == "cpu" else t.data.to(device, non_blocking=True)

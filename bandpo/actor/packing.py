@@ -56,20 +56,23 @@ def check_token_budget(budget, name: str = "token budget") -> None:
     check_number(budget, name, low=1, integer=True)
 
 
-def check_micro_batch_tokens(max_tokens, padding_free,
-                             names: tuple[str, str] = ("max_tokens_per_micro_batch", "padding_free")) -> None:
+def check_micro_batch_tokens(
+    max_tokens, padding_free, names: tuple[str, str] = ("max_tokens_per_micro_batch", "padding_free")
+) -> None:
     """``max_tokens_per_micro_batch``: packed tokens per update micro-batch, an integer >= 0 (0: micro-batches
     of ``micro_batch_size`` rows instead); a budget needs the packed rows of ``padding_free``."""
     check_number(max_tokens, names[0], low=0, integer=True)
     if max_tokens and not padding_free:
-        raise ValueError(f"{names[0]} must be 0 with {names[1]}=false (padded micro-batches go by micro_batch_size "
-                         f"rows), got {max_tokens!r}")
+        raise ValueError(
+            f"{names[0]} must be 0 with {names[1]}=false (padded micro-batches go by micro_batch_size "
+            f"rows), got {max_tokens!r}"
+        )
 
 
 def prompt_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[tuple[int, ...]]:
     """Each row's prompt tokens (left padding dropped) [n]: rows with equal keys share their prompt."""
     lens = prompt_mask.sum(-1).tolist()
-    return [tuple(row[len(row) - p:]) for row, p in zip(prompt_ids.tolist(), lens)]
+    return [tuple(row[len(row) - p :]) for row, p in zip(prompt_ids.tolist(), lens)]
 
 
 def pack_rows(
@@ -101,7 +104,9 @@ def pack_rows(
         else:  # the response alone; it reads the prompt packed at `start`
             ids.append(response_ids[i, :n_r])
             pos.append(torch.arange(p, p + n_r))
-            index.append(torch.cat([torch.tensor([start + p - 1]), torch.arange(offset, offset + n_r - 1)])[:n_r])
+            index.append(
+                torch.cat([torch.tensor([start + p - 1]), torch.arange(offset, offset + n_r - 1)])[:n_r]
+            )
             rows.append((start, p, offset, n_r, p))
             offset += n_r
     mask = response_mask[:, :r].bool()
@@ -152,7 +157,10 @@ def packed_budget_groups(
             p = p_lens[rows[0]]
             piece, tokens, attention = [], p, 0
             for i in rows:
-                if piece and (tokens + r_lens[i] > budget or attention + p + r_lens[i] > ATTENTION_BUDGET_FACTOR * budget):
+                if piece and (
+                    tokens + r_lens[i] > budget
+                    or attention + p + r_lens[i] > ATTENTION_BUDGET_FACTOR * budget
+                ):
                     units.append(piece)
                     piece, tokens, attention = [], p, 0
                 piece.append(i)

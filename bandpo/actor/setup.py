@@ -43,7 +43,13 @@ def free_port() -> int:
 
 
 def init_distributed(
-    rank: int, world_size: int, local_rank: int, addr: str, port: int | None, backend: str, timeout_min: float = 60
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    addr: str,
+    port: int | None,
+    backend: str,
+    timeout_min: float = 60,
 ) -> None:
     """Join (or check) the process group; DeepSpeed reads the rendezvous from the environment.
 
@@ -72,7 +78,9 @@ def init_distributed(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
     )
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min))
+    deepspeed.init_distributed(
+        dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min)
+    )
 
 
 def destroy_engines(engines: list, zero_stage: int) -> None:
@@ -91,7 +99,9 @@ def destroy_engines(engines: list, zero_stage: int) -> None:
         from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
         own = {id(m) for e in engines for m in e.module.modules()}
-        parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
+        parameter_offload.FWD_MODULE_STACK[:] = [
+            m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own
+        ]
         # A cache: emptying it costs the other engines of this process (if any) one recomputation.
         # The lru_cache sits under DeepSpeed's nvtx wrapper, which keeps it in its closure.
         wrapper = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
@@ -102,9 +112,22 @@ def destroy_engines(engines: list, zero_stage: int) -> None:
         engine.destroy()
 
 
-def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zero_stage: int, bf16: bool, lr: float,
-                  betas, weight_decay: float, warmup_steps: int, gradient_checkpointing: bool, padding_free: bool,
-                  ref_model: bool, lora=None):
+def build_engines(
+    model_path: str,
+    device: torch.device,
+    ds_config: dict,
+    *,
+    zero_stage: int,
+    bf16: bool,
+    lr: float,
+    betas,
+    weight_decay: float,
+    warmup_steps: int,
+    gradient_checkpointing: bool,
+    padding_free: bool,
+    ref_model: bool,
+    lora=None,
+):
     """``(DeepSpeed training engine, frozen reference model or None, whether the packed attention runs)``.
 
     The model is built where it lives: partitioned under ZeRO-3, else on ``device``
@@ -137,7 +160,10 @@ def build_engines(model_path: str, device: torch.device, ds_config: dict, *, zer
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_config, dist_init_required=False,
+        model=model,
+        optimizer=optimizer,
+        config=ds_config,
+        dist_init_required=False,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
     )
     if not ref_model or use_lora:

@@ -86,8 +86,10 @@ class ActorStateIO:
 
     def weight_specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """(HF name, dtype, full shape) of every parameter, in ``gathered_buckets``' order, without a gather."""
-        return [(e.name, e.param.dtype, tuple(getattr(e.param, "ds_shape", e.param.shape)))
-                for e in sync_entries(self.engine.module)]
+        return [
+            (e.name, e.param.dtype, tuple(getattr(e.param, "ds_shape", e.param.shape)))
+            for e in sync_entries(self.engine.module)
+        ]
 
     def weight_checksums(self, dtypes: dict[str, list[str]]) -> dict:
         """Checksums of the weights a sync sends, cast to the dtypes the engines hold them in
@@ -132,16 +134,22 @@ class ActorStateIO:
                 copy_into(buf, [by_name[n] for n, _ in bucket], [t for _, t in bucket])
         return metas if path is not None else []
 
-    def send_weights(self, transport: str, engines: list, engine_tp: int = 1,
-                     timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def send_weights(
+        self, transport: str, engines: list, engine_tp: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
         """GPU weight sync into the engines without host memory (``bandpo.weight_sync.transport``):
         ``ipc`` (colocated) or ``nccl`` (split). Collective: every rank calls it. ``timeout_s``: the
         longest any one wait of it may take (``rollout.weight_sync_timeout``)."""
         if transport == "ipc":
             from bandpo.weight_sync.ipc import send_ipc
 
-            send_ipc(self.gathered_buckets(), engines, driver=self.rank == 0, all_gather=self._all_gather_object,
-                     timeout_s=timeout_s)
+            send_ipc(
+                self.gathered_buckets(),
+                engines,
+                driver=self.rank == 0,
+                all_gather=self._all_gather_object,
+                timeout_s=timeout_s,
+            )
         elif transport == "nccl":
             from bandpo.weight_sync.format import plan_layout
             from bandpo.weight_sync.ipc import exchange

@@ -178,7 +178,12 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
         local_rank = 0 if self.on_cpu else assigned_gpu(rank, accel.device_count())
         init_distributed(
-            rank, world_size, local_rank, master_addr, master_port, backend="gloo" if self.on_cpu else "nccl",
+            rank,
+            world_size,
+            local_rank,
+            master_addr,
+            master_port,
+            backend="gloo" if self.on_cpu else "nccl",
             timeout_min=collective_timeout_min,
         )
         if not self.on_cpu:
@@ -197,9 +202,19 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         )
         self.lora = LoraSettings.of(lora)  # None when off
         self.engine, self.ref, packed_attention = build_engines(
-            model_path, self.device, ds_config, zero_stage=zero_stage, bf16=bf16, lr=lr, betas=betas,
-            weight_decay=weight_decay, warmup_steps=warmup_steps, gradient_checkpointing=gradient_checkpointing,
-            padding_free=padding_free, ref_model=ref_model, lora=self.lora,
+            model_path,
+            self.device,
+            ds_config,
+            zero_stage=zero_stage,
+            bf16=bf16,
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            warmup_steps=warmup_steps,
+            gradient_checkpointing=gradient_checkpointing,
+            padding_free=padding_free,
+            ref_model=ref_model,
+            lora=self.lora,
         )
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
@@ -272,10 +287,13 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
                     old_out[rows, :r], ent_out[rows, :r] = old.cpu(), old_entropy.float().cpu()
                 else:
                     old = mb.old_logprobs[:, :r].contiguous().to(self.device)
-                ref_lp = None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
+                ref_lp = (
+                    None if mb.ref_logprobs is None else mb.ref_logprobs[:, :r].contiguous().to(self.device)
+                )
                 token_fields = {
                     f: getattr(mb, f)[:, :r].contiguous().to(self.device)
-                    for f in _LOSS_TOKEN_FIELDS if getattr(mb, f) is not None
+                    for f in _LOSS_TOKEN_FIELDS
+                    if getattr(mb, f) is not None
                 }
                 if reuse:  # pi_old's entropy is this forward's too (adaptive band reads it)
                     token_fields["old_entropy"] = old_entropy
@@ -312,11 +330,15 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         """Row indices of the micro-batches of the mini-batch ``first .. first + rows``; every rank
         gets the same number of them (the busiest rank's)."""
         if not self.max_tokens_per_micro_batch:
-            return [list(range(s, min(s + self.micro_batch_size, first + rows))) for s in
-                    range(first, first + rows, self.micro_batch_size)]
+            return [
+                list(range(s, min(s + self.micro_batch_size, first + rows)))
+                for s in range(first, first + rows, self.micro_batch_size)
+            ]
         mini = batch.select(slice(first, first + rows))
         p_lens, r_lens = mini.prompt_mask.sum(-1).tolist(), mini.response_mask.sum(-1).tolist()
-        groups = packed_budget_groups(p_lens, r_lens, self.max_tokens_per_micro_batch, self._prompt_keys(mini))
+        groups = packed_budget_groups(
+            p_lens, r_lens, self.max_tokens_per_micro_batch, self._prompt_keys(mini)
+        )
         lengths = [p + r for p, r in zip(p_lens, r_lens)]
         count = int(self._all_reduce(torch.tensor([len(groups)]), max_=True))
         groups = split_to_count(groups, lengths, count)
@@ -340,12 +362,17 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
     def _check_update(self, batch: TrainBatch, options: LossOptions, reuse_old: bool = False) -> None:
         per_rank = self.mini_batch_size // self.world_size
         later_steps = batch.size > per_rank  # rows whose old log-probs must come from the batch
-        missing = [f for f in ("advantages",) + (("old_logprobs",) if later_steps or not reuse_old else ())
-                   if getattr(batch, f) is None]
+        missing = [
+            f
+            for f in ("advantages",) + (("old_logprobs",) if later_steps or not reuse_old else ())
+            if getattr(batch, f) is None
+        ]
         if missing:
             raise ValueError(f"update: batch is missing {', '.join(missing)}")
         # Everywhere, padding included: the loss masks by multiplying, and NaN * 0 is NaN.
-        bad = first_nonfinite(batch, ("advantages", "old_logprobs", "ref_logprobs", "old_entropy"), masked=False)
+        bad = first_nonfinite(
+            batch, ("advantages", "old_logprobs", "ref_logprobs", "old_entropy"), masked=False
+        )
         if bad:
             raise ValueError(f"update: batch.{bad} holds NaN/inf values; the trainer skips such steps")
         if not isinstance(options, LossOptions):

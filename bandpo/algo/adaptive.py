@@ -123,7 +123,9 @@ def band_bounds_per_token(
     lo_d, hi_d = delta_range
     check_delta_range(lo_d, hi_d, ("delta_range's delta_min", "delta_range's delta_max"))
     if delta.shape != old_logprob.shape:
-        raise ValueError(f"per-token delta shape {tuple(delta.shape)} != old_logprob shape {tuple(old_logprob.shape)}")
+        raise ValueError(
+            f"per-token delta shape {tuple(delta.shape)} != old_logprob shape {tuple(old_logprob.shape)}"
+        )
     check_upper_cap(upper_cap, "band upper_cap")
     with torch.no_grad():
         x = old_logprob.detach().clamp(max=0.0)

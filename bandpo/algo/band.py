@@ -210,7 +210,9 @@ def _build_kl_table(delta: float) -> torch.Tensor:
     return torch.cat([u @ inv.T, phi @ inv.T], dim=1).T.contiguous()  # [8, cells]
 
 
-def kl_roots_logit(t: torch.Tensor, delta: float, steps: int = _BISECT_STEPS) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_roots_logit(
+    t: torch.Tensor, delta: float, steps: int = _BISECT_STEPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (float64 bisection) roots of KL(Bern(p) || Bern(q)) = delta, p = sigmoid(t).
 
     Returns ``(log q_hi, log q_lo)`` with q_lo < p < q_hi. Bisection runs on v = logit(q),

@@ -96,8 +96,9 @@ def ratio_interval(
     if delta_t is not None:
         if delta_range is None:
             raise ValueError("a per-token band radius needs delta_range=(delta_min, delta_max)")
-        return band_bounds_per_token(old_logprobs, divergence, delta_t, delta_range, upper_cap=upper_cap,
-                                     relax_high_p=relax)
+        return band_bounds_per_token(
+            old_logprobs, divergence, delta_t, delta_range, upper_cap=upper_cap, relax_high_p=relax
+        )
     return band_bounds(old_logprobs, divergence, delta, upper_cap=upper_cap, relax_high_p=relax)
 
 
@@ -192,15 +193,18 @@ def policy_loss(
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.expand_as(logprobs).to(logprobs.dtype)
     maskf = mask.to(logprobs.dtype)
-    norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len if o.norm_len is None else o.norm_len)
+    norm = dict(
+        num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len if o.norm_len is None else o.norm_len
+    )
     mask = maskf  # aggregate() converts a mask of another dtype on every call
 
     algo = get_algorithm(o.algorithm)
     metrics: dict[str, torch.Tensor] = {}
     lo = hi = None
     if algo.surrogate == "clip":
-        per_token, up, down, lo, hi, ratio, log_ratio, delta_t = _clipped(logprobs, old_logprobs, advantages,
-                                                                          maskf, o, old_entropy)
+        per_token, up, down, lo, hi, ratio, log_ratio, delta_t = _clipped(
+            logprobs, old_logprobs, advantages, maskf, o, old_entropy
+        )
         if delta_t is not None:
             metrics["band/delta_mean"] = masked_mean(delta_t.to(maskf.dtype), maskf)
     else:
@@ -252,8 +256,15 @@ def _clipped(logprobs, old_logprobs, advantages, maskf, o: LossOptions, old_entr
     ratio = torch.exp(log_ratio)
     delta_t = _adaptive_radius(o, old_entropy, old_logprobs)
     lo, hi = ratio_interval(
-        old_logprobs, o.algorithm, eps_low=o.eps_low, eps_high=o.eps_high, divergence=o.divergence,
-        delta=o.delta, upper_cap=o.upper_cap, relax_high_p=o.relax_high_p, delta_t=delta_t,
+        old_logprobs,
+        o.algorithm,
+        eps_low=o.eps_low,
+        eps_high=o.eps_high,
+        divergence=o.divergence,
+        delta=o.delta,
+        upper_cap=o.upper_cap,
+        relax_high_p=o.relax_high_p,
+        delta_t=delta_t,
         delta_range=None if delta_t is None else (o.delta_min, o.delta_max),
     )
     unclipped = -advantages * ratio
@@ -274,16 +285,27 @@ def _rival(logprobs, old_logprobs, advantages, maskf, o: LossOptions, algo: Algo
     eps_high = algo.eps_high if o.eps_high is None else o.eps_high
     kind = algo.surrogate
     if kind in ("dppo_tv", "dppo_kl"):
-        return rivals.dppo_loss(logprobs, old_logprobs, advantages, divergence=kind.removeprefix("dppo_"),
-                                eps_low=eps_low, eps_high=eps_high, ratio_cap=o.ratio_cap)
+        return rivals.dppo_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            divergence=kind.removeprefix("dppo_"),
+            eps_low=eps_low,
+            eps_high=eps_high,
+            ratio_cap=o.ratio_cap,
+        )
     if kind == "gspo":
         return rivals.gspo_loss(logprobs, old_logprobs, advantages, maskf, eps_low=eps_low, eps_high=eps_high)
     if kind == "cispo":
         return rivals.cispo_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high)
     if kind == "sapo":
-        return rivals.sapo_loss(logprobs, old_logprobs, advantages,
-                                tau_pos=rivals.SAPO_TAU_POS if o.tau_pos is None else o.tau_pos,
-                                tau_neg=rivals.SAPO_TAU_NEG if o.tau_neg is None else o.tau_neg)
+        return rivals.sapo_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            tau_pos=rivals.SAPO_TAU_POS if o.tau_pos is None else o.tau_pos,
+            tau_neg=rivals.SAPO_TAU_NEG if o.tau_neg is None else o.tau_neg,
+        )
     raise ValueError(f"unknown surrogate {kind!r} of algorithm {algo.name!r}")
 
 
@@ -294,11 +316,12 @@ def _adaptive_radius(o: LossOptions, old_entropy, old_logprobs):
     if old_entropy is None or o.delta_min is None or o.delta_max is None or o.entropy_scale is None:
         raise ValueError("band_adaptive='entropy' needs old_entropy, delta_min, delta_max and entropy_scale")
     if old_entropy.shape != old_logprobs.shape:
-        raise ValueError(f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}")
-    return adaptive_delta(old_entropy, delta_min=o.delta_min, delta_max=o.delta_max, scale=o.entropy_scale,
-                          norm=o.entropy_norm)
-
-
+        raise ValueError(
+            f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}"
+        )
+    return adaptive_delta(
+        old_entropy, delta_min=o.delta_min, delta_max=o.delta_max, scale=o.entropy_scale, norm=o.entropy_norm
+    )
 
 
 def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:

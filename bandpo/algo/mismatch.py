@@ -44,8 +44,10 @@ def check_one_correction(tis_cap, mode: str, names: tuple[str, str] = ("tis_cap"
     """``tis_cap`` is token-level TIS, ``mode=token_tis`` with that cap: it cannot be combined with
     another mode (``mode`` other than ``none``); the two are one correction."""
     if tis_cap is not None and mode != "none":
-        raise ValueError(f"{names[0]} is token-level TIS ({names[1]}=token_tis) and cannot be combined with "
-                         f"{names[1]}={mode!r}; set only one of the two, got {names[0]}={tis_cap!r}")
+        raise ValueError(
+            f"{names[0]} is token-level TIS ({names[1]}=token_tis) and cannot be combined with "
+            f"{names[1]}={mode!r}; set only one of the two, got {names[0]}={tis_cap!r}"
+        )
 
 
 def mismatch_weights(
@@ -69,7 +71,9 @@ def mismatch_weights(
     if mode not in MISMATCH_MODES or mode == "none":
         raise ValueError(f"unknown mismatch mode {mode!r}; valid: {', '.join(MISMATCH_MODES[1:])}")
     if rollout_logprobs is None:
-        raise ValueError(f"mismatch correction {mode!r} needs rollout_logprobs (the rollout engine's logprobs)")
+        raise ValueError(
+            f"mismatch correction {mode!r} needs rollout_logprobs (the rollout engine's logprobs)"
+        )
     check_cap(cap, "mismatch cap")
     log_cap = math.log(cap)
     with torch.no_grad():
@@ -89,8 +93,10 @@ def mismatch_weights(
             cut = ~keep
             prefix, share = "mis", "masked_frac"
         weight = weight.to(old_logprobs.dtype)
-        metrics = {f"{prefix}/weight_mean": masked_mean(weight, maskf),
-                   f"{prefix}/{share}": masked_mean(cut.to(maskf.dtype), maskf)}
+        metrics = {
+            f"{prefix}/weight_mean": masked_mean(weight, maskf),
+            f"{prefix}/{share}": masked_mean(cut.to(maskf.dtype), maskf),
+        }
     return weight, metrics
 
 
@@ -105,7 +111,9 @@ def tis_weights(
     return w, m["tis/weight_mean"], m["tis/truncated_frac"]
 
 
-def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def mismatch_stats(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Summary of log k = log pi_old - log pi_rollout over the valid tokens (mask [N, R]): mean,
     mean |log k| and the ``LOG_RATIO_QUANTILES``; empty when no token is valid."""
     valid = mask.bool()
@@ -113,7 +121,10 @@ def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, m
     if log_k.numel() == 0:
         return {}
     qs = _quantiles(log_k, LOG_RATIO_QUANTILES)
-    out = {"mismatch/log_ratio_mean": log_k.mean().item(), "mismatch/log_ratio_abs_mean": log_k.abs().mean().item()}
+    out = {
+        "mismatch/log_ratio_mean": log_k.mean().item(),
+        "mismatch/log_ratio_abs_mean": log_k.abs().mean().item(),
+    }
     out.update({f"mismatch/log_ratio_p{round(q * 100):02d}": v for q, v in zip(LOG_RATIO_QUANTILES, qs)})
     return out
 

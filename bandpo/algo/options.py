@@ -59,10 +59,14 @@ def get_algorithm(name: str) -> Algorithm:
 OPTION_SCOPES: dict[str, tuple[Callable[[Algorithm], bool], str]] = {
     "eps_low": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
     "eps_high": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
-    "dual_clip": (lambda a: a.surrogate == "clip",
-                  "the dual clip is the clipped surrogate's (grpo, clip_higher, bandpo, dcpo)"),
-    "upper_cap": (lambda a: a.band or a.dac, "it applies to bandpo (algorithm.band.upper_cap in the config) and "
-                  "dcpo only"),
+    "dual_clip": (
+        lambda a: a.surrogate == "clip",
+        "the dual clip is the clipped surrogate's (grpo, clip_higher, bandpo, dcpo)",
+    ),
+    "upper_cap": (
+        lambda a: a.band or a.dac,
+        "it applies to bandpo (algorithm.band.upper_cap in the config) and dcpo only",
+    ),
     "relax_high_p": (lambda a: a.band, "it applies to bandpo only"),
     "band_adaptive": (lambda a: a.band, "it applies to bandpo only"),
     "ratio_cap": (lambda a: a.surrogate.startswith("dppo"), "it applies to dppo_tv and dppo_kl only"),
@@ -75,8 +79,10 @@ def check_applies(algorithm: str, option: str, name: str | None = None) -> None:
     """Refuse ``option`` (a key of ``OPTION_SCOPES``, shown as ``name``), set, when ``algorithm`` does not read it."""
     reads, why = OPTION_SCOPES[option]
     if not reads(get_algorithm(algorithm)):
-        raise ValueError(f"{name or option} does not apply to algorithm={algorithm} ({why}); set it to None "
-                         f"(null in the config) or pick another algorithm")
+        raise ValueError(
+            f"{name or option} does not apply to algorithm={algorithm} ({why}); set it to None "
+            f"(null in the config) or pick another algorithm"
+        )
 
 
 def check_dual_clip(dual_clip, name: str = "dual_clip") -> None:
@@ -89,8 +95,10 @@ def check_agg(algorithm: str, agg: str, name: str = "agg") -> None:
     """``agg`` is one of ``AGG_MODES``; gspo's objective is per sequence, so it takes ``seq-mean-token-mean`` only."""
     check_choice(agg, AGG_MODES, name)
     if get_algorithm(algorithm).surrogate == "gspo" and agg != "seq-mean-token-mean":
-        raise ValueError(f"{name} must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence), "
-                         f"got {agg!r}")
+        raise ValueError(
+            f"{name} must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence), "
+            f"got {agg!r}"
+        )
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def dppo_loss(
             up, down = (p - p_old) > eps_high, (p - p_old) < -eps_low
         elif divergence == "kl":
             d = p_old * (old_logprobs - logprobs.detach()) + (1.0 - p_old) * (
-                torch.log((1.0 - p_old).clamp(min=_EPS)) - torch.log((1.0 - p).clamp(min=_EPS)))
+                torch.log((1.0 - p_old).clamp(min=_EPS)) - torch.log((1.0 - p).clamp(min=_EPS))
+            )
             up, down = (d > eps_high) & rose, (d > eps_low) & fell
         else:
             raise ValueError(f"unknown DPPO divergence {divergence!r}; valid: tv, kl")

@@ -86,7 +86,8 @@ def _refuse_old_rng_format(file: Path) -> None:
         raise RuntimeError(
             f"old checkpoint format: {file} holds numpy's RNG state as pickled numpy objects, which bandpo "
             f"no longer loads (checkpoint files may hold only tensors and plain data); resume from a "
-            f"checkpoint written since, or start anew with trainer.resume=never")
+            f"checkpoint written since, or start anew with trainer.resume=never"
+        )
 
 
 def check_files(folder: str | os.PathLike) -> None:
@@ -183,8 +184,14 @@ class ActorCheckpoints:
         self._barrier()
         from bandpo.actor.lora import base_model  # not at the top: bandpo.actor imports this module
 
-        written = save_hf_folder(base_model(self.engine.module), self.named_weights(), tmp, self.model_path, self.rank,
-                                 self.world_size)
+        written = save_hf_folder(
+            base_model(self.engine.module),
+            self.named_weights(),
+            tmp,
+            self.model_path,
+            self.rank,
+            self.world_size,
+        )
         atomic.fsync_files(written)
         self._barrier()
         if self.rank == 0:

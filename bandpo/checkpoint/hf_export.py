@@ -83,8 +83,9 @@ def _copy_tokenizer(source: str, out: str | os.PathLike) -> None:
     tok.save_pretrained(str(out))
 
 
-def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto",
-                lora: tuple[int, float] | None = None) -> Path:
+def consolidate(
+    step_dir: Path, model_source: str, out: Path, dtype: str = "auto", lora: tuple[int, float] | None = None
+) -> Path:
     """Write ``step_dir``'s weights as a HF folder ``out`` (config + safetensors + tokenizer), atomically.
 
     DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` merges the ZeRO-2/3 shards of every
@@ -103,8 +104,11 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     try:  # the run's base model: its config (and below its tokenizer), from a folder, the Hub or its cache
         config = AutoConfig.from_pretrained(model_source)
     except (OSError, ValueError) as e:
-        raise keyed(hub_error(f"base model {model_source}", e), "base_model (default: model.path of the run's "
-                    "config.yaml)", "base_model=<local folder>") from e
+        raise keyed(
+            hub_error(f"base model {model_source}", e),
+            "base_model (default: model.path of the run's config.yaml)",
+            "base_model=<local folder>",
+        ) from e
     # zero_to_fp32's torch.load calls pass weights_only=False: overridden, DeepSpeed's own classes allowed
     with safe_load.weights_only_loads(step_dir / ACTOR_DIR / CKPT_TAG, safe_load.deepspeed_globals()):
         state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir / ACTOR_DIR), tag=CKPT_TAG)
@@ -118,8 +122,10 @@ def consolidate(step_dir: Path, model_source: str, out: Path, dtype: str = "auto
     known = expected | set(model.state_dict())  # DeepSpeed also restores tied aliases ("shared_params")
     if not expected <= set(state) <= known:
         missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - known)[:5]
-        raise EvalUsageError(f"{step_dir}: checkpoint weights do not match {model_source} (missing {missing}, "
-                             f"unexpected {extra}); give base_model= the model the run trained")
+        raise EvalUsageError(
+            f"{step_dir}: checkpoint weights do not match {model_source} (missing {missing}, "
+            f"unexpected {extra}); give base_model= the model the run trained"
+        )
     state = {k: v for k, v in state.items() if k in expected}
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -137,12 +143,16 @@ def _merge_lora(state: dict, lora: tuple[int, float] | None, step_dir: Path) -> 
     from bandpo.actor.lora import merge_state_dict
 
     if lora is None or lora[0] <= 0:
-        raise EvalUsageError(f"{step_dir} holds LoRA adapters but no actor.lora.rank > 0 / actor.lora.alpha was "
-                             "found in its run's config.yaml to merge them with; evaluate the run's hf/ export")
+        raise EvalUsageError(
+            f"{step_dir} holds LoRA adapters but no actor.lora.rank > 0 / actor.lora.alpha was "
+            "found in its run's config.yaml to merge them with; evaluate the run's hf/ export"
+        )
     rank, alpha = lora
     ranks = {tuple(v.shape)[0] for k, v in state.items() if ".lora_A." in k}
     if ranks != {rank}:
-        raise EvalUsageError(f"{step_dir}: adapters of rank {sorted(ranks)}, but actor.lora.rank={rank} in the run config")
+        raise EvalUsageError(
+            f"{step_dir}: adapters of rank {sorted(ranks)}, but actor.lora.rank={rank} in the run config"
+        )
     return merge_state_dict(state, alpha / rank)
 
 

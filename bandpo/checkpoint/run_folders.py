@@ -84,8 +84,10 @@ class CheckpointManager:
         name = pointer.read_text().strip()
         folder = self.root / name
         if not STEP_RE.match(name) or not (folder / "trainer_state.json").exists():
-            raise RuntimeError(f"checkpoint pointer {pointer} names {name!r}, which is not a complete checkpoint "
-                               f"(delete the pointer to fall back to the newest step folder)")
+            raise RuntimeError(
+                f"checkpoint pointer {pointer} names {name!r}, which is not a complete checkpoint "
+                f"(delete the pointer to fall back to the newest step folder)"
+            )
         return folder
 
     def remove_stale(self) -> None:
@@ -143,8 +145,9 @@ class CheckpointManager:
         """Complete step folders, oldest first."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir()
-                      if STEP_RE.match(p.name) and (p / "trainer_state.json").exists())
+        return sorted(
+            p for p in self.root.iterdir() if STEP_RE.match(p.name) and (p / "trainer_state.json").exists()
+        )
 
     def _prune(self) -> None:
         for old in self._steps()[: -self.keep_last]:

@@ -36,11 +36,9 @@ _FORCING = threading.RLock()
 # torch.serialization.get_unsafe_globals_in_checkpoint on files it wrote; its model-state files hold
 # none), and why each may be rebuilt: plain data holders whose unpickling runs no code of the file's choosing.
 DEEPSPEED_GLOBALS = {
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler":
-        "optimizer states' loss_scaler: the static loss scale (1.0 in fp32 and bf16, bandpo's dtypes)",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": "optimizer states' loss_scaler: the static loss scale (1.0 in fp32 and bf16, bandpo's dtypes)",
     "deepspeed.runtime.zero.config.ZeroStageEnum": "optimizer states' zero_stage: an int enum",
-    "deepspeed.utils.tensor_fragment.fragment_address":
-        "ZeRO-2 optimizer states' param_slice_mappings: each parameter's (numel, start) in its partition",
+    "deepspeed.utils.tensor_fragment.fragment_address": "ZeRO-2 optimizer states' param_slice_mappings: each parameter's (numel, start) in its partition",
 }
 
 
@@ -70,7 +68,9 @@ def load(file: str | os.PathLike, allowed: Sequence[Any] = (), **kwargs) -> Any:
         raise UnsafeCheckpoint(refusal(file, unsafe_globals(file, allowed) or [_reason(e)])) from None
 
 
-def unsafe_globals(file: str | os.PathLike, allowed: Sequence[Any] = (), names: Iterable[str] = ()) -> list[str]:
+def unsafe_globals(
+    file: str | os.PathLike, allowed: Sequence[Any] = (), names: Iterable[str] = ()
+) -> list[str]:
     """The globals ``file``'s pickle names beyond torch's safe ones, ``allowed`` (classes) and ``names``
     (their ``module.qualname``, for a check that need not import them), read without unpickling.
     Empty also when the file is no zip ``torch.save`` file (legacy format, truncated): loading it
@@ -87,8 +87,10 @@ def unsafe_globals(file: str | os.PathLike, allowed: Sequence[Any] = (), names: 
 
 def refusal(file: str | os.PathLike, names: Sequence[str]) -> str:
     """The one line ``UnsafeCheckpoint`` says for ``file`` naming ``names``."""
-    return (f"unsafe checkpoint: {file} holds pickled code ({', '.join(names)}) that loading would run; "
-            f"bandpo refuses to run it (checkpoint files may hold only tensors and plain data)")
+    return (
+        f"unsafe checkpoint: {file} holds pickled code ({', '.join(names)}) that loading would run; "
+        f"bandpo refuses to run it (checkpoint files may hold only tensors and plain data)"
+    )
 
 
 def check_folder(folder: str | os.PathLike, allowed: Sequence[Any] = (), names: Iterable[str] = ()) -> None:

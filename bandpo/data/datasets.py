@@ -50,18 +50,29 @@ REGISTRY: dict[str, DatasetSpec] = {
     # Training sets.
     # The raw DAPO set repeats each of its ~17.4k prompts about 100 times, hence dedup.
     "dapo17k": DatasetSpec(
-        "BytedTsinghua-SIA/DAPO-Math-17k", "train", problem_key="prompt",
-        answer_key="reward_model.ground_truth", id_key="extra_info.index", dedup=True,
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "train",
+        problem_key="prompt",
+        answer_key="reward_model.ground_truth",
+        id_key="extra_info.index",
+        dedup=True,
     ),
     # The paper's training set: DAPO deduplicated (~17.4k prompts, config "all"; "en" drops Chinese prompts).
     "dapo17k_processed": DatasetSpec(
-        "open-r1/DAPO-Math-17k-Processed", "train", config="all", problem_key="prompt", answer_key="solution",
+        "open-r1/DAPO-Math-17k-Processed",
+        "train",
+        config="all",
+        problem_key="prompt",
+        answer_key="solution",
         id_key="extra_info.index",
     ),
     # Listed before math_l3to5 so that the bare hub id resolves to the whole train split.
     "math_train": DatasetSpec("nlile/hendrycks-MATH-benchmark", "train", id_key="unique_id"),
     "math_l3to5": DatasetSpec(
-        "nlile/hendrycks-MATH-benchmark", "train", id_key="unique_id", levels=(3, 4, 5),
+        "nlile/hendrycks-MATH-benchmark",
+        "train",
+        id_key="unique_id",
+        levels=(3, 4, 5),
     ),
     # Evaluation sets.
     "math500": DatasetSpec("nlile/hendrycks-MATH-benchmark", "test", id_key="unique_id"),
@@ -195,20 +206,33 @@ def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example
 def _load_local_copy(name: str, path: str, options: dict[str, Any]) -> list[Example]:
     """``path`` read as the hub set ``name`` (a registered name's mapping; ``options`` override the keys)."""
     if name in GENERATED:
-        raise InputError(f"data source {{name: {name}, path: {path}}}: {name} is generated, not read from a file")
+        raise InputError(
+            f"data source {{name: {name}, path: {path}}}: {name} is generated, not read from a file"
+        )
     misplaced = sorted(set(options) & {"split", "size", "seed"})
     if misplaced:
-        raise InputError(f"data source {{name: {name}, path: {path}}}: {misplaced} do not apply to a local file")
+        raise InputError(
+            f"data source {{name: {name}, path: {path}}}: {misplaced} do not apply to a local file"
+        )
     spec, limit = _resolve_spec(name), options.pop("limit", None)
-    mapping = {"problem_key": spec.problem_key, "answer_key": spec.answer_key, "id_key": spec.id_key, **options}
-    examples = load_local(path, **mapping, source=name, levels=spec.levels, level_key=spec.level_key,
-                          dedup=spec.dedup)
+    mapping = {
+        "problem_key": spec.problem_key,
+        "answer_key": spec.answer_key,
+        "id_key": spec.id_key,
+        **options,
+    }
+    examples = load_local(
+        path, **mapping, source=name, levels=spec.levels, level_key=spec.level_key, dedup=spec.dedup
+    )
     return examples[:limit] if limit is not None else examples
 
 
 def load_eval_sets(
-    names: Sequence[str] | None, paths: str | Sequence[str] | Mapping[str, str] | None = None, *,
-    key: str = "eval", **kwargs: Any,
+    names: Sequence[str] | None,
+    paths: str | Sequence[str] | Mapping[str, str] | None = None,
+    *,
+    key: str = "eval",
+    **kwargs: Any,
 ) -> dict[str, list[Example]]:
     """Evaluation sets by display name.
 
@@ -228,18 +252,28 @@ def load_eval_sets(
         return {_display_name(n): _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in names}
     if isinstance(paths, Mapping):
         order = list(names or []) + [str(k) for k in paths if str(k) not in (names or [])]
-        return {n: _eval_set(n, str(paths[n]), f"{key}.paths.{n}", key, kwargs) if n in paths
-                else _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in order}
+        return {
+            n: _eval_set(n, str(paths[n]), f"{key}.paths.{n}", key, kwargs)
+            if n in paths
+            else _eval_set(n, n, f"{key}.datasets", key, kwargs)
+            for n in order
+        }
     if isinstance(paths, str) and Path(paths).is_dir():
         if not names:
-            raise InputError(f"{key}.paths={paths!r} is a directory; also give the dataset names ({key}.datasets)")
-        return {n: _eval_set(n, lambda n=n: str(_find_in_dir(Path(paths), n)), f"{key}.paths", key, kwargs)
-                for n in names}
+            raise InputError(
+                f"{key}.paths={paths!r} is a directory; also give the dataset names ({key}.datasets)"
+            )
+        return {
+            n: _eval_set(n, lambda n=n: str(_find_in_dir(Path(paths), n)), f"{key}.paths", key, kwargs)
+            for n in names
+        }
     files = [paths] if isinstance(paths, str) else list(paths)
     return {Path(f).stem: _eval_set(Path(f).stem, str(f), f"{key}.paths", key, kwargs) for f in files}
 
 
-def _eval_set(name: str, target: str | Callable[[], str], where: str, key: str, kwargs: dict) -> list[Example]:
+def _eval_set(
+    name: str, target: str | Callable[[], str], where: str, key: str, kwargs: dict
+) -> list[Example]:
     """One eval set, its ``InputError`` prefixed with the config key ``where`` (``target``: a name or file, or
     a function finding the file)."""
     from bandpo.hub import keyed
@@ -269,11 +303,18 @@ def load_hub(spec: DatasetSpec, *, source: str | None = None, cache_dir: str | N
     except (OSError, ValueError) as e:
         named = f"{source} " if source and source != spec.hub_id else ""
         subset = f", subset {spec.config}" if spec.config else ""
-        raise hub_error(f"dataset {named}(hub id {spec.hub_id}{subset}, split {spec.split})", e,
-                        DATASET_OFFLINE_ENV) from e
+        raise hub_error(
+            f"dataset {named}(hub id {spec.hub_id}{subset}, split {spec.split})", e, DATASET_OFFLINE_ENV
+        ) from e
     return examples_from_rows(
-        ds, problem_key=spec.problem_key, answer_key=spec.answer_key, id_key=spec.id_key,
-        source=source or spec.hub_id, where=where, levels=spec.levels, level_key=spec.level_key,
+        ds,
+        problem_key=spec.problem_key,
+        answer_key=spec.answer_key,
+        id_key=spec.id_key,
+        source=source or spec.hub_id,
+        where=where,
+        levels=spec.levels,
+        level_key=spec.level_key,
         dedup=spec.dedup,
     )
 
@@ -295,8 +336,15 @@ def load_local(
         raise InputError(f"dataset file not found: {path}")
     rows = read_rows(path)
     return examples_from_rows(
-        rows, problem_key=problem_key, answer_key=answer_key, id_key=id_key, source=source or path.stem,
-        where=str(path), levels=levels, level_key=level_key, dedup=dedup,
+        rows,
+        problem_key=problem_key,
+        answer_key=answer_key,
+        id_key=id_key,
+        source=source or path.stem,
+        where=str(path),
+        levels=levels,
+        level_key=level_key,
+        dedup=dedup,
     )
 
 

@@ -120,6 +120,11 @@ def encode_examples(
         kept.append(ex)
         ids.append(tokens)
     if dropped:
-        log.warning("dropped %d of %d prompt(s) longer than max_prompt_len=%d tokens (first ids: %s)",
-                    len(dropped), len(examples), max_prompt_len, ", ".join(dropped[:5]))
+        log.warning(
+            "dropped %d of %d prompt(s) longer than max_prompt_len=%d tokens (first ids: %s)",
+            len(dropped),
+            len(examples),
+            max_prompt_len,
+            ", ".join(dropped[:5]),
+        )
     return EncodedPrompts(kept, ids, dropped)

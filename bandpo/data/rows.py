@@ -111,8 +111,12 @@ def examples_from_rows(
         if first_keys and not seen:
             raise InputError(f"{where}: no row has the key {key!r}; the first row has keys {first_keys}")
     if skipped:
-        log.warning("%s: skipped %d row(s) with a missing or empty problem/answer (first ids: %s)",
-                    where, len(skipped), ", ".join(skipped[:MAX_LOGGED_IDS]))
+        log.warning(
+            "%s: skipped %d row(s) with a missing or empty problem/answer (first ids: %s)",
+            where,
+            len(skipped),
+            ", ".join(skipped[:MAX_LOGGED_IDS]),
+        )
     if n_level_filtered:
         log.info("%s: kept levels %s, filtered out %d row(s)", where, sorted(keep_levels), n_level_filtered)
     if n_dupes:
@@ -152,8 +156,9 @@ def _as_problem(value: Any) -> str:
     if value is _MISSING or value is None:
         return ""
     if isinstance(value, (list, tuple)):  # a chat message list: the last user turn holds the problem
-        users = [m.get("content", "") for m in value
-                 if isinstance(m, Mapping) and m.get("role", "user") == "user"]
+        users = [
+            m.get("content", "") for m in value if isinstance(m, Mapping) and m.get("role", "user") == "user"
+        ]
         value = users[-1] if users else ""
     return strip_instruction(str(value)).strip()
 

@@ -67,7 +67,7 @@ class EpochSampler:
             if self.cursor >= self.num_examples:
                 self._advance_epoch()
             take = min(batch_size - len(out), self.num_examples - self.cursor)
-            out.extend(int(i) for i in self._current_order()[self.cursor: self.cursor + take])
+            out.extend(int(i) for i in self._current_order()[self.cursor : self.cursor + take])
             self.cursor += take
         return out
 
@@ -83,8 +83,14 @@ class EpochSampler:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: plain ints/bools, safe for JSON and torch.save."""
-        return {"num_examples": self.num_examples, "seed": self.seed, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "epoch": self.epoch, "cursor": self.cursor}
+        return {
+            "num_examples": self.num_examples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``; a different dataset size, seed or mode is an error (not exact)."""

@@ -90,11 +90,21 @@ def make_split(
         if (kind, key) in seen or split_of(key) != name:
             continue
         seen.add((kind, key))
-        rows.append(dict(id=f"tiny_arith-{name}-{seed}-{len(rows):05d}", problem=problem, answer=str(answer),
-                         solution=solution, kind=kind, source="tiny_arith"))
+        rows.append(
+            dict(
+                id=f"tiny_arith-{name}-{seed}-{len(rows):05d}",
+                problem=problem,
+                answer=str(answer),
+                solution=solution,
+                kind=kind,
+                source="tiny_arith",
+            )
+        )
     if len(rows) < n:
-        raise ValueError(f"only {len(rows)} distinct {name} problems found for n={n} "
-                         f"(difficulty={difficulty}, kinds={kinds}); raise difficulty or add kinds")
+        raise ValueError(
+            f"only {len(rows)} distinct {name} problems found for n={n} "
+            f"(difficulty={difficulty}, kinds={kinds}); raise difficulty or add kinds"
+        )
     return rows
 
 
@@ -211,8 +221,9 @@ def _gen_word(rng: random.Random, difficulty: int):
         key = _key(a, "*", b)
     else:
         a, b, c = rng.randint(2, 9), rng.randint(2, 9), _number(rng, difficulty, low=1)
-        text = (f"{who} buys {a} packs of {b} {items} and then finds {c} more. "
-                f"How many {items} does {who} have?")
+        text = (
+            f"{who} buys {a} packs of {b} {items} and then finds {c} more. How many {items} does {who} have?"
+        )
         s1, v1 = _step(a, "*", b)
         steps, value = [s1, _step(v1, "+", c)[0]], v1 + c
         key = f"({_key(a, '*', b)})+{c}"

@@ -22,10 +22,27 @@ from bandpo.errors import WorkerFailure
 # from that node's raylet, so anything exported only in the driver's shell (a token for a gated
 # model, the network NCCL must use) would otherwise never reach a worker on another machine.
 # Ray shows a job's runtime_env in its dashboard: HF_TOKEN is visible there like every other one.
-FORWARDED_PREFIXES = ("HF_", "HUGGING_FACE_", "NCCL_", "TORCH_NCCL_", "VLLM_", "WANDB_", "TRANSFORMERS_", "DS_")
-FORWARDED_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
-                   "TORCH_DISTRIBUTED_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "GLOO_SOCKET_IFNAME",
-                   "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "PYTHONPATH")
+FORWARDED_PREFIXES = (
+    "HF_",
+    "HUGGING_FACE_",
+    "NCCL_",
+    "TORCH_NCCL_",
+    "VLLM_",
+    "WANDB_",
+    "TRANSFORMERS_",
+    "DS_",
+)
+FORWARDED_NAMES = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "TORCH_SHOW_CPP_STACKTRACES",
+    "GLOO_SOCKET_IFNAME",
+    "TOKENIZERS_PARALLELISM",
+    "OMP_NUM_THREADS",
+    "PYTHONPATH",
+)
 # Matched by a prefix but different on every node or process: vLLM's address of its own node and
 # its data-parallel rank (the GPUs a worker sees, CUDA_VISIBLE_DEVICES, Ray sets per worker).
 NOT_FORWARDED = ("VLLM_HOST_IP", "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL")
@@ -35,8 +52,11 @@ def forwarded_env(environ=None) -> dict[str, str]:
     """The variables of ``environ`` (default: this process's) that every worker gets: ``FORWARDED_PREFIXES``
     and ``FORWARDED_NAMES``, less ``NOT_FORWARDED``."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items()
-            if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k not in NOT_FORWARDED}
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k not in NOT_FORWARDED
+    }
 
 
 def resolve_device(device: str) -> str:
@@ -119,7 +139,11 @@ def ray_init_options(logs_dir=None, ship_code: bool = False) -> dict:
 
         env.update(worker_log_env(logs_dir))
         runtime_env["worker_process_setup_hook"] = SETUP_HOOK
-    return dict(runtime_env=runtime_env, log_to_driver=not quiet, logging_level=logging.WARNING if quiet else logging.INFO)
+    return dict(
+        runtime_env=runtime_env,
+        log_to_driver=not quiet,
+        logging_level=logging.WARNING if quiet else logging.INFO,
+    )
 
 
 def local_gpu_index(assigned: list, visible: str | None, rank: int, device_count: int) -> int:

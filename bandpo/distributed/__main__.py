@@ -36,13 +36,18 @@ from bandpo.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bandpo.distributed",
-                                 description=plan_module.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bandpo.distributed", description=plan_module.__doc__.splitlines()[0]
+    )
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--gpus-per-node", type=int)
     ap.add_argument("--cpus-per-node", type=int, help="simulated nodes' CPUs (default: what the plan needs)")
-    ap.add_argument("--gpu-gib", type=float, help="one GPU's memory in GiB (default: trainer.gpu_memory_gib, "
-                                                  "else what this machine's GPU reports)")
+    ap.add_argument(
+        "--gpu-gib",
+        type=float,
+        help="one GPU's memory in GiB (default: trainer.gpu_memory_gib, "
+        "else what this machine's GPU reports)",
+    )
     ap.add_argument("--check", action="store_true", help="place stand-ins on a simulated Ray cluster")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("overrides", nargs="*")
@@ -56,16 +61,30 @@ def main(argv: list[str] | None = None) -> int:
             shape = detect_shape(cfg.trainer.get("ray_address"))
         plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
     except ConfigError as e:
-        print(json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e, file=sys.stdout
-              if args.json else sys.stderr)
+        print(
+            json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e,
+            file=sys.stdout if args.json else sys.stderr,
+        )
         return 2
     est = estimate_for(cfg, plan, shape, args.gpu_gib)
     too_big = memory_errors(est)
-    memory = {"memory": None if est is None else est.parts, "memory_gib": None if est is None else est.as_json()}
+    memory = {
+        "memory": None if est is None else est.parts,
+        "memory_gib": None if est is None else est.as_json(),
+    }
     if too_big:  # a phase does not fit the GPU's memory: the plan, then what is missing
         if args.json:
-            print(json.dumps({"workers": planned_json(plan), "ok": False, "layout": plan.layout, **memory,
-                              "error": "\n".join(too_big)}))
+            print(
+                json.dumps(
+                    {
+                        "workers": planned_json(plan),
+                        "ok": False,
+                        "layout": plan.layout,
+                        **memory,
+                        "error": "\n".join(too_big),
+                    }
+                )
+            )
         else:
             print(table(plan) + "\n" + memory_table(est, plan))
             print("\n".join(too_big), file=sys.stderr)
@@ -89,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(plan) + "\n" + memory_table(est, plan))
         print(f"vLLM Ray executor modelled: {report['executor']}")
         for w in report["workers"]:
-            print(f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "
-                  f"Ray GPUs {w['gpus']}  computes on {w.get('device')}  "
-                  f"CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}")
+            print(
+                f"  {w['group']:<8} rank {w['rank']:>2} shard {w['shard']}  node {w['node'][:12]}  "
+                f"Ray GPUs {w['gpus']}  computes on {w.get('device')}  "
+                f"CUDA_VISIBLE_DEVICES={w.get('cuda_visible_devices')}"
+            )
         print("\n".join(f"FAIL: {e}" for e in report["errors"]) or "all invariants hold")
         print(f"check took {report['seconds']:.1f} s")
     return 0 if report["ok"] else 1

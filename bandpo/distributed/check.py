@@ -49,7 +49,11 @@ def vllm_ray_executor() -> str:
         import vllm.envs as envs
     except ImportError:
         return "unknown"
-    return "RayExecutorV2" if getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", False) else "RayDistributedExecutor"
+    return (
+        "RayExecutorV2"
+        if getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", False)
+        else "RayDistributedExecutor"
+    )
 
 
 def vllm_worker_devices(executor: str, driver_node: str, workers: list[dict]) -> list[int]:
@@ -66,7 +70,9 @@ def vllm_worker_devices(executor: str, driver_node: str, workers: list[dict]) ->
     order = list(range(len(workers)))  # order[rank] = creation index
     if executor == "RayDistributedExecutor":
         per_ip = Counter(w["ip"] for w in workers)
-        order.sort(key=lambda i: (workers[i]["node"] != driver_node, per_ip[workers[i]["ip"]], workers[i]["ip"]))
+        order.sort(
+            key=lambda i: (workers[i]["node"] != driver_node, per_ip[workers[i]["ip"]], workers[i]["ip"])
+        )
     ranks_on: dict = defaultdict(list)
     ids_on: dict = defaultdict(list)
     for i in order:
@@ -87,8 +93,13 @@ def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int):
 
     if nodes <= 1:
         # address="local": a new instance, never another Ray already running on this machine.
-        ray.init(address="local", num_cpus=cpus_per_node, num_gpus=gpus_per_node, include_dashboard=False,
-                 log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=cpus_per_node,
+            num_gpus=gpus_per_node,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
         try:
             yield
         finally:
@@ -96,9 +107,10 @@ def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int):
         return
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node,
-                                      "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node, "include_dashboard": False},
+    )
     try:
         for _ in range(nodes - 1):
             cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node)
@@ -149,9 +161,16 @@ def _seen(group: str, rank: int, shard: int) -> dict:
     gpus = [int(g) for g in ray.get_gpu_ids()]
     # A worker whose CUDA_VISIBLE_DEVICES Ray narrowed computes on its one GPU (bandpo.actor's
     # local_gpu_index, vLLM's uni-process executor at TP = 1); vLLM's Ray workers are set later.
-    return {"group": group, "rank": rank, "shard": shard, "node": ray.get_runtime_context().get_node_id(),
-            "ip": ray.util.get_node_ip_address(), "gpus": gpus, "device": gpus[0] if len(gpus) == 1 else None,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "group": group,
+        "rank": rank,
+        "shard": shard,
+        "node": ray.get_runtime_context().get_node_id(),
+        "ip": ray.util.get_node_ip_address(),
+        "gpus": gpus,
+        "device": gpus[0] if len(gpus) == 1 else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def _stand_in(gate, group: str, rank: int, env: dict | None = None, executor: str = "RayExecutorV2") -> None:
@@ -171,11 +190,19 @@ def _stand_in(gate, group: str, rank: int, env: dict | None = None, executor: st
     per_worker = float(os.environ.get("VLLM_RAY_PER_WORKER_GPUS", "1.0"))
     driver_node = ray.get_runtime_context().get_node_id()
     shard = ray.remote(_shard)
-    refs = [shard.options(num_cpus=0, num_gpus=per_worker, runtime_env={"env_vars": {NOSET_ENV: "1"}},
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              placement_group=pg, placement_group_bundle_index=int(b),
-                              placement_group_capture_child_tasks=executor == "RayDistributedExecutor"))
-            .remote(gate, rank, s, driver_node) for s, b in enumerate(bundles.split(","))]
+    refs = [
+        shard.options(
+            num_cpus=0,
+            num_gpus=per_worker,
+            runtime_env={"env_vars": {NOSET_ENV: "1"}},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg,
+                placement_group_bundle_index=int(b),
+                placement_group_capture_child_tasks=executor == "RayDistributedExecutor",
+            ),
+        ).remote(gate, rank, s, driver_node)
+        for s, b in enumerate(bundles.split(","))
+    ]
     ray.get(refs)
 
 
@@ -212,11 +239,19 @@ def _place(plan: Plan) -> dict:
 
     t0 = time.monotonic()
     gpu = plan.layout != "cpu"
-    executor = vllm_ray_executor() if gpu and plan.tp > 1 else "none (TP = 1: vLLM's executor runs in the engine)"
+    executor = (
+        vllm_ray_executor() if gpu and plan.tp > 1 else "none (TP = 1: vLLM's executor runs in the engine)"
+    )
     try:
         pgs = create_placement_groups(plan, UNPLACED_TIMEOUT_S) if gpu else []
     except PlacementError as e:
-        return {"workers": [], "ok": False, "errors": [str(e)], "seconds": time.monotonic() - t0, "executor": executor}
+        return {
+            "workers": [],
+            "ok": False,
+            "errors": [str(e)],
+            "seconds": time.monotonic() - t0,
+            "executor": executor,
+        }
     gate = _gate_cls().remote()
     fn = ray.remote(_stand_in)
     refs = []
@@ -238,7 +273,9 @@ def _place(plan: Plan) -> dict:
     ray.get(gate.release.remote())
     errors = []
     if len(seen) < expected:
-        errors.append(f"{expected - len(seen)} of {expected} workers not placed within {UNPLACED_TIMEOUT_S:.0f} s")
+        errors.append(
+            f"{expected - len(seen)} of {expected} workers not placed within {UNPLACED_TIMEOUT_S:.0f} s"
+        )
         for ref in refs:
             ray.cancel(ref, force=True)
     else:
@@ -251,7 +288,13 @@ def _place(plan: Plan) -> dict:
         for w, device in zip(shards, vllm_worker_devices(executor, shards[0]["driver_node"], shards)):
             w["device"] = device
     errors += invariant_errors(plan, seen)
-    return {"workers": seen, "ok": not errors, "errors": errors, "seconds": time.monotonic() - t0, "executor": executor}
+    return {
+        "workers": seen,
+        "ok": not errors,
+        "errors": errors,
+        "seconds": time.monotonic() - t0,
+        "executor": executor,
+    }
 
 
 def invariant_errors(plan: Plan, seen: list[dict]) -> list[str]:
@@ -261,7 +304,9 @@ def invariant_errors(plan: Plan, seen: list[dict]) -> list[str]:
     """
     errors = []
     if plan.layout == "cpu":
-        return [f"{w['group']} {w['rank']} holds GPUs {w['gpus']} in the CPU layout" for w in seen if w["gpus"]]
+        return [
+            f"{w['group']} {w['rank']} holds GPUs {w['gpus']} in the CPU layout" for w in seen if w["gpus"]
+        ]
     actors = {w["rank"]: w for w in seen if w["group"] == "actor"}
     shards = {(w["rank"], w["shard"]): w for w in seen if w["group"] == "rollout"}
 
@@ -270,20 +315,29 @@ def invariant_errors(plan: Plan, seen: list[dict]) -> list[str]:
 
     for w in [*actors.values(), *shards.values()]:
         if len(w["gpus"]) != 1:
-            errors.append(f"{w['group']} {w['rank']}/{w['shard']} sees GPUs {w['gpus']}, expected exactly one")
+            errors.append(
+                f"{w['group']} {w['rank']}/{w['shard']} sees GPUs {w['gpus']}, expected exactly one"
+            )
     taken: dict = {}
     for r, w in actors.items():
         if seat(w) and seat(w) in taken:
-            errors.append(f"actor ranks {taken[seat(w)]} and {r} share GPU {seat(w)[1]} of node {w['node'][:12]}")
+            errors.append(
+                f"actor ranks {taken[seat(w)]} and {r} share GPU {seat(w)[1]} of node {w['node'][:12]}"
+            )
         taken[seat(w)] = r
     for e in sorted({k[0] for k in shards}):
         ws = [shards[k] for k in sorted(shards) if k[0] == e]
         if len(ws) != plan.tp or len({w["node"] for w in ws}) != 1 or len({seat(w) for w in ws}) != plan.tp:
-            errors.append(f"engine {e}: shards on {[(w['node'][:12], w['gpus']) for w in ws]}, expected "
-                          f"{plan.tp} distinct GPUs of one node")
+            errors.append(
+                f"engine {e}: shards on {[(w['node'][:12], w['gpus']) for w in ws]}, expected "
+                f"{plan.tp} distinct GPUs of one node"
+            )
     planned = {(p.group, p.rank, p.shard): (p.node, p.gpu) for p in plan.workers if p.gpu is not None}
     by_slot: dict = {}
-    for key, w in [*((("actor", r, 0), w) for r, w in actors.items()), *((("rollout", *k), w) for k, w in shards.items())]:
+    for key, w in [
+        *((("actor", r, 0), w) for r, w in actors.items()),
+        *((("rollout", *k), w) for k, w in shards.items()),
+    ]:
         by_slot.setdefault(planned.get(key), []).append((key, seat(w)))
     for slot, members in by_slot.items():
         seats = {s for _, s in members}

@@ -59,8 +59,15 @@ from dataclasses import dataclass
 from bandpo.errors import ConfigError
 
 ZERO3_SUB_GROUP_ELEMENTS = 1e9  # DeepSpeed's default stage3 sub_group_size
-SIZE_KEYS = ("num_params", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-             "vocab_size")
+SIZE_KEYS = (
+    "num_params",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "vocab_size",
+)
 
 
 @dataclass(frozen=True)
@@ -88,8 +95,10 @@ def model_shape(model_cfg) -> ModelShape | None:
         return None
     missing = [k for k in SIZE_KEYS if model_cfg.get(k) is None]
     if missing:
-        raise ConfigError(f"config error: model.{missing[0]} is required for the memory estimate when model.num_params is set "
-                         f"(from the model's config.json)")
+        raise ConfigError(
+            f"config error: model.{missing[0]} is required for the memory estimate when model.num_params is set "
+            f"(from the model's config.json)"
+        )
     return ModelShape(**{k: int(model_cfg.get(k)) for k in SIZE_KEYS})
 
 

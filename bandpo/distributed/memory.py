@@ -113,8 +113,13 @@ class MemoryEstimate:
         def r(v):
             return None if v is None else round(v, 2)
 
-        return {"rollout": r(self.rollout), "train": r(self.train), "startup": r(self.phase("startup")),
-                "peak": r(self.peak), "capacity": r(self.capacity)}
+        return {
+            "rollout": r(self.rollout),
+            "train": r(self.train),
+            "startup": r(self.phase("startup")),
+            "peak": r(self.peak),
+            "capacity": r(self.capacity),
+        }
 
 
 def offload_during_rollout(cfg, layout: str) -> bool:
@@ -135,8 +140,13 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     W = max(1, world)
     z3 = int(a.zero_stage) == 3
     lp = 2 if bf16 else 4  # bytes per weight as the model computes
-    parts = {"weights": lp * P / (W if z3 else 1), "master": 4 * P / W, "optimizer": 8 * P / W,
-             "grads": 4 * P / W, "bucket": lp * ZERO_BUCKET_ELEMENTS}
+    parts = {
+        "weights": lp * P / (W if z3 else 1),
+        "master": 4 * P / W,
+        "optimizer": 8 * P / W,
+        "grads": 4 * P / W,
+        "bucket": lp * ZERO_BUCKET_ELEMENTS,
+    }
     if float(cfg.algorithm.kl_coef) > 0:
         parts["ref_weights"] = parts["weights"]
     if z3:
@@ -168,8 +178,9 @@ def actor_residue(parts: dict[str, float], offload: bool, zero_stage: int) -> fl
     return parts["weights"] if zero_stage == 3 else parts["bucket"]
 
 
-def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
-                    capacity_from: str = "trainer.gpu_memory_gib") -> MemoryEstimate | None:
+def memory_estimate(
+    cfg, plan: Plan, capacity_gib: float | None = None, capacity_from: str = "trainer.gpu_memory_gib"
+) -> MemoryEstimate | None:
     """Per-GPU memory by phase for ``cfg`` laid out as ``plan`` on GPUs of ``capacity_gib`` (None:
     unknown); None on CPU or without model sizes in the config."""
     if plan.layout == "cpu":
@@ -191,26 +202,45 @@ def memory_estimate(cfg, plan: Plan, capacity_gib: float | None = None,
     if plan.layout == "colocated":
         ctx = ("CUDA contexts (actor + vLLM)", 2 * CUDA_CONTEXT_GIB)
         before = [("vLLM asleep or not started", VLLM_ASLEEP_GIB)] if offload else [vllm]
-        gpus = {"colocated": {"startup": [("actor's states as built or loaded", resident), *before, ctx],
-                              "rollout": [actor_left, vllm, ctx],
-                              "train": [("actor peak", peak), ("vLLM asleep", VLLM_ASLEEP_GIB), ctx]}}
+        gpus = {
+            "colocated": {
+                "startup": [("actor's states as built or loaded", resident), *before, ctx],
+                "rollout": [actor_left, vllm, ctx],
+                "train": [("actor peak", peak), ("vLLM asleep", VLLM_ASLEEP_GIB), ctx],
+            }
+        }
     else:
         ctx = ("CUDA context", CUDA_CONTEXT_GIB)
-        gpus = {"actor": {"startup": [("actor's states as built or loaded", resident), ctx], "rollout": [actor_left, ctx],
-                          "train": [("actor peak", peak), ctx]},
-                "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]}}
+        gpus = {
+            "actor": {
+                "startup": [("actor's states as built or loaded", resident), ctx],
+                "rollout": [actor_left, ctx],
+                "train": [("actor peak", peak), ctx],
+            },
+            "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]},
+        }
     return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from)
 
 
 # What shrinks each phase, named in the message when it does not fit.
 REMEDIES = {
-    "startup": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.zero_stage=3 (weights sharded)",
-                "actor.num_workers (more ranks shard the states)"),
-    "rollout": ("rollout.gpu_memory_utilization (vLLM's share)", "actor.offload_during_rollout=true",
-                "actor.zero_stage=3 (the actor's residue)"),
-    "train": ("actor.max_tokens_per_micro_batch (activations)", "actor.zero_stage=3 (weights sharded)",
-              "actor.num_workers (more ranks shard the states)", "actor.gradient_checkpointing=true",
-              "actor.logits_chunk_tokens"),
+    "startup": (
+        "rollout.gpu_memory_utilization (vLLM's share)",
+        "actor.zero_stage=3 (weights sharded)",
+        "actor.num_workers (more ranks shard the states)",
+    ),
+    "rollout": (
+        "rollout.gpu_memory_utilization (vLLM's share)",
+        "actor.offload_during_rollout=true",
+        "actor.zero_stage=3 (the actor's residue)",
+    ),
+    "train": (
+        "actor.max_tokens_per_micro_batch (activations)",
+        "actor.zero_stage=3 (weights sharded)",
+        "actor.num_workers (more ranks shard the states)",
+        "actor.gradient_checkpointing=true",
+        "actor.logits_chunk_tokens",
+    ),
 }
 
 
@@ -224,9 +254,11 @@ def memory_errors(est: MemoryEstimate | None) -> list[str]:
             need = est.on(gpu, phase)
             if need is not None and need > est.capacity:
                 sums = " + ".join(f"{name} {v:.1f}" for name, v in terms)
-                out.append(f"memory: the {phase} phase needs {need:.1f} GiB on a{'n' if gpu[0] in 'aeiou' else ''} "
-                           f"{gpu} GPU, more than its {est.capacity:.1f} GiB ({est.capacity_from}): {sums}; "
-                           f"shrink it with {', '.join(REMEDIES[phase])}")
+                out.append(
+                    f"memory: the {phase} phase needs {need:.1f} GiB on a{'n' if gpu[0] in 'aeiou' else ''} "
+                    f"{gpu} GPU, more than its {est.capacity:.1f} GiB ({est.capacity_from}): {sums}; "
+                    f"shrink it with {', '.join(REMEDIES[phase])}"
+                )
     return out
 
 
@@ -235,20 +267,45 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
     if plan.layout == "cpu":
         return "memory: CPU layout (no GPU estimate)"
     if est is None:
-        return ("memory: no model sizes (model.num_params / hidden_size / intermediate_size / num_layers / "
-                "num_heads / num_kv_heads / vocab_size) in the config")
+        return (
+            "memory: no model sizes (model.num_params / hidden_size / intermediate_size / num_layers / "
+            "num_heads / num_kv_heads / vocab_size) in the config"
+        )
     p = est.parts
-    keys = [k for k in ("weights", "ref_weights", "master", "optimizer", "grads", "bucket", "live_params",
-                        "activations", "head", "optimizer_step", "actor_peak", "actor_residue", "vllm_share") if k in p]
+    keys = [
+        k
+        for k in (
+            "weights",
+            "ref_weights",
+            "master",
+            "optimizer",
+            "grads",
+            "bucket",
+            "live_params",
+            "activations",
+            "head",
+            "optimizer_step",
+            "actor_peak",
+            "actor_residue",
+            "vllm_share",
+        )
+        if k in p
+    ]
     cap = "unknown" if est.capacity is None else f"{est.capacity:.1f}"
-    lines = [f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
-             + "  ".join(f"{k} {p[k]:.1f}" for k in keys)]
+    lines = [
+        f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
+        + "  ".join(f"{k} {p[k]:.1f}" for k in keys)
+    ]
     for gpu in est.gpus:
         shown = [(ph, est.on(gpu, ph)) for ph in PHASES]
-        lines.append(f"  {gpu} GPU: " + "  ".join(f"{ph} {'?' if v is None else f'{v:.1f}'}" for ph, v in shown))
+        lines.append(
+            f"  {gpu} GPU: " + "  ".join(f"{ph} {'?' if v is None else f'{v:.1f}'}" for ph, v in shown)
+        )
     if est.capacity is None:
-        lines.append("  GPU memory unknown: vLLM's share (rollout.gpu_memory_utilization x the GPU's memory) and the "
-                     "rollout phase are not computed; set trainer.gpu_memory_gib (or --gpu-gib) to check the fit")
+        lines.append(
+            "  GPU memory unknown: vLLM's share (rollout.gpu_memory_utilization x the GPU's memory) and the "
+            "rollout phase are not computed; set trainer.gpu_memory_gib (or --gpu-gib) to check the fit"
+        )
     else:
         lines.append(f"  peak {est.peak:.1f} of {est.capacity:.1f} GiB")
     return "\n".join(lines)

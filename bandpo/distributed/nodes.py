@@ -70,9 +70,12 @@ def check_nodes(output_dir: str, timeout_s: float = CHECK_TIMEOUT_S) -> list[str
         f.flush()
         os.fsync(f.fileno())  # a network filesystem shows other clients what reached its server
     try:
-        refs = [_remote_read_marker().options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
-            for n in others]
+        refs = [
+            _remote_read_marker()
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(marker)
+            for n in others
+        ]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         done = set(ready)
         broken, unseen = [], []
@@ -93,14 +96,17 @@ def check_nodes(output_dir: str, timeout_s: float = CHECK_TIMEOUT_S) -> list[str
         os.remove(marker)
     if broken:
         raise WorkerFailure(
-            f"start-up check of the cluster's nodes failed on {len(broken)} node(s): " + "; ".join(broken)
+            f"start-up check of the cluster's nodes failed on {len(broken)} node(s): "
+            + "; ".join(broken)
             + ". Every node must import bandpo (the job ships the driver's package when it joins a cluster "
-            "through trainer.ray_address or RAY_ADDRESS) and start Ray workers")
+            "through trainer.ray_address or RAY_ADDRESS) and start Ray workers"
+        )
     if unseen:
         raise ConfigError(
             f"config error: trainer.output_dir={output_dir} is not the same folder on every node: "
             f"{len(unseen)} node(s) do not see the marker file the driver wrote there ({'; '.join(unseen)}). "
             "The actor ranks write checkpoints and the HF export there and the driver reads them: put "
             "trainer.output_dir on a filesystem every node mounts at the same path (NFS, a cluster "
-            "filesystem), or run on one node")
+            "filesystem), or run on one node"
+        )
     return [n["NodeID"] for n in others]

@@ -26,8 +26,10 @@ def create_placement_groups(plan: Plan, timeout_s: float = 60.0) -> list:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    pgs = [placement_group(bundles, strategy="STRICT_PACK", name=f"bandpo-node{n}")
-           for n, bundles in enumerate(plan.bundles)]
+    pgs = [
+        placement_group(bundles, strategy="STRICT_PACK", name=f"bandpo-node{n}")
+        for n, bundles in enumerate(plan.bundles)
+    ]
     ready, pending = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
     if pending:
         for pg in pgs:
@@ -37,15 +39,17 @@ def create_placement_groups(plan: Plan, timeout_s: float = 60.0) -> list:
             f"{len(pending)} of {len(pgs)} node placement groups (bundles {plan.bundles[0][0]} x "
             f"{[len(b) for b in plan.bundles]}) not placed within {timeout_s:.0f} s; the cluster has "
             f"{res.get('GPU', 0):.0f} GPUs and {res.get('CPU', 0):.0f} CPUs in "
-            f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s)")
+            f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s)"
+        )
     return pgs
 
 
 def _strategy(pg, bundle: int, capture: bool = False):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle,
-                                            placement_group_capture_child_tasks=capture)
+    return PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=capture
+    )
 
 
 def actor_options(plan: Plan, pgs: list, rank: int) -> dict[str, Any]:
@@ -69,9 +73,20 @@ def engine_launch(plan: Plan, pgs: list, engine: int) -> tuple[dict[str, Any], d
     first = shards[0]
     share = engine_gpu_share(plan)
     if plan.tp == 1:
-        return {"num_cpus": 1, "num_gpus": share, "scheduling_strategy": _strategy(pgs[first.node], first.gpu)}, {}
-    env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(s.gpu) for s in shards), "VLLM_RAY_PER_WORKER_GPUS": str(share)}
-    opts = {"num_cpus": 1, "num_gpus": 0, "scheduling_strategy": _strategy(pgs[first.node], first.gpu, capture=True)}
+        return {
+            "num_cpus": 1,
+            "num_gpus": share,
+            "scheduling_strategy": _strategy(pgs[first.node], first.gpu),
+        }, {}
+    env = {
+        "VLLM_RAY_BUNDLE_INDICES": ",".join(str(s.gpu) for s in shards),
+        "VLLM_RAY_PER_WORKER_GPUS": str(share),
+    }
+    opts = {
+        "num_cpus": 1,
+        "num_gpus": 0,
+        "scheduling_strategy": _strategy(pgs[first.node], first.gpu, capture=True),
+    }
     return opts, env
 
 
@@ -94,6 +109,8 @@ def wait_all(refs: list, timeout_s: float, what: str) -> list:
     t0 = time.monotonic()
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if pending:
-        raise PlacementError(f"{len(pending)} of {len(refs)} {what} not started within {timeout_s:.0f} s "
-                             f"({time.monotonic() - t0:.0f} s waited)")
+        raise PlacementError(
+            f"{len(pending)} of {len(refs)} {what} not started within {timeout_s:.0f} s "
+            f"({time.monotonic() - t0:.0f} s waited)"
+        )
     return ray.get(refs)

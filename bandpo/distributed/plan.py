@@ -89,8 +89,10 @@ def layout_of(cfg, device: str) -> str:
         return "cpu"
     a, r = cfg.actor.get("gpus"), cfg.rollout.get("gpus")
     if (a is None) != (r is None):
-        raise ConfigError(f"config error: actor.gpus and rollout.gpus go together (split layout), got "
-                          f"actor.gpus={a!r}, rollout.gpus={r!r}; leave both null for the colocated layout")
+        raise ConfigError(
+            f"config error: actor.gpus and rollout.gpus go together (split layout), got "
+            f"actor.gpus={a!r}, rollout.gpus={r!r}; leave both null for the colocated layout"
+        )
     return "split" if a is not None else "colocated"
 
 
@@ -112,14 +114,31 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
 
     actor_gpus, rollout_gpus, rollout_offset = gpu_counts(cfg, layout)
     total = rollout_offset + rollout_gpus
-    asked = ("actor.gpus + rollout.gpus" if layout == "split"
-             else "actor.num_workers (= rollout.num_workers x rollout.tensor_parallel_size)")
-    check(G >= 1, "trainer.gpus_per_node", f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
-          f"asked, 0 found (no GPU on this machine / cluster; trainer.device=cpu runs on CPU)", G)
-    check(tp <= G and G % tp == 0, "rollout.tensor_parallel_size",
-          f"must divide the GPUs of a node (gpus_per_node={G}) so no engine spans two nodes", tp)
-    check(total <= N * G, asked, f"must fit in the cluster: {total} GPUs asked, {N * G} found "
-          f"({N} node(s) x {G} GPUs; trainer.nnodes / trainer.gpus_per_node or --nodes / --gpus-per-node)", total)
+    asked = (
+        "actor.gpus + rollout.gpus"
+        if layout == "split"
+        else "actor.num_workers (= rollout.num_workers x rollout.tensor_parallel_size)"
+    )
+    check(
+        G >= 1,
+        "trainer.gpus_per_node",
+        f"must be >= 1 for the {layout} GPU layout: {asked} = {total} GPUs "
+        f"asked, 0 found (no GPU on this machine / cluster; trainer.device=cpu runs on CPU)",
+        G,
+    )
+    check(
+        tp <= G and G % tp == 0,
+        "rollout.tensor_parallel_size",
+        f"must divide the GPUs of a node (gpus_per_node={G}) so no engine spans two nodes",
+        tp,
+    )
+    check(
+        total <= N * G,
+        asked,
+        f"must fit in the cluster: {total} GPUs asked, {N * G} found "
+        f"({N} node(s) x {G} GPUs; trainer.nnodes / trainer.gpus_per_node or --nodes / --gpus-per-node)",
+        total,
+    )
 
     def seat(g: int) -> tuple[int, int]:
         return divmod(g, G)
@@ -128,8 +147,13 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     for e in range(engines):
         first = rollout_offset + e * tp
         nodes = {seat(first + s)[0] for s in range(tp)}
-        check(len(nodes) == 1, "actor.gpus", f"must leave the engines' first GPU at a multiple of "
-              f"rollout.tensor_parallel_size={tp} so engine {e} stays on one node", actor_gpus)
+        check(
+            len(nodes) == 1,
+            "actor.gpus",
+            f"must leave the engines' first GPU at a multiple of "
+            f"rollout.tensor_parallel_size={tp} so engine {e} stays on one node",
+            actor_gpus,
+        )
         workers += [Placement("rollout", e, s, *seat(first + s)) for s in range(tp)]
     used = [0] * N
     for w in workers:
@@ -138,13 +162,18 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     bundles = [[{"GPU": 1.0, "CPU": float(cpus)} for _ in range(u)] for u in used if u]
     notes = []
     if total < N * G:
-        notes.append(f"{N * G - total} of {N * G} GPUs unused (raise actor.num_workers / rollout.num_workers "
-                     f"to use them)")
+        notes.append(
+            f"{N * G - total} of {N * G} GPUs unused (raise actor.num_workers / rollout.num_workers "
+            f"to use them)"
+        )
     if shape.cpus_per_node is not None:
         need = max(len(b) for b in bundles) * cpus + math.ceil(verifiers / N) * vcpus
-        check(need <= shape.cpus_per_node, "trainer.verifier_workers",
-              f"leave room on a node of {shape.cpus_per_node} CPUs: its bundles and verifier actors need {need}",
-              vcpus)
+        check(
+            need <= shape.cpus_per_node,
+            "trainer.verifier_workers",
+            f"leave room on a node of {shape.cpus_per_node} CPUs: its bundles and verifier actors need {need}",
+            vcpus,
+        )
     return Plan(layout, N, G, tp, bundles, workers + verifier_seats, vcpus, notes)
 
 
@@ -153,32 +182,50 @@ def gpu_counts(cfg, layout: str) -> tuple[int, int, int]:
     ranks, engines = int(cfg.actor.num_workers), int(cfg.rollout.num_workers)
     tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
     if layout == "colocated":
-        check(engines * tp == ranks, "rollout.num_workers x rollout.tensor_parallel_size",
-              f"must equal actor.num_workers={ranks} in the colocated layout (one engine shard per actor GPU)",
-              f"{engines} x {tp} = {engines * tp}")
+        check(
+            engines * tp == ranks,
+            "rollout.num_workers x rollout.tensor_parallel_size",
+            f"must equal actor.num_workers={ranks} in the colocated layout (one engine shard per actor GPU)",
+            f"{engines} x {tp} = {engines * tp}",
+        )
         return ranks, ranks, 0
     actor_gpus, rollout_gpus = int(cfg.actor.gpus), int(cfg.rollout.gpus)
-    check(ranks == actor_gpus, "actor.num_workers", f"must equal actor.gpus={actor_gpus} (one GPU per rank)", ranks)
-    check(engines * tp == rollout_gpus, "rollout.num_workers x rollout.tensor_parallel_size",
-          f"must equal rollout.gpus={rollout_gpus}", f"{engines} x {tp} = {engines * tp}")
+    check(
+        ranks == actor_gpus,
+        "actor.num_workers",
+        f"must equal actor.gpus={actor_gpus} (one GPU per rank)",
+        ranks,
+    )
+    check(
+        engines * tp == rollout_gpus,
+        "rollout.num_workers x rollout.tensor_parallel_size",
+        f"must equal rollout.gpus={rollout_gpus}",
+        f"{engines} x {tp} = {engines * tp}",
+    )
     return actor_gpus, rollout_gpus, actor_gpus
 
 
 # ----------------------------------------------------------------------------- printing
 def table(plan: Plan) -> str:
     """One line per GPU (node, GPU, actor rank, engine/TP shard), then the CPU-only workers."""
-    lines = [f"layout: {plan.layout}   cluster: {plan.nodes} node(s) x {plan.gpus_per_node} GPU   "
-             f"TP: {plan.tp}   placement groups: {len(plan.bundles)} (one per node, STRICT_PACK)"]
+    lines = [
+        f"layout: {plan.layout}   cluster: {plan.nodes} node(s) x {plan.gpus_per_node} GPU   "
+        f"TP: {plan.tp}   placement groups: {len(plan.bundles)} (one per node, STRICT_PACK)"
+    ]
     if plan.layout != "cpu":
         lines.append(f"{'node':>4} {'gpu':>3}  {'actor rank':<10}  {'engine/shard':<12}")
         seats = sorted({(w.node, w.gpu) for w in plan.workers if w.gpu is not None})
         for node, gpu in seats:
             a = [w for w in plan.of("actor") if (w.node, w.gpu) == (node, gpu)]
             r = [w for w in plan.of("rollout") if (w.node, w.gpu) == (node, gpu)]
-            lines.append(f"{node:>4} {gpu:>3}  {(str(a[0].rank) if a else '-'):<10}  "
-                         f"{(f'{r[0].rank}/{r[0].shard}' if r else '-'):<12}")
+            lines.append(
+                f"{node:>4} {gpu:>3}  {(str(a[0].rank) if a else '-'):<10}  "
+                f"{(f'{r[0].rank}/{r[0].shard}' if r else '-'):<12}"
+            )
     else:
-        lines.append(f"actor ranks: {len(plan.of('actor'))}   rollout engines: {len(plan.of('rollout'))} (CPU)")
+        lines.append(
+            f"actor ranks: {len(plan.of('actor'))}   rollout engines: {len(plan.of('rollout'))} (CPU)"
+        )
     v = plan.of("verifier")
     lines.append(f"verifier actors: {len(v)} x {plan.verifier_cpus} CPUs (CPU-only, spread over nodes)")
     lines += [f"note: {n}" for n in plan.notes]
@@ -186,8 +233,16 @@ def table(plan: Plan) -> str:
 
 
 def planned_json(plan: Plan) -> list[dict]:
-    return [{"group": w.group, "rank": w.rank, "shard": w.shard, "node": f"node{w.node}",
-             "gpus": [] if w.gpu is None else [w.gpu]} for w in plan.workers]
+    return [
+        {
+            "group": w.group,
+            "rank": w.rank,
+            "shard": w.shard,
+            "node": f"node{w.node}",
+            "gpus": [] if w.gpu is None else [w.gpu],
+        }
+        for w in plan.workers
+    ]
 
 
 # ----------------------------------------------------------------------------- cluster shape

@@ -52,10 +52,15 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None, system: str | None = None) -> 
         try:
             cpuinfo = CPUINFO.read_text()
         except OSError as e:
-            raise OSError(f"actor.bf16=auto reads the CPU's flags from {CPUINFO}, which is unreadable ({e}); "
-                          "set actor.bf16=true or false") from e
-    flag_sets = [set(value.split()) for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
-                 if key.strip() == "flags"]
+            raise OSError(
+                f"actor.bf16=auto reads the CPU's flags from {CPUINFO}, which is unreadable ({e}); "
+                "set actor.bf16=true or false"
+            ) from e
+    flag_sets = [
+        set(value.split())
+        for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+        if key.strip() == "flags"
+    ]
     return bool(flag_sets) and all(flags.intersection(FAST_BF16_FLAGS) for flags in flag_sets)
 
 
@@ -88,4 +93,6 @@ def check_bf16(setting) -> None:
 def check_engine_dtype(model_dtype) -> None:
     """``model.dtype`` is one of ``ENGINE_DTYPES`` (config validation and ``engine_dtype``)."""
     if model_dtype not in ENGINE_DTYPES:
-        raise ConfigError(f"config error: model.dtype must be one of {', '.join(ENGINE_DTYPES)}, got {model_dtype!r}")
+        raise ConfigError(
+            f"config error: model.dtype must be one of {', '.join(ENGINE_DTYPES)}, got {model_dtype!r}"
+        )

@@ -36,8 +36,10 @@ def prepare(argv: Sequence[str]):
         cfg = load_cli_config(argv)
     except OmegaConfBaseException as e:
         valid = ", ".join(f.name for f in EvalCLIConfig.__dataclass_fields__.values())
-        raise EvalUsageError(f"bad override: {str(e).splitlines()[0]} (top-level keys: {valid}; "
-                             f"eval.* keys: see bandpo/eval/evaluate.py EvalConfig)") from None
+        raise EvalUsageError(
+            f"bad override: {str(e).splitlines()[0]} (top-level keys: {valid}; "
+            f"eval.* keys: see bandpo/eval/evaluate.py EvalConfig)"
+        ) from None
     if cfg.cache not in CACHE_CHOICES:
         raise EvalUsageError(f"cache={cfg.cache!r}: expected one of {list(CACHE_CHOICES)}")
     targets = resolve_targets(cfg.checkpoint, cfg.step, cfg.steps)
@@ -77,20 +79,32 @@ def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
 
     ev = cfg.eval
     answer_format = ev.answer_format or answer_format_for(ev.template)
-    scorer = RewardScorer(answer_format=answer_format, num_workers=ev.verifier_workers, timeout=ev.verifier_timeout)
+    scorer = RewardScorer(
+        answer_format=answer_format, num_workers=ev.verifier_workers, timeout=ev.verifier_timeout
+    )
     engine, payloads = None, []
     try:
         for i, target in enumerate(targets):
             model_path = materialize(target, base_model=cfg.base_model, cache=cfg.cache, temp_root=tmp)
             if engine is None:
-                tokenizer = load_tokenizer(cfg.tokenizer or model_path, "tokenizer" if cfg.tokenizer else "checkpoint")
+                tokenizer = load_tokenizer(
+                    cfg.tokenizer or model_path, "tokenizer" if cfg.tokenizer else "checkpoint"
+                )
                 engine = make_engine(ev.backend, model_path, **engine_kwargs(ev.engine, model_path))
             else:  # same architecture, new weights: reload instead of restarting the engine
                 engine.update_weights(_read_weights(model_path))
             log.info("evaluating %s (%d/%d)", target.label, i + 1, len(targets))
             results = evaluate(
-                engine, scorer, tokenizer, datasets, ev.n, sampling_params(ev), ev.template,
-                system_prompt=ev.system_prompt, max_prompt_len=ev.max_prompt_len, pass_ks=ev.pass_ks,
+                engine,
+                scorer,
+                tokenizer,
+                datasets,
+                ev.n,
+                sampling_params(ev),
+                ev.template,
+                system_prompt=ev.system_prompt,
+                max_prompt_len=ev.max_prompt_len,
+                pass_ks=ev.pass_ks,
                 keep_samples=ev.save_samples,
             )
             payloads.append(_write_one(cfg, target, model_path, answer_format, results, len(targets) > 1))
@@ -146,8 +160,14 @@ def _write_one(cfg, target: Target, model_path: str, answer_format: str, results
     out_dir = _out_dir(cfg, target, many)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = _stem(ev)
-    payload = {"checkpoint": cfg.checkpoint, "step": target.step, "model_path": model_path,
-               "answer_format": answer_format, "config": asdict(ev), "results": results}
+    payload = {
+        "checkpoint": cfg.checkpoint,
+        "step": target.step,
+        "model_path": model_path,
+        "answer_format": answer_format,
+        "config": asdict(ev),
+        "results": results,
+    }
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{stem}.md").write_text(table + "\n")
     if ev.plot:
@@ -168,8 +188,10 @@ def steps_table(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]]) -> 
     n = first["n"]
     ks = [k for k in first if k.startswith("pass@")]
     metrics = [f"mean@{n}", "std", *ks, f"maj@{n}"]
-    lines = ["| step | dataset | " + " | ".join(f"{m} (%)" for m in metrics) + " |",
-             "|" + "|".join(["---"] * (len(metrics) + 2)) + "|"]
+    lines = [
+        "| step | dataset | " + " | ".join(f"{m} (%)" for m in metrics) + " |",
+        "|" + "|".join(["---"] * (len(metrics) + 2)) + "|",
+    ]
     for step, results in rows:
         for name, s in results.items():
             cells = ["-" if s.get(m) is None else f"{100 * s[m]:.2f}" for m in metrics]
@@ -181,11 +203,14 @@ def _write_steps(cfg, targets: list[Target], payloads: list[dict]) -> dict:
     rows = [(t.step, p["results"]) for t, p in zip(targets, payloads)]
     out_dir = Path(cfg.eval.out) if cfg.eval.out else targets[0].run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "eval_steps" + _stem(cfg.eval)[len("eval"):]
+    stem = "eval_steps" + _stem(cfg.eval)[len("eval") :]
     table = steps_table(rows)
     print("\n" + table, flush=True)
-    payload = {"checkpoint": cfg.checkpoint, "config": asdict(cfg.eval),
-               "steps": [{"step": s, "results": r} for s, r in rows]}
+    payload = {
+        "checkpoint": cfg.checkpoint,
+        "config": asdict(cfg.eval),
+        "steps": [{"step": s, "results": r} for s, r in rows],
+    }
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{stem}.md").write_text(table + "\n")
     if cfg.eval.plot:

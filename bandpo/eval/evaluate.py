@@ -84,8 +84,14 @@ class EvalCLIConfig:
 
 def sampling_params(cfg: EvalConfig) -> SamplingParams:
     """The rollout sampling settings of an eval config."""
-    return SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                          max_tokens=cfg.max_tokens, seed=cfg.seed)
+    return SamplingParams(
+        n=cfg.n,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        max_tokens=cfg.max_tokens,
+        seed=cfg.seed,
+    )
 
 
 def evaluate(
@@ -161,21 +167,31 @@ def evaluate(
         summary["timing_s"] = {"generate": t_gen * share, "score": t_score * share}
         if keep_samples:
             summary["samples"] = [
-                {"id": examples[i].id, "answer": examples[i].answer,
-                 "responses": [texts[r] for r in rows], "extracted": [scores[r].extracted for r in rows],
-                 "correct": [bool(scores[r].correct) for r in rows],
-                 "status": [str(scores[r].status) for r in rows],
-                 "length": [lengths[r] for r in rows], "finish_reason": [finish[r] for r in rows]}
+                {
+                    "id": examples[i].id,
+                    "answer": examples[i].answer,
+                    "responses": [texts[r] for r in rows],
+                    "extracted": [scores[r].extracted for r in rows],
+                    "correct": [bool(scores[r].correct) for r in rows],
+                    "status": [str(scores[r].status) for r in rows],
+                    "length": [lengths[r] for r in rows],
+                    "finish_reason": [finish[r] for r in rows],
+                }
                 for i, rows in zip(problems, per)
             ]
         results[name] = summary
-    log.info("evaluate: %d problems x %d samples; generate %.1fs, score %.1fs",
-             len(prompts), n, t_gen, t_score)
+    log.info(
+        "evaluate: %d problems x %d samples; generate %.1fs, score %.1fs", len(prompts), n, t_gen, t_score
+    )
     return results
 
 
 def run_eval(
-    engine, scorer, tokenizer, datasets: Mapping[str, Sequence[Example]], cfg: Any,
+    engine,
+    scorer,
+    tokenizer,
+    datasets: Mapping[str, Sequence[Example]],
+    cfg: Any,
     on_samples: Callable[[dict[str, list[dict]]], None] | None = None,
 ) -> dict[str, float]:
     """``evaluate`` with an eval config (``EvalConfig``, DictConfig or mapping), as flat scalars for logging.
@@ -187,8 +203,16 @@ def run_eval(
     """
     cfg = to_eval_config(cfg)
     results = evaluate(
-        engine, scorer, tokenizer, datasets, cfg.n, sampling_params(cfg), cfg.template,
-        system_prompt=cfg.system_prompt, max_prompt_len=cfg.max_prompt_len, pass_ks=cfg.pass_ks,
+        engine,
+        scorer,
+        tokenizer,
+        datasets,
+        cfg.n,
+        sampling_params(cfg),
+        cfg.template,
+        system_prompt=cfg.system_prompt,
+        max_prompt_len=cfg.max_prompt_len,
+        pass_ks=cfg.pass_ks,
         keep_samples=on_samples is not None,
     )
     if on_samples is not None:
@@ -232,14 +256,31 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     first = next(iter(results.values()))
     n = first["n"]
     ks = [k for k in first if k.startswith("pass@")]
-    head = ["dataset", "problems", f"mean@{n} (%)", "std (%)", *[f"{k} (%)" for k in ks], f"maj@{n} (%)",
-            "resp. len", "truncated (%)", "verifier status (samples)"]
+    head = [
+        "dataset",
+        "problems",
+        f"mean@{n} (%)",
+        "std (%)",
+        *[f"{k} (%)" for k in ks],
+        f"maj@{n} (%)",
+        "resp. len",
+        "truncated (%)",
+        "verifier status (samples)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     for name, s in results.items():
         statuses = ", ".join(f"{k}={v}" for k, v in s["status_counts"].items())
-        cells = [name, str(s["num_problems"]), _pct(s.get(f"mean@{n}")), _pct(s["std"]),
-                 *[_pct(s.get(k)) for k in ks], _pct(s.get(f"maj@{n}")), f"{s['mean_response_length']:.1f}",
-                 _pct(s.get("truncated")), statuses]
+        cells = [
+            name,
+            str(s["num_problems"]),
+            _pct(s.get(f"mean@{n}")),
+            _pct(s["std"]),
+            *[_pct(s.get(k)) for k in ks],
+            _pct(s.get(f"maj@{n}")),
+            f"{s['mean_response_length']:.1f}",
+            _pct(s.get("truncated")),
+            statuses,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -298,7 +339,7 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
                 raise ValueError("--out needs a directory")
             out.append(f"eval.out={value}")
         elif arg.startswith("--out="):
-            out.append(f"eval.out={arg[len('--out='):]}")
+            out.append(f"eval.out={arg[len('--out=') :]}")
         else:
             out.append(arg)
     return out
@@ -314,4 +355,3 @@ def _vote_key(extracted: Any) -> str | None:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}"
-

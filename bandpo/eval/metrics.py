@@ -122,8 +122,12 @@ def summarize(
         )
     n = sizes.pop()
     acc = per_problem_accuracy(correct)
-    out: dict = {"num_problems": len(correct), "n": n, f"mean@{n}": float(acc.mean()),
-                 "std": float(acc.std())}
+    out: dict = {
+        "num_problems": len(correct),
+        "n": n,
+        f"mean@{n}": float(acc.mean()),
+        "std": float(acc.std()),
+    }
     for k in ks or default_ks(n):
         if k > n:
             raise ValueError(f"summarize: pass@{k} needs k <= n = {n}")

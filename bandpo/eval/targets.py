@@ -81,8 +81,10 @@ def resolve_targets(checkpoint: str, step: int | None = None, steps: object = No
             hint = ""
             if m and path.parent.is_dir():
                 hint = f"; kept steps there: {_step_list(path.parent.parent) or 'none'}"
-            raise EvalUsageError(f"checkpoint not found: {checkpoint} (give a HF model folder, hub id owner/name, "
-                                 f"run folder runs/<name> or runs/<name>/checkpoints/step_N{hint})")
+            raise EvalUsageError(
+                f"checkpoint not found: {checkpoint} (give a HF model folder, hub id owner/name, "
+                f"run folder runs/<name> or runs/<name>/checkpoints/step_N{hint})"
+            )
     if step is not None or steps is not None:
         if not is_run_dir(path):
             raise EvalUsageError(f"step=/steps= need a run folder (one holding checkpoints/), got {path}")
@@ -106,14 +108,18 @@ def run_model_path(run_dir: Path | None, base_model: str | None) -> str:
         return base_model
     file = run_dir / "config.yaml" if run_dir else None
     if file is None or not file.is_file():
-        raise EvalUsageError(f"no run config ({file or 'checkpoint is not inside runs/<name>/checkpoints'}) "
-                             f"to take the model's config and tokenizer from; give base_model=PATH_OR_HUB_ID")
+        raise EvalUsageError(
+            f"no run config ({file or 'checkpoint is not inside runs/<name>/checkpoints'}) "
+            f"to take the model's config and tokenizer from; give base_model=PATH_OR_HUB_ID"
+        )
     from omegaconf import OmegaConf
 
     try:
         path = OmegaConf.select(OmegaConf.load(file), "model.path", throw_on_resolution_failure=True)
     except Exception as e:
-        raise EvalUsageError(f"{file}: cannot read model.path ({e}); give base_model=PATH_OR_HUB_ID") from None
+        raise EvalUsageError(
+            f"{file}: cannot read model.path ({e}); give base_model=PATH_OR_HUB_ID"
+        ) from None
     if not path:
         raise EvalUsageError(f"{file} has no model.path; give base_model=PATH_OR_HUB_ID")
     return str(path)
@@ -160,21 +166,27 @@ def _run_targets(run_dir: Path, step: int | None, steps: object) -> list[Target]
             by_step = {step_number(p): p for p in kept}
             unknown = [s for s in steps if s not in by_step]
             if unknown:
-                raise EvalUsageError(f"steps={list(steps)}: no checkpoint for {unknown}; kept steps: {_step_list(run_dir)}")
+                raise EvalUsageError(
+                    f"steps={list(steps)}: no checkpoint for {unknown}; kept steps: {_step_list(run_dir)}"
+                )
             chosen = [by_step[s] for s in sorted(set(steps))]
         else:
             raise EvalUsageError(f"steps={steps!r}: expected 'all' or a list of steps, e.g. steps=[4,8]")
     elif step is not None:
         chosen = [p for p in kept if step_number(p) == step]
         if not chosen:
-            raise EvalUsageError(f"step={step}: no checkpoint in {run_dir}; kept steps: {_step_list(run_dir)}")
+            raise EvalUsageError(
+                f"step={step}: no checkpoint in {run_dir}; kept steps: {_step_list(run_dir)}"
+            )
     else:
         try:
             chosen = [CheckpointManager(run_dir / "checkpoints").latest() or kept[-1]]
         except RuntimeError as e:  # a stale `latest` pointer: name it and the steps that can be chosen
             raise EvalUsageError(f"{e}; or pick one with step=N (kept: {_step_list(run_dir)})") from None
-    return [Target(label=f"{run_dir}@step{step_number(p)}", step_dir=p, step=step_number(p), run_dir=run_dir)
-            for p in chosen]
+    return [
+        Target(label=f"{run_dir}@step{step_number(p)}", step_dir=p, step=step_number(p), run_dir=run_dir)
+        for p in chosen
+    ]
 
 
 def _step_list(run_dir: Path) -> str:
@@ -213,6 +225,8 @@ def model_dtype(model_path: str) -> str:
     dtype = getattr(config, "dtype", None)
     name = str(dtype).removeprefix("torch.") if isinstance(dtype, (torch.dtype, str)) else None
     if name not in ENGINE_DTYPES:
-        raise InputError(f"eval.engine.dtype: the config of {model_path} names {'no dtype' if name is None else name}; "
-                         "give the engine's with eval.engine.dtype=float32 (or bfloat16)")
+        raise InputError(
+            f"eval.engine.dtype: the config of {model_path} names {'no dtype' if name is None else name}; "
+            "give the engine's with eval.engine.dtype=float32 (or bfloat16)"
+        )
     return name

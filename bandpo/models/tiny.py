@@ -20,7 +20,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 DEFAULT_CORPUS = [
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.",
-    "Remember to put your answer on its own line after \"Answer:\".",
+    'Remember to put your answer on its own line after "Answer:".',
     "Please reason step by step, and put your final answer within \\boxed{}.",
     "What is 12 + 35? 12 + 35 = 47. Answer: 47",
     "Compute 7 * 8 - 3. 7 * 8 = 56, 56 - 3 = 53. The answer is \\boxed{53}.",
@@ -38,13 +38,19 @@ def build_tokenizer(path: str | Path, corpus: Iterable[str] | None = None, vocab
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(list(corpus or DEFAULT_CORPUS) * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
-        unk_token=None, chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(str(path))
     return fast
@@ -79,22 +85,41 @@ def build_tiny_model(
     config_cls, model_cls = classes[architecture]
 
     path = Path(path)
-    spec = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                intermediate_size=intermediate_size, max_pos=max_position_embeddings, tied=tie_word_embeddings,
-                vocab=vocab_size, seed=seed, **({"arch": architecture} if architecture != "qwen2" else {}))
+    spec = dict(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_pos=max_position_embeddings,
+        tied=tie_word_embeddings,
+        vocab=vocab_size,
+        seed=seed,
+        **({"arch": architecture} if architecture != "qwen2" else {}),
+    )
     marker = path / "bandpo_tiny.json"
     if marker.exists() and json.loads(marker.read_text()) == spec:
         return path
     if hidden_size // num_heads < 64:
-        raise ValueError(f"head_dim = hidden_size/num_heads = {hidden_size // num_heads}; vLLM CPU needs >= 64")
+        raise ValueError(
+            f"head_dim = hidden_size/num_heads = {hidden_size // num_heads}; vLLM CPU needs >= 64"
+        )
     path.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(path, corpus, vocab_size)
     config = config_cls(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        rope_theta=10000.0, torch_dtype="float32",
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        rope_theta=10000.0,
+        torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = model_cls(config)

@@ -64,7 +64,6 @@ class BuildArgs:
     n_eval: int = 200
 
 
-
 def _environment() -> dict[str, str | int]:
     """What the build ran on (library versions, threads, CPU): the report's context, not hashed."""
     import platform
@@ -73,12 +72,35 @@ def _environment() -> dict[str, str | int]:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "threads": torch.get_num_threads(), "cpu": cpu}
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+    }
 
-def build(out_dir: str | Path, seed: int = 0, sft_steps: int = BuildArgs.sft_steps, *, verbose: bool = True, **overrides) -> Path:
+
+def build(
+    out_dir: str | Path,
+    seed: int = 0,
+    sft_steps: int = BuildArgs.sft_steps,
+    *,
+    verbose: bool = True,
+    **overrides,
+) -> Path:
     """Build (or reuse) the tiny-arith model folder at ``out_dir`` and return its path.
 
     Args:
@@ -110,17 +132,28 @@ def build(out_dir: str | Path, seed: int = 0, sft_steps: int = BuildArgs.sft_ste
         report = _build_into(tmp, args, log)
         report["build_seconds"] = round(time.time() - t0, 1)
         report["environment"] = _environment()
-        (tmp / MARKER).write_text(json.dumps({"hash": digest, "args": dataclasses.asdict(args),
-                                              "version": BUILD_VERSION, "report": report}, indent=2))
+        (tmp / MARKER).write_text(
+            json.dumps(
+                {
+                    "hash": digest,
+                    "args": dataclasses.asdict(args),
+                    "version": BUILD_VERSION,
+                    "report": report,
+                },
+                indent=2,
+            )
+        )
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    log(f"built {out} in {report['build_seconds']:.0f}s: held-out accuracy "
+    log(
+        f"built {out} in {report['build_seconds']:.0f}s: held-out accuracy "
         f"{report['acc_t1']:.1%} at temperature 1.0, {report['acc_greedy']:.1%} greedy "
-        f"({args.n_eval} problems)")
+        f"({args.n_eval} problems)"
+    )
     return out
 
 
@@ -138,24 +171,38 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
     train = make_split("train", args.n_sft, args.seed, difficulty=args.difficulty)
     held_out = make_split("test", args.n_eval, args.seed, difficulty=args.difficulty)
     build_tiny_model(
-        path, hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
-        corpus=tokenizer_corpus(train), vocab_size=args.vocab_size, seed=args.seed,
+        path,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+        corpus=tokenizer_corpus(train),
+        vocab_size=args.vocab_size,
+        seed=args.seed,
     )
     (path / "bandpo_tiny.json").unlink()  # that marker describes the random init, not this model
     tok = AutoTokenizer.from_pretrained(path)
     model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"tiny_arith: vocab {len(tok)}, {n_params / 1e6:.2f}M parameters; warm start {args.sft_steps} steps "
-        f"x {args.batch_size} on {len(train)} train problems (difficulty {args.difficulty})")
+    log(
+        f"tiny_arith: vocab {len(tok)}, {n_params / 1e6:.2f}M parameters; warm start {args.sft_steps} steps "
+        f"x {args.batch_size} on {len(train)} train problems (difficulty {args.difficulty})"
+    )
     t0 = time.time()
     final_loss = supervised_warm_start(model, tok, train, args, log)
     sft_seconds = time.time() - t0
     model.save_pretrained(path, safe_serialization=True)
     acc_t1 = sample_accuracy(model, tok, held_out, temperature=1.0, seed=args.seed)
     acc_greedy = sample_accuracy(model, tok, held_out, temperature=0.0, seed=args.seed)
-    return dict(n_params=n_params, vocab=len(tok), sft_loss=round(final_loss, 4), sft_seconds=round(sft_seconds, 1),
-                acc_t1=acc_t1, acc_greedy=acc_greedy)
+    return dict(
+        n_params=n_params,
+        vocab=len(tok),
+        sft_loss=round(final_loss, 4),
+        sft_seconds=round(sft_seconds, 1),
+        acc_t1=acc_t1,
+        acc_greedy=acc_greedy,
+    )
 
 
 def tokenizer_corpus(rows: list[dict]) -> list[str]:

@@ -15,7 +15,7 @@ import re
 DAPO_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be of the "
     "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
-    "{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."
+    '{problem}\n\nRemember to put your answer on its own line after "Answer:".'
 )
 
 
@@ -92,8 +92,16 @@ def last_answer(text: str) -> str | None:
     return found[-1].strip().rstrip(".") if found else None
 
 
-def sample_accuracy(model, tok, rows: list[dict], *, temperature: float = 1.0, max_new_tokens: int = 48,
-                    batch_size: int = 100, seed: int = 0) -> float:
+def sample_accuracy(
+    model,
+    tok,
+    rows: list[dict],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    batch_size: int = 100,
+    seed: int = 0,
+) -> float:
     """Fraction of ``rows`` answered exactly (one sample each; temperature 0 = greedy)."""
     import torch
 
@@ -102,13 +110,25 @@ def sample_accuracy(model, tok, rows: list[dict], *, temperature: float = 1.0, m
     tok.padding_side = "left"  # generation continues from the right end of every row
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        enc = tok([prompt_text(tok, r["problem"]) for r in chunk], return_tensors="pt", padding=True,
-                  add_special_tokens=False)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
-            dict(do_sample=False)
+        enc = tok(
+            [prompt_text(tok, r["problem"]) for r in chunk],
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
+        )
+        sampling = (
+            dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+            if temperature > 0
+            else dict(do_sample=False)
+        )
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id, **sampling)
-        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                **sampling,
+            )
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         correct += sum(last_answer(t) == r["answer"] for t, r in zip(texts, chunk))
     return correct / max(1, len(rows))

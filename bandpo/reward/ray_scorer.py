@@ -80,13 +80,19 @@ def spawn_verifiers(
     import ray
 
     remote = ray.remote(VerifierActor)
-    actors = [remote.options(num_cpus=num_cpus, scheduling_strategy=s).remote(scorer_kwargs) for s in strategies]
-    ready, waiting = ray.wait([a.ready.remote() for a in actors], num_returns=len(actors), timeout=start_timeout)
+    actors = [
+        remote.options(num_cpus=num_cpus, scheduling_strategy=s).remote(scorer_kwargs) for s in strategies
+    ]
+    ready, waiting = ray.wait(
+        [a.ready.remote() for a in actors], num_returns=len(actors), timeout=start_timeout
+    )
     if waiting:
         for a in actors:
             ray.kill(a)
-        raise VerifierFailure(f"{len(waiting)} of {len(actors)} verifier actors did not start within "
-                              f"{start_timeout:.0f} s (each needs num_cpus={num_cpus}: trainer.verifier_workers)")
+        raise VerifierFailure(
+            f"{len(waiting)} of {len(actors)} verifier actors did not start within "
+            f"{start_timeout:.0f} s (each needs num_cpus={num_cpus}: trainer.verifier_workers)"
+        )
     try:
         ray.get(ready)
     except Exception as e:
@@ -129,17 +135,22 @@ class RayScorer:
             else:
                 raise ValueError(f"verifier actors must be an integer >= 1 or 'per_node', got {actors!r}")
         self.scheme = scheme if scheme is not None else RewardScheme()
-        self.kwargs = dict(scheme=self.scheme, answer_format=answer_format, num_workers=num_workers, timeout=timeout)
+        self.kwargs = dict(
+            scheme=self.scheme, answer_format=answer_format, num_workers=num_workers, timeout=timeout
+        )
         if memory_cap_gib is not None:
             self.kwargs["memory_cap_gib"] = memory_cap_gib
         self.strategies = list(strategies)
         self.num_cpus = num_workers or 1
         self.start_timeout = start_timeout
         self.replaced = 0  # verifier actors replaced after dying (for logs and tests)
-        self.actors = spawn_verifiers(self.strategies, self.kwargs, num_cpus=self.num_cpus,
-                                      start_timeout=start_timeout)
+        self.actors = spawn_verifiers(
+            self.strategies, self.kwargs, num_cpus=self.num_cpus, start_timeout=start_timeout
+        )
 
-    def score(self, responses: Sequence, answers: Sequence, response_lengths: Sequence[int] | None = None) -> list[Score]:
+    def score(
+        self, responses: Sequence, answers: Sequence, response_lengths: Sequence[int] | None = None
+    ) -> list[Score]:
         """Grade ``responses[i]`` against ``answers[i]``; one ``Score`` per item, in order."""
         import ray
         from ray.exceptions import RayActorError
@@ -154,8 +165,9 @@ class RayScorer:
         lengths = None if response_lengths is None else [int(x) for x in response_lengths]
 
         def submit(j: int, s: int, e: int):
-            return self.actors[j].score.remote(list(responses[s:e]), list(answers[s:e]),
-                                               None if lengths is None else lengths[s:e])
+            return self.actors[j].score.remote(
+                list(responses[s:e]), list(answers[s:e]), None if lengths is None else lengths[s:e]
+            )
 
         pending = {submit(*c): c for c in chunks}
         results: dict[int, list[Score]] = {}
@@ -168,8 +180,9 @@ class RayScorer:
             except RayActorError as err:
                 deaths[j] += 1
                 if deaths[j] >= MAX_ACTOR_DEATHS:
-                    raise VerifierFailure(f"verifier actor {j} died {deaths[j]} times grading items {s}..{e - 1}: "
-                                          f"{err}") from err
+                    raise VerifierFailure(
+                        f"verifier actor {j} died {deaths[j]} times grading items {s}..{e - 1}: {err}"
+                    ) from err
                 self._replace(j)
                 pending[submit(j, s, e)] = (j, s, e)
         return [score for j, _, _ in chunks for score in results[j]]
@@ -178,8 +191,9 @@ class RayScorer:
         import ray
 
         ray.kill(self.actors[j])
-        self.actors[j] = spawn_verifiers([self.strategies[j]], self.kwargs, num_cpus=self.num_cpus,
-                                         start_timeout=self.start_timeout)[0]
+        self.actors[j] = spawn_verifiers(
+            [self.strategies[j]], self.kwargs, num_cpus=self.num_cpus, start_timeout=self.start_timeout
+        )[0]
         self.replaced += 1
 
     def close(self) -> None:

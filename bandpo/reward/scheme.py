@@ -62,8 +62,9 @@ class RewardScheme:
         return float(value)
 
 
-def check_score_inputs(scheme: RewardScheme, responses: Sequence, answers: Sequence,
-                       response_lengths: Sequence[int] | None) -> int:
+def check_score_inputs(
+    scheme: RewardScheme, responses: Sequence, answers: Sequence, response_lengths: Sequence[int] | None
+) -> int:
     """The batch size; ValueError when the sequences' lengths differ or the scheme's overlong
     shaping has no ``response_lengths`` (every scorer's contract, in-process or Ray)."""
     n = len(responses)
@@ -101,6 +102,9 @@ def reward_metrics(scores: list[Score]) -> dict[str, float]:
     every status that occurred (fractions of all graded responses)."""
     n = max(len(scores), 1)
     counts = Counter(s.status for s in scores)
-    out = {"reward/mean": sum(s.reward for s in scores) / n, "reward/accuracy": sum(s.correct for s in scores) / n}
+    out = {
+        "reward/mean": sum(s.reward for s in scores) / n,
+        "reward/accuracy": sum(s.correct for s in scores) / n,
+    }
     out.update({f"reward/frac_{status}": c / n for status, c in counts.items()})
     return out

@@ -66,8 +66,10 @@ class RolloutGroup:
         only once the sync's buffers are gone). Without sleep mode only ``load_weights`` runs.
         Engines that dropped their weights (sleep level 2) refuse to wake without a load."""
         if self.drops_weights and load_weights is None:
-            raise ValueError("RolloutGroup.wake: the engines sleep at level 2 (rollout.sleep_level=2) and hold no "
-                             "weights; wake them with the actor's weights (load_weights)")
+            raise ValueError(
+                "RolloutGroup.wake: the engines sleep at level 2 (rollout.sleep_level=2) and hold no "
+                "weights; wake them with the actor's weights (load_weights)"
+            )
         if self.sleeps:
             self.call("wake_up", ["weights"])
         if load_weights is not None:
@@ -92,4 +94,6 @@ class RolloutGroup:
             except ray.exceptions.RayActorError:  # died earlier: the failure was reported then
                 pass
             except Exception as e:  # reported, not raised: the run's result stands
-                print(f"[bandpo] a rollout engine failed to shut down cleanly: {e}", file=sys.stderr, flush=True)
+                print(
+                    f"[bandpo] a rollout engine failed to shut down cleanly: {e}", file=sys.stderr, flush=True
+                )

@@ -23,8 +23,14 @@ from bandpo.weight_sync.format import TensorMeta
 log = logging.getLogger(__name__)
 # Engine options that only mean something to vLLM; accepted so one config drives either backend.
 VLLM_ONLY = {
-    "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "tensor_parallel_size", "enable_sleep_mode",
-    "sleep_level", "enable_prefix_caching", "sync_dir",
+    "gpu_memory_utilization",
+    "kv_cache_gib",
+    "enforce_eager",
+    "tensor_parallel_size",
+    "enable_sleep_mode",
+    "sleep_level",
+    "enable_prefix_caching",
+    "sync_dir",
 }
 
 
@@ -94,7 +100,9 @@ class HfEngine:
         if unknown:
             raise TypeError(f"HfEngine got unknown options: {sorted(unknown)}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_torch_dtype(dtype)).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=_torch_dtype(dtype)).to(self.device).eval()
+        )
         tok = AutoTokenizer.from_pretrained(model_path)
         self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, tok.eos_token_id)
         self.pad_id: int = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
@@ -114,14 +122,18 @@ class HfEngine:
         prompts = check_prompts(prompt_token_ids, self.max_model_len, self.overlong_prompt)
         rows = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]  # [N], prompt-major
         out_p, out_r, out_lp, out_i, out_f = [], [], [], [], []
-        seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=self.rng))
+        seed = (
+            sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=self.rng))
+        )
         # generate() samples from the global RNG: fork it so the caller's random state is left alone.
         cuda = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             for start in range(0, len(rows), self.max_batch_rows):
                 chunk = rows[start : start + self.max_batch_rows]
-                for (i, p), (resp, lps, reason) in zip(chunk, self._generate_rows([p for _, p in chunk], sampling)):
+                for (i, p), (resp, lps, reason) in zip(
+                    chunk, self._generate_rows([p for _, p in chunk], sampling)
+                ):
                     out_p.append(p)
                     out_r.append(resp)
                     out_lp.append(lps)
@@ -129,7 +141,9 @@ class HfEngine:
                     out_f.append(reason)
         return RolloutBatch.from_lists(out_p, out_r, out_lp, out_i, out_f, self.pad_id)
 
-    def _generate_rows(self, prompts: list[list[int]], sampling: SamplingParams) -> list[tuple[list[int], list[float], str]]:
+    def _generate_rows(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[tuple[list[int], list[float], str]]:
         """One ``generate`` call over left-padded rows; returns (response ids, logprobs, finish reason) per row."""
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -137,11 +151,18 @@ class HfEngine:
         ids, mask = pad(prompts, self.pad_id, left=True)  # [rows, P]
         recorder = _SampleAndRecord(sampling.temperature, sampling.top_k, sampling.top_p)
         config = GenerationConfig(
-            do_sample=True, max_new_tokens=max(budgets), temperature=1.0, top_k=0, top_p=1.0,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            do_sample=True,
+            max_new_tokens=max(budgets),
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
         )
         seqs = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            generation_config=config,
             logits_processor=LogitsProcessorList([recorder]),
         )  # [rows, P + steps]
         new = seqs[:, ids.shape[1] :]  # [rows, steps]
@@ -170,7 +191,9 @@ class HfEngine:
             if name not in params:
                 raise KeyError(f"update_weights: the model has no parameter {name!r}")
             if tuple(params[name].shape) != tuple(t.shape):
-                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                )
             params[name].copy_(t)
 
     def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> None:

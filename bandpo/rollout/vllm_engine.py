@@ -81,10 +81,18 @@ class VllmEngine:
 
         self.on_cpu = current_platform.is_cpu()
         kwargs = llm_kwargs(
-            model_path, on_cpu=self.on_cpu, max_model_len=max_model_len, dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode,
-            enable_prefix_caching=enable_prefix_caching, **llm_kwargs_extra,
+            model_path,
+            on_cpu=self.on_cpu,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_gib=kv_cache_gib,
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_sleep_mode=enable_sleep_mode,
+            enable_prefix_caching=enable_prefix_caching,
+            **llm_kwargs_extra,
         )
         enable_sleep_mode = bool(kwargs.get("enable_sleep_mode"))
         self.llm: LLM = LLM(**kwargs)
@@ -118,7 +126,9 @@ class VllmEngine:
                 ids = list(c.token_ids)
                 lps = list(c.logprobs.logprobs)  # FlatLogprobs; logprobs=0 -> one entry per position
                 if c.logprobs.token_ids != ids or len(lps) != len(ids):
-                    raise RuntimeError(f"prompt {i}: vLLM returned logprobs that do not match the sampled tokens")
+                    raise RuntimeError(
+                        f"prompt {i}: vLLM returned logprobs that do not match the sampled tokens"
+                    )
                 rows_p.append(prompt)
                 rows_r.append(ids)
                 rows_lp.append(lps)
@@ -231,16 +241,24 @@ def llm_kwargs(
     No vLLM import: the contract tests check the result against the installed vLLM.
     """
     kwargs = {
-        "model": model_path, "dtype": dtype, "seed": seed, "enforce_eager": enforce_eager,
-        "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching,
+        "model": model_path,
+        "dtype": dtype,
+        "seed": seed,
+        "enforce_eager": enforce_eager,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enable_prefix_caching": enable_prefix_caching,
         "worker_extension_cls": EXTENSION,
         # Logprobs after temperature / top-k / top-p: those of the distribution actually sampled.
         "logprobs_mode": "processed_logprobs",
     }
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
-    if on_cpu and kv_cache_gib is None and gpu_memory_utilization is None \
-            and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+    if (
+        on_cpu
+        and kv_cache_gib is None
+        and gpu_memory_utilization is None
+        and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    ):
         # vLLM's own default reserves 92% of RAM for the KV cache on CPU, and refuses to
         # start when anything else (the actor, another engine) holds memory.
         kv_cache_gib = CPU_DEFAULT_KV_CACHE_GIB
@@ -268,10 +286,16 @@ def llm_kwargs(
 def sampling_kwargs(sampling: SamplingParams, prompt_len: int, i: int, max_model_len: int) -> dict:
     """``vllm.SamplingParams(...)`` arguments for prompt ``i`` (of ``prompt_len`` tokens); see ``VllmEngine.generate``."""
     return dict(
-        n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
         max_tokens=response_budget(prompt_len, sampling.max_tokens, max_model_len),
         seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
-        logprobs=0, flat_logprobs=True, detokenize=False, skip_special_tokens=False,
+        logprobs=0,
+        flat_logprobs=True,
+        detokenize=False,
+        skip_special_tokens=False,
     )
 
 

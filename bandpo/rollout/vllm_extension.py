@@ -26,7 +26,9 @@ class _ExpectedReloadWarnings(logging.Filter):
         self.layers = layers
 
     def filter(self, record: logging.LogRecord) -> bool:
-        expected = record.msg == "%s: Failed to load weights" and bool(record.args) and record.args[0] in self.layers
+        expected = (
+            record.msg == "%s: Failed to load weights" and bool(record.args) and record.args[0] in self.layers
+        )
         return not expected
 
 

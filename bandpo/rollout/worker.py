@@ -34,7 +34,9 @@ class RolloutWorker:
         **engine_kwargs: passed to ``make_engine``.
     """
 
-    def __init__(self, backend: str, model_path: str, env: dict[str, str] | None = None, **engine_kwargs) -> None:
+    def __init__(
+        self, backend: str, model_path: str, env: dict[str, str] | None = None, **engine_kwargs
+    ) -> None:
         os.environ.update(env or {})
         if env and "OMP_NUM_THREADS" in env:
             import torch
@@ -129,9 +131,15 @@ def spawn_rollout_workers(
     remote = ray.remote(RolloutWorker)
     workers = []
     for i in range(k):
-        opts = options_per_worker[i] if options_per_worker is not None else {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        opts = (
+            options_per_worker[i]
+            if options_per_worker is not None
+            else {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        )
         worker_env = {**(env or {}), **(env_per_worker[i] if env_per_worker is not None else {})}
-        workers.append(remote.options(**opts).remote(backend, model_path, env=worker_env or None, **engine_kwargs))
+        workers.append(
+            remote.options(**opts).remote(backend, model_path, env=worker_env or None, **engine_kwargs)
+        )
     if wait:
         ray.get([w.ready.remote() for w in workers])
     return workers

@@ -16,15 +16,23 @@ from typing import Any
 from bandpo.checkpoint.atomic import write_text_atomic
 
 CONSOLE_KEYS = (
-    ("reward/mean", "reward", "{:+.3f}"), ("reward/accuracy", "acc", "{:.3f}"), ("actor/entropy", "ent", "{:.3f}"),
-    ("actor/clip_frac_up", "clip+", "{:.4f}"), ("actor/clip_frac_down", "clip-", "{:.4f}"),
+    ("reward/mean", "reward", "{:+.3f}"),
+    ("reward/accuracy", "acc", "{:.3f}"),
+    ("actor/entropy", "ent", "{:.3f}"),
+    ("actor/clip_frac_up", "clip+", "{:.4f}"),
+    ("actor/clip_frac_down", "clip-", "{:.4f}"),
     ("perf/tokens_per_s", "tok/s", "{:.0f}"),
 )
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | os.PathLike, total_steps: int, wandb_cfg: dict | None = None,
-                 run_config: dict | None = None):
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        total_steps: int,
+        wandb_cfg: dict | None = None,
+        run_config: dict | None = None,
+    ):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
@@ -36,8 +44,14 @@ class MetricsLogger:
             try:
                 import wandb
 
-                self.wandb = wandb.init(project=wandb_cfg.get("project", "bandpo"), mode=mode, config=run_config,
-                                        dir=str(self.path.parent), name=Path(output_dir).name, resume="allow")
+                self.wandb = wandb.init(
+                    project=wandb_cfg.get("project", "bandpo"),
+                    mode=mode,
+                    config=run_config,
+                    dir=str(self.path.parent),
+                    name=Path(output_dir).name,
+                    resume="allow",
+                )
             except Exception as e:  # logging must never kill a run
                 print(f"[bandpo] wandb disabled: {e}")
 
@@ -77,7 +91,9 @@ class MetricsLogger:
         if "time/step" in metrics:
             done = step - self.first_step + 1
             per_step = (time.time() - self.t_first) / done + metrics["time/step"] / done
-            parts.append(f"{metrics['time/step']:.1f}s/step ETA {per_step * (self.total_steps - step) / 60:.1f} min")
+            parts.append(
+                f"{metrics['time/step']:.1f}s/step ETA {per_step * (self.total_steps - step) / 60:.1f} min"
+            )
         print(" | ".join(parts), flush=True)
 
     def close(self) -> None:

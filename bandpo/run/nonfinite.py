@@ -63,8 +63,10 @@ class NonfiniteGuard:
         if self.on_nonfinite == "stop":
             raise FloatingPointError(f"{msg}; stopping (trainer.on_nonfinite=stop)")
         if self.skipped > self.max_skipped:
-            raise FloatingPointError(f"{msg}; stopping after {self.skipped} skipped steps "
-                                     f"(trainer.max_skipped_steps={self.max_skipped})")
+            raise FloatingPointError(
+                f"{msg}; stopping after {self.skipped} skipped steps "
+                f"(trainer.max_skipped_steps={self.max_skipped})"
+            )
         print(f"[bandpo] {msg}; update skipped ({self.skipped} skipped so far)", flush=True)
         return True
 
@@ -81,8 +83,10 @@ def inject_nonfinite(batch, what: str) -> None:
         batch.rewards[0] = float("nan")  # [N]
     elif what == "logprobs":
         if batch.old_logprobs is None:  # actor.reuse_old_logprobs: they come from the update's forward
-            raise ValueError("trainer.inject_nonfinite=logprobs needs the separate old-logprob pass "
-                             "(set actor.reuse_old_logprobs=false)")
+            raise ValueError(
+                "trainer.inject_nonfinite=logprobs needs the separate old-logprob pass "
+                "(set actor.reuse_old_logprobs=false)"
+            )
         row, col = batch.response_mask.nonzero()[-1].tolist()
         batch.old_logprobs[row, col] = float("nan")  # [N, R]
     else:

@@ -31,7 +31,7 @@ def cut(text: str | None, max_chars: int) -> str | None:
     if text is None or len(text) <= max_chars:
         return text
     keep = max(max_chars - 32, 2)
-    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2):]
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :]
     return f"{head} [... {len(text) - keep} chars cut ...] {tail}"
 
 
@@ -55,18 +55,31 @@ def group_records(
         rows_of[i].append(row)
     out = []
     for g, rows in enumerate(rows_of):
-        responses = [{
-            "text": cut(texts[r], max_chars), "extracted": cut(scores[r].extracted, max_chars),
-            "status": str(scores[r].status), "reward": float(scores[r].reward),
-            **({} if advantages is None else {"advantage": float(advantages[r])}),
-            "length": int(lengths[r]), "finish_reason": finish_reasons[r] if finish_reasons else "unknown",
-        } for r in rows]
+        responses = [
+            {
+                "text": cut(texts[r], max_chars),
+                "extracted": cut(scores[r].extracted, max_chars),
+                "status": str(scores[r].status),
+                "reward": float(scores[r].reward),
+                **({} if advantages is None else {"advantage": float(advantages[r])}),
+                "length": int(lengths[r]),
+                "finish_reason": finish_reasons[r] if finish_reasons else "unknown",
+            }
+            for r in rows
+        ]
         n = max(len(rows), 1)
-        out.append({
-            "step": step, "group": g, "id": prompt_ids[g], "prompt": cut(prompts[g], max_chars), "gold": golds[g],
-            "reward_mean": sum(x["reward"] for x in responses) / n,
-            "accuracy": sum(x["status"] == "correct" for x in responses) / n, "responses": responses,
-        })
+        out.append(
+            {
+                "step": step,
+                "group": g,
+                "id": prompt_ids[g],
+                "prompt": cut(prompts[g], max_chars),
+                "gold": golds[g],
+                "reward_mean": sum(x["reward"] for x in responses) / n,
+                "accuracy": sum(x["status"] == "correct" for x in responses) / n,
+                "responses": responses,
+            }
+        )
     return out
 
 
@@ -75,12 +88,29 @@ def eval_records(step: int, samples: dict[str, list[dict]], max_chars: int) -> l
     out = []
     for name, problems in samples.items():
         for p in problems:
-            responses = [{"text": cut(t, max_chars), "extracted": cut(e, max_chars), "status": s,
-                          "correct": c, "length": n, "finish_reason": f}
-                         for t, e, s, c, n, f in zip(p["responses"], p["extracted"], p["status"], p["correct"],
-                                                     p["length"], p["finish_reason"])]
-            out.append({"step": step, "dataset": name, "id": p["id"], "gold": p["answer"],
-                        "accuracy": sum(p["correct"]) / max(len(p["correct"]), 1), "responses": responses})
+            responses = [
+                {
+                    "text": cut(t, max_chars),
+                    "extracted": cut(e, max_chars),
+                    "status": s,
+                    "correct": c,
+                    "length": n,
+                    "finish_reason": f,
+                }
+                for t, e, s, c, n, f in zip(
+                    p["responses"], p["extracted"], p["status"], p["correct"], p["length"], p["finish_reason"]
+                )
+            ]
+            out.append(
+                {
+                    "step": step,
+                    "dataset": name,
+                    "id": p["id"],
+                    "gold": p["answer"],
+                    "accuracy": sum(p["correct"]) / max(len(p["correct"]), 1),
+                    "responses": responses,
+                }
+            )
     return out
 
 
@@ -97,8 +127,18 @@ def write_round_trace(folder: Path, step: int, examples: Sequence, rnd, max_char
     ex = [examples[i] for i in rnd.idx]
     b = rnd.batch
     records = group_records(
-        step, [e.id for e in ex], [e.problem for e in ex], [e.answer for e in ex], rnd.texts, rnd.scores,
-        b.advantages.tolist(), b.prompt_index.tolist(), b.response_lengths.tolist(), b.finish_reasons, max_chars)
+        step,
+        [e.id for e in ex],
+        [e.problem for e in ex],
+        [e.answer for e in ex],
+        rnd.texts,
+        rnd.scores,
+        b.advantages.tolist(),
+        b.prompt_index.tolist(),
+        b.response_lengths.tolist(),
+        b.finish_reasons,
+        max_chars,
+    )
     return write_records(folder / f"step_{step}.jsonl", records)
 
 
@@ -112,8 +152,10 @@ def summarize(records: Sequence[dict], top: int = 3, responses: int = 2) -> str:
     key = "reward_mean" if records and "reward_mean" in records[0] else "accuracy"
     ranked = sorted(records, key=lambda r: (r[key], r.get("group", 0)))
     flat = sum(len({x["status"] for x in r["responses"]}) == 1 for r in records)
-    lines = [f"{len(records)} groups, mean {key} {sum(r[key] for r in records) / max(len(records), 1):+.3f}, "
-             f"{flat} with a single status"]
+    lines = [
+        f"{len(records)} groups, mean {key} {sum(r[key] for r in records) / max(len(records), 1):+.3f}, "
+        f"{flat} with a single status"
+    ]
     for title, chosen in (("best", ranked[::-1][:top]), ("worst", ranked[:top])):
         lines.append(f"\n== {title} {len(chosen)} by {key} ==")
         for r in chosen:
@@ -125,8 +167,10 @@ def summarize(records: Sequence[dict], top: int = 3, responses: int = 2) -> str:
             lines.append(f"  {len(r['responses'])} responses; statuses: {statuses}")
             for x in r["responses"][:responses]:
                 adv = f" adv={x['advantage']:+.2f}" if "advantage" in x else ""
-                lines.append(f"  - {x['status']} extracted={x['extracted']!r}{adv} len={x['length']}: "
-                             f"{_one_line(x['text'], 300)}")
+                lines.append(
+                    f"  - {x['status']} extracted={x['extracted']!r}{adv} len={x['length']}: "
+                    f"{_one_line(x['text'], 300)}"
+                )
     return "\n".join(lines)
 
 
@@ -136,7 +180,9 @@ def _one_line(text: str | None, limit: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bandpo.run.traces", description="Best and worst groups of a traced step.")
+    ap = argparse.ArgumentParser(
+        prog="python -m bandpo.run.traces", description="Best and worst groups of a traced step."
+    )
     ap.add_argument("run", help="run folder (trainer.output_dir)")
     ap.add_argument("--step", type=int, required=True)
     ap.add_argument("--top", type=int, default=3)
@@ -146,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = Path(args.run) / "traces" / f"{'eval_' if args.eval else ''}step_{args.step}.jsonl"
     if not path.exists():
         have = sorted(p.name for p in (Path(args.run) / "traces").glob("*.jsonl"))
-        print(f"no trace {path}; traced: {', '.join(have) or 'none (set trainer.trace_every)'}", file=sys.stderr)
+        print(
+            f"no trace {path}; traced: {', '.join(have) or 'none (set trainer.trace_every)'}", file=sys.stderr
+        )
         return 2
     print(summarize(read_records(path), args.top, args.responses))
     return 0

@@ -47,8 +47,11 @@ def setup_run_logs(run_dir: Path, verbose: bool) -> Path | None:
         return None
     logs = Path(run_dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"[bandpo] worker logs: {logs}/ on every node (where a node cannot write there: "
-          f"{fallback_dir(logs)}/; trainer.verbose=true shows them on the console)", flush=True)
+    print(
+        f"[bandpo] worker logs: {logs}/ on every node (where a node cannot write there: "
+        f"{fallback_dir(logs)}/; trainer.verbose=true shows them on the console)",
+        flush=True,
+    )
     return logs
 
 
@@ -89,15 +92,20 @@ def _redirect_to_log(path: str) -> None:
     except OSError as e:
         reason = f"{type(e).__name__}: {e}"
     fallback = os.path.join(fallback_dir(folder), name)
-    warning = (f"[bandpo] WARNING: cannot write the worker log {path} on this node ({reason}); "
-               f"this worker's output goes to {fallback}")
+    warning = (
+        f"[bandpo] WARNING: cannot write the worker log {path} on this node ({reason}); "
+        f"this worker's output goes to {fallback}"
+    )
     print(warning, file=sys.stderr, flush=True)  # Ray's own worker log on this node
     try:
         os.makedirs(os.path.dirname(fallback), exist_ok=True)
         redirect_output(fallback)
     except OSError as e:
-        print(f"[bandpo] WARNING: cannot write {fallback} either ({e}); output stays in Ray's worker logs",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bandpo] WARNING: cannot write {fallback} either ({e}); output stays in Ray's worker logs",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     os.environ[LOG_ENV] = os.path.join(os.path.dirname(fallback), "ray-workers.log")  # group files follow
     print(warning, file=sys.stderr, flush=True)

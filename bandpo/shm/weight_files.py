@@ -31,8 +31,13 @@ def node_shm_path(prefix: str, node_id: str) -> str:
     return f"{prefix}-{node_id}.bin"
 
 
-def write_weights_shm(named_tensors: Iterable[tuple[str, torch.Tensor]], path: str, *, reserve: int = 0,
-                      threads: int | None = None) -> list[TensorMeta]:
+def write_weights_shm(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    path: str,
+    *,
+    reserve: int = 0,
+    threads: int | None = None,
+) -> list[TensorMeta]:
     """Write tensors (any device) into one flat file at ``path`` (use ``/dev/shm/...``); return their metas.
 
     An existing file is resized and overwritten in place, through a mapping kept from the last
@@ -52,8 +57,9 @@ def open_weights_shm(path: str, total: int, *, reserve: int = 0) -> torch.Tensor
     return _writable_map(path, max(total, 1))
 
 
-def copy_into(buf: torch.Tensor, metas: list[TensorMeta], tensors: list[torch.Tensor],
-              threads: int | None = None) -> int:
+def copy_into(
+    buf: torch.Tensor, metas: list[TensorMeta], tensors: list[torch.Tensor], threads: int | None = None
+) -> int:
     """Copy each tensor into its view of the flat buffer ``buf``; returns the bytes copied.
 
     With ``threads`` > 1 the copies run on a thread pool (``copy_`` releases the GIL), largest
@@ -86,7 +92,9 @@ def _human(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def check_shm_space(path: str, nbytes: int, *, reserve: int = 0, free_total: tuple[int, int] | None = None) -> None:
+def check_shm_space(
+    path: str, nbytes: int, *, reserve: int = 0, free_total: tuple[int, int] | None = None
+) -> None:
     """Raise ``SharedMemoryFull`` unless ``path``'s file system can take ``nbytes`` (+ ``reserve``).
 
     A write through a shared mapping past a full tmpfs is not an error but a SIGBUS that kills
@@ -109,7 +117,8 @@ def check_shm_space(path: str, nbytes: int, *, reserve: int = 0, free_total: tup
     raise SharedMemoryFull(
         f"{directory} is too small for the weight sync: it holds {total} bytes ({_human(total)}) with "
         f"{free} free, and the sync needs {needed} more ({parts}). Give the container more shared memory "
-        f"(docker run --shm-size={max(want, 1)}g, or --ipc=host), or set rollout.weight_sync to ipc / nccl on GPU")
+        f"(docker run --shm-size={max(want, 1)}g, or --ipc=host), or set rollout.weight_sync to ipc / nccl on GPU"
+    )
 
 
 _WRITE_MAPS: dict[str, tuple[int, int, torch.Tensor]] = {}  # path -> (inode, size, mapped buffer)
@@ -190,7 +199,7 @@ def remove_stale_weight_files() -> list[str]:
     """
     removed = []
     for path in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + "*.bin"):
-        pid = path.name[len(Path(SHM_PREFIX).name):-len(".bin")].split("-")[0]
+        pid = path.name[len(Path(SHM_PREFIX).name) : -len(".bin")].split("-")[0]
         if pid.isdigit() and not alive(int(pid)):
             try:
                 path.unlink()
@@ -203,5 +212,9 @@ def remove_stale_weight_files() -> list[str]:
 def driver_weight_files(pids: list[int]) -> list[str]:
     """This machine's weight-sync files of the drivers ``pids`` (the fault test: none may outlive a killed one)."""
     # One file per node, named <pid>-<node id>.bin (<pid>.bin before multi-node sync).
-    return sorted(str(p) for pid in pids for pattern in (f"{pid}.bin", f"{pid}-*.bin")
-                  for p in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + pattern))
+    return sorted(
+        str(p)
+        for pid in pids
+        for pattern in (f"{pid}.bin", f"{pid}-*.bin")
+        for p in Path(SHM_PREFIX).parent.glob(Path(SHM_PREFIX).name + pattern)
+    )

@@ -96,8 +96,10 @@ def check_groups(prompt_index: torch.Tensor, num_prompts: int, n: int) -> None:
     """Advantages normalise over consecutive groups of n rows: each prompt's n responses in prompt order."""
     expected = torch.arange(num_prompts).repeat_interleave(n)  # [N]
     if not torch.equal(prompt_index.cpu(), expected):
-        raise RuntimeError(f"rollout rows are not {num_prompts} contiguous groups of rollout.n={n} in prompt "
-                           f"order (prompt_index starts {prompt_index[:2 * n].tolist()})")
+        raise RuntimeError(
+            f"rollout rows are not {num_prompts} contiguous groups of rollout.n={n} in prompt "
+            f"order (prompt_index starts {prompt_index[: 2 * n].tolist()})"
+        )
 
 
 class BatchDrawer:
@@ -125,16 +127,26 @@ class BatchDrawer:
             prompts = [self.prompts[i] for i in idx]
             answers = [self.answers[i] for i in idx]
         with self.timed("rollout"), stage("rollout", "rollout"):
-            rollout = self.rollout.generate(prompts, SamplingParams(
-                n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_tokens=ro.max_tokens,
-                seed=rollout_seed(cfg.trainer.seed, step, round_)))
+            rollout = self.rollout.generate(
+                prompts,
+                SamplingParams(
+                    n=ro.n,
+                    temperature=ro.temperature,
+                    top_p=ro.top_p,
+                    top_k=ro.top_k,
+                    max_tokens=ro.max_tokens,
+                    seed=rollout_seed(cfg.trainer.seed, step, round_),
+                ),
+            )
         batch = TrainBatch.from_rollout(rollout)
         with self.timed("reward"):
             _, responses, _ = batch.to_lists()
             texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
             gold = [answers[i] for i in batch.prompt_index.tolist()]
             scores = self.scorer.score(texts, gold, batch.response_lengths.tolist())
-            check_error_share([s.status for s in scores], cfg.trainer.max_error_share, f"step {step} round {round_}")
+            check_error_share(
+                [s.status for s in scores], cfg.trainer.max_error_share, f"step {step} round {round_}"
+            )
             batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
         return Round(idx, batch, texts, scores)
 
@@ -165,13 +177,24 @@ class BatchDrawer:
         chosen = draw.kept[: len(draw.kept) - len(draw.kept) % mini]
         padded = draw.flat[: mini - len(chosen)] if not chosen else []
         metrics = {
-            "filter/rounds": draw.rounds, "filter/prompts_drawn": draw.drawn,
-            "filter/kept_frac": draw.informative / draw.drawn, "filter/groups_trained": len(chosen + padded),
-            "filter/short_groups": need - len(chosen), "filter/padded_groups": len(padded),
+            "filter/rounds": draw.rounds,
+            "filter/prompts_drawn": draw.drawn,
+            "filter/kept_frac": draw.informative / draw.drawn,
+            "filter/groups_trained": len(chosen + padded),
+            "filter/short_groups": need - len(chosen),
+            "filter/padded_groups": len(padded),
         }
         if len(chosen) < need:
-            print(f"[bandpo] step {step}: dynamic sampling found {draw.informative} varying groups of {need} "
-                  f"in {draw.rounds} rounds (algorithm.filter_groups.max_gen_rounds={fg.max_gen_rounds}); "
-                  f"training on {len(chosen)} (+{len(padded)} equal-metric)", file=sys.stderr, flush=True)
-        return Drawn(Round.gather(rounds, chosen + padded, n), metrics, [s for r in rounds for s in r.scores],
-                     sum(int(r.batch.response_lengths.sum()) for r in rounds))
+            print(
+                f"[bandpo] step {step}: dynamic sampling found {draw.informative} varying groups of {need} "
+                f"in {draw.rounds} rounds (algorithm.filter_groups.max_gen_rounds={fg.max_gen_rounds}); "
+                f"training on {len(chosen)} (+{len(padded)} equal-metric)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return Drawn(
+            Round.gather(rounds, chosen + padded, n),
+            metrics,
+            [s for r in rounds for s in r.scores],
+            sum(int(r.batch.response_lengths.sum()) for r in rounds),
+        )

@@ -55,12 +55,16 @@ def ensure_model(model_cfg) -> str:
     if not build:
         return path
     if build not in BUILDS:
-        raise ConfigError(f"config error: model.build={build!r} is not a known recipe; valid: {', '.join(BUILDS)}")
+        raise ConfigError(
+            f"config error: model.build={build!r} is not a known recipe; valid: {', '.join(BUILDS)}"
+        )
     recipe = importlib.import_module(BUILDS[build])
     valid = [f.name for f in dataclasses.fields(recipe.BuildArgs)]
     unknown = sorted(set(build_args) - set(valid))
     if unknown:
-        raise ConfigError(f"config error: model.build_args.{unknown[0]} is not an argument of the {build} build; valid: {valid}")
+        raise ConfigError(
+            f"config error: model.build_args.{unknown[0]} is not an argument of the {build} build; valid: {valid}"
+        )
     if build == "smollm2_gguf":
         return recipe.resolve(path, **build_args)
     recipe.build(path, **build_args)  # cached: it returns at once when the folder is current
@@ -84,12 +88,16 @@ def load_training_prompts(cfg, tokenizer):
             examples += load_source(src)
         except InputError as e:
             key = f"data.train.{i}.path" if isinstance(src, dict) and src.get("path") else f"data.train.{i}"
-            local = f"data.train.{i}.path=<file.jsonl|.parquet> (a copy of that set: its field mapping applies)"
+            local = (
+                f"data.train.{i}.path=<file.jsonl|.parquet> (a copy of that set: its field mapping applies)"
+            )
             raise keyed(e, key, local) from e
     encoded = encode_examples(tokenizer, examples, cfg.data.template, cfg.data.max_prompt_len)
     if not encoded.prompt_ids:
-        raise InputError(f"no training prompts left from data.train={to_plain(cfg.data.train)} "
-                         f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})")
+        raise InputError(
+            f"no training prompts left from data.train={to_plain(cfg.data.train)} "
+            f"(after dropping prompts longer than data.max_prompt_len={cfg.data.max_prompt_len})"
+        )
     return encoded
 
 
@@ -98,9 +106,14 @@ def reward_scheme(cfg):
     from bandpo.reward import RewardScheme
 
     r = cfg.trainer.reward
-    return RewardScheme(correct=r.correct, incorrect=r.incorrect, format_penalty=r.format_penalty,
-                        overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
-                        max_response_len=cfg.rollout.max_tokens)
+    return RewardScheme(
+        correct=r.correct,
+        incorrect=r.incorrect,
+        format_penalty=r.format_penalty,
+        overlong_buffer=r.overlong_buffer,
+        overlong_penalty=r.overlong_penalty,
+        max_response_len=cfg.rollout.max_tokens,
+    )
 
 
 def placement_plan(cfg, device: str):
@@ -120,7 +133,9 @@ def weight_transport(cfg, plan) -> str:
     """``rollout.weight_sync`` resolved for the plan's layout (``bandpo.weight_sync.transport``): ipc, nccl or shm."""
     from bandpo.weight_sync.transport import choose_transport
 
-    return choose_transport(cfg.rollout.weight_sync, plan.layout if plan is not None else "cpu", cfg.rollout.backend)
+    return choose_transport(
+        cfg.rollout.weight_sync, plan.layout if plan is not None else "cpu", cfg.rollout.backend
+    )
 
 
 def verifier_strategies(cfg, plan) -> list | None:
@@ -155,8 +170,11 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
     if ro.backend == "vllm":
         kw["enforce_eager"] = (not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager)
         if gpu:
-            kw.update(tensor_parallel_size=tp, gpu_memory_utilization=ro.gpu_memory_utilization,
-                      enable_sleep_mode=sleeps)
+            kw.update(
+                tensor_parallel_size=tp,
+                gpu_memory_utilization=ro.gpu_memory_utilization,
+                enable_sleep_mode=sleeps,
+            )
             if sleeps:
                 kw["sleep_level"] = ro.sleep_level
             if tp > 1:
@@ -166,8 +184,12 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
 
                 kw.update(ENGINE_KWARGS)
         else:
-            kw.update(kv_cache_gib=ro.kv_cache_gib, enable_chunked_prefill=False, distributed_executor_backend="uni",
-                      max_num_batched_tokens=max(8192, cfg.model.max_model_len))
+            kw.update(
+                kv_cache_gib=ro.kv_cache_gib,
+                enable_chunked_prefill=False,
+                distributed_executor_backend="uni",
+                max_num_batched_tokens=max(8192, cfg.model.max_model_len),
+            )
     elif ro.backend == "hf":
         kw["device"] = "cuda" if gpu else "cpu"
     return kw, sleeps
@@ -206,17 +228,33 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     gpu = device == "cuda"
     ro, ac = cfg.rollout, cfg.actor
     bf16 = resolve_bf16(ac.bf16, device)  # auto reads this machine's CPU flags: say what it chose
-    print(f"[bandpo] precision: actor {'bf16' if bf16 else 'fp32'} (actor.bf16={ac.bf16}), engines "
-          f"{engine_dtype(cfg.model.dtype, bf16)} (model.dtype={cfg.model.dtype})", flush=True)
+    print(
+        f"[bandpo] precision: actor {'bf16' if bf16 else 'fp32'} (actor.bf16={ac.bf16}), engines "
+        f"{engine_dtype(cfg.model.dtype, bf16)} (model.dtype={cfg.model.dtype})",
+        flush=True,
+    )
     # CPU: synchronous, the engines generate while the actor waits, so they share all cores (Ray
     # would give each one thread: its num_cpus=1); overlapped, the two sides divide the cores.
-    engine_threads, actor_threads = cpu_threads(cpu_threads_per_rank(1), ro.num_workers, ac.num_workers,
-                                                cfg.trainer.max_staleness, ro.get("cpu_threads"), ac.cpu_threads)
+    engine_threads, actor_threads = cpu_threads(
+        cpu_threads_per_rank(1),
+        ro.num_workers,
+        ac.num_workers,
+        cfg.trainer.max_staleness,
+        ro.get("cpu_threads"),
+        ac.cpu_threads,
+    )
     # CPU: the engine core and its one worker run inside the rollout actor's process (no
     # engine-core or worker process to spawn, each re-importing torch and vLLM: ~20 s of a
     # 2-core start-up).
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "OMP_NUM_THREADS": str(engine_threads)} if not gpu else None
+    env = (
+        {
+            "VLLM_CPU_KVCACHE_SPACE": str(ro.kv_cache_gib),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": str(engine_threads),
+        }
+        if not gpu
+        else None
+    )
     placed: dict = {}  # GPU: the plan's Ray options per engine / actor rank
     if gpu:
         from bandpo.distributed.placement import actor_options, create_placement_groups, engine_launch
@@ -230,18 +268,37 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     def start_actor() -> None:
         with stage("start", "actor"):
             into.actor = ActorGroup(
-                model_path, ac.num_workers, num_cpus_per_rank=1, num_gpus_per_rank=0,
-                options_per_rank=actor_opts if gpu else None, reuse_old_logprobs=reuse_old_logprobs(cfg),
-                zero_stage=ac.zero_stage, lr=ac.lr, betas=tuple(ac.betas), weight_decay=ac.weight_decay,
-                warmup_steps=ac.warmup_steps, grad_clip=ac.grad_clip, bf16=bf16,
-                gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
-                mini_batch_size=ac.mini_batch_prompts * ro.n, micro_batch_size=ac.micro_batch_size,
-                logprob_token_budget=ac.logprob_token_budget, padding_free=ac.padding_free,
+                model_path,
+                ac.num_workers,
+                num_cpus_per_rank=1,
+                num_gpus_per_rank=0,
+                options_per_rank=actor_opts if gpu else None,
+                reuse_old_logprobs=reuse_old_logprobs(cfg),
+                zero_stage=ac.zero_stage,
+                lr=ac.lr,
+                betas=tuple(ac.betas),
+                weight_decay=ac.weight_decay,
+                warmup_steps=ac.warmup_steps,
+                grad_clip=ac.grad_clip,
+                bf16=bf16,
+                gradient_checkpointing=ac.gradient_checkpointing
+                or cfg.model.get("gradient_checkpointing", False),
+                mini_batch_size=ac.mini_batch_prompts * ro.n,
+                micro_batch_size=ac.micro_batch_size,
+                logprob_token_budget=ac.logprob_token_budget,
+                padding_free=ac.padding_free,
                 max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
-                logits_chunk_tokens=ac.logits_chunk_tokens, share_prompts=ac.share_prompts,
-                ref_model=cfg.algorithm.kl_coef > 0, lora=to_plain(ac.lora),
-                temperature=ro.temperature, seed=cfg.trainer.seed, cpu_threads=ac.cpu_threads if gpu else actor_threads,
-                collective_timeout_min=ac.collective_timeout_min, wait=False, offload_during_rollout=offload)
+                logits_chunk_tokens=ac.logits_chunk_tokens,
+                share_prompts=ac.share_prompts,
+                ref_model=cfg.algorithm.kl_coef > 0,
+                lora=to_plain(ac.lora),
+                temperature=ro.temperature,
+                seed=cfg.trainer.seed,
+                cpu_threads=ac.cpu_threads if gpu else actor_threads,
+                collective_timeout_min=ac.collective_timeout_min,
+                wait=False,
+                offload_during_rollout=offload,
+            )
 
     # Colocated with offload: the actor ranks build (every state on the GPU at once) and offload
     # before the engines take their share, so the two never peak together; vLLM 0.32 checks at
@@ -254,18 +311,32 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
             into.actor.wait_ready()
     with stage("start", "rollout"):
         engine_kw, sleeps = rollout_engine_kwargs(cfg, device, plan)
-        into.rollout = RolloutGroup(ro.num_workers, ro.backend, model_path, sleeps=sleeps, num_cpus=1, num_gpus=0,
-                                    env=env, **placed, **engine_kw)
+        into.rollout = RolloutGroup(
+            ro.num_workers,
+            ro.backend,
+            model_path,
+            sleeps=sleeps,
+            num_cpus=1,
+            num_gpus=0,
+            env=env,
+            **placed,
+            **engine_kw,
+        )
     if plan is not None and plan.sleeps and not actor_first:
         with phase("rollout"), stage("start", "rollout"):
             into.rollout.wait_ready()
     if not actor_first:
         start_actor()
     with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
-        into.scorer = RayScorer(scheme, answer_format=cfg.data.answer_format,
-                                num_workers=cfg.trainer.verifier_workers, timeout=cfg.trainer.verifier_timeout,
-                                actors=cfg.trainer.verifier_actors, strategies=verifier_strategies(cfg, plan),
-                                memory_cap_gib=cfg.trainer.verifier_memory_gib)
+        into.scorer = RayScorer(
+            scheme,
+            answer_format=cfg.data.answer_format,
+            num_workers=cfg.trainer.verifier_workers,
+            timeout=cfg.trainer.verifier_timeout,
+            actors=cfg.trainer.verifier_actors,
+            strategies=verifier_strategies(cfg, plan),
+            memory_cap_gib=cfg.trainer.verifier_memory_gib,
+        )
     with phase("rollout"), stage("start", "rollout"):
         into.rollout.wait_ready()
     with phase("actor"), stage("start", "actor"):

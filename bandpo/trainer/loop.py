@@ -134,12 +134,17 @@ class Trainer:
         encoded = load_training_prompts(cfg, self.tokenizer)
         self.examples = encoded.examples
         self.sampler = EpochSampler(len(encoded.prompt_ids), seed=cfg.data.shuffle_seed)
-        self.eval_sets = load_eval_sets(list(cfg.eval.datasets), to_plain(cfg.eval.paths) or None,
-                                        limit=cfg.eval.limit) if cfg.trainer.eval_every or cfg.trainer.eval_before_train else {}
+        self.eval_sets = (
+            load_eval_sets(list(cfg.eval.datasets), to_plain(cfg.eval.paths) or None, limit=cfg.eval.limit)
+            if cfg.trainer.eval_every or cfg.trainer.eval_before_train
+            else {}
+        )
         if self.loss.band_adaptive == "entropy" and self.loss.entropy_norm == "logv":
             from transformers import AutoConfig
 
-            self.loss = replace(self.loss, entropy_scale=math.log(AutoConfig.from_pretrained(self.model_path).vocab_size))
+            self.loss = replace(
+                self.loss, entropy_scale=math.log(AutoConfig.from_pretrained(self.model_path).vocab_size)
+            )
         remove_stale_weight_files()
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
@@ -147,12 +152,24 @@ class Trainer:
             check_nodes(str(self.out))  # other nodes: bandpo imports there and the run folder is this one
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
-        start_workers(cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers)
-        self.drawer = BatchDrawer(cfg, self.sampler, encoded.prompt_ids, [e.answer for e in self.examples],
-                                 self.workers.rollout, self.workers.scorer, self.tokenizer, self.timed)
+        start_workers(
+            cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers
+        )
+        self.drawer = BatchDrawer(
+            cfg,
+            self.sampler,
+            encoded.prompt_ids,
+            [e.answer for e in self.examples],
+            self.workers.rollout,
+            self.workers.scorer,
+            self.tokenizer,
+            self.timed,
+        )
         record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         report_startup(self.out, self.startup, time.perf_counter() - t_setup)
-        self.logger = MetricsLogger(self.out, cfg.trainer.total_steps, to_plain(cfg.trainer.wandb), to_plain(cfg))
+        self.logger = MetricsLogger(
+            self.out, cfg.trainer.total_steps, to_plain(cfg.trainer.wandb), to_plain(cfg)
+        )
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
@@ -167,7 +184,9 @@ class Trainer:
             if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_sets:
                 last.update(self.evaluate())
             self.logger.log(self.step, last)
-            if cfg.trainer.save_every and (self.step % cfg.trainer.save_every == 0 or self.step == cfg.trainer.total_steps):
+            if cfg.trainer.save_every and (
+                self.step % cfg.trainer.save_every == 0 or self.step == cfg.trainer.total_steps
+            ):
                 self.save()
         if cfg.trainer.export_hf:
             with stage("export", "actor"):
@@ -199,7 +218,10 @@ class Trainer:
             generated += self.in_flight.drawn.gen_tokens
         self.enter_rollout_phase(updated=result is not None)  # 7: the engines wake with the new weights
         metrics["trainer/skipped_steps"] = self.guard.skipped
-        return {**metrics, **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint)}
+        return {
+            **metrics,
+            **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint),
+        }
 
     def next_batch(self) -> tuple[Drawn, int, int]:
         """Stages 1-3: this step's batch, the weights version that generated it, and the tokens
@@ -243,15 +265,25 @@ class Trainer:
         batch = drawn.round.batch
         with self.timed("advantages"):
             check_groups(batch.prompt_index, len(drawn.round.idx), self.cfg.rollout.n)
-            batch.advantages, adv = compute_advantages(batch.rewards, self.cfg.rollout.n,
-                                                       self.cfg.algorithm.advantage)  # [N]
+            batch.advantages, adv = compute_advantages(
+                batch.rewards, self.cfg.rollout.n, self.cfg.algorithm.advantage
+            )  # [N]
         if self.cfg.trainer.trace_every and self.step % self.cfg.trainer.trace_every == 0:
             from bandpo.run.traces import write_round_trace
 
             with self.timed("trace"):
-                write_round_trace(self.out / "traces", self.step, self.examples, drawn.round,
-                                  self.cfg.trainer.trace_max_chars)
-        return batch, {**reward_metrics(drawn.scores), **{k: float(v) for k, v in adv.items()}, **drawn.metrics}
+                write_round_trace(
+                    self.out / "traces",
+                    self.step,
+                    self.examples,
+                    drawn.round,
+                    self.cfg.trainer.trace_max_chars,
+                )
+        return batch, {
+            **reward_metrics(drawn.scores),
+            **{k: float(v) for k, v in adv.items()},
+            **drawn.metrics,
+        }
 
     def old_logprobs(self, batch: TrainBatch):
         """Stage 5: ``batch.old_logprobs`` (and ``ref_logprobs`` when kl_coef > 0); returns pi_old's
@@ -276,8 +308,11 @@ class Trainer:
         with self.timed("update"), stage("update", "actor"):
             result = self.workers.actor.train(batch, self.step_loss_options(batch), cfg.actor.epochs, entropy)
         if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
-            self.guard.check(self.step, f"the loss/gradients of {result.nonfinite_steps} of "
-                                        f"{result.optimizer_steps} optimizer steps (those were not applied)")
+            self.guard.check(
+                self.step,
+                f"the loss/gradients of {result.nonfinite_steps} of "
+                f"{result.optimizer_steps} optimizer steps (those were not applied)",
+            )
         return result
 
     def update_metrics(self, batch: TrainBatch, result: UpdateResult | None) -> dict[str, float]:
@@ -301,8 +336,10 @@ class Trainer:
         overlap's seconds: the stage's, both sides busy at once (``actor``: stages 5-6), the wait here."""
         with self.timed("overlap_wait"), stage("overlap_wait", "rollout"):
             self.in_flight = background.join()
-        return {"time/background": background.interval[1] - background.interval[0],
-                "time/overlap": overlap_seconds(background.interval, actor)}
+        return {
+            "time/background": background.interval[1] - background.interval[0],
+            "time/overlap": overlap_seconds(background.interval, actor),
+        }
 
     def step_loss_options(self, batch: TrainBatch) -> LossOptions:
         """The run's loss options; the adaptive band's ``batch`` norm takes its scale from this step:
@@ -342,9 +379,13 @@ class Trainer:
 
         if self.weight_sync is None:
             self.weight_sync = make_weight_sync(
-                weight_transport(self.cfg, self.plan), self.workers.actor.workers, self.workers.rollout.workers,
-                prefix=f"{SHM_PREFIX}{os.getpid()}", engine_tp=int(self.cfg.rollout.tensor_parallel_size),
-                timeout_s=float(self.cfg.rollout.weight_sync_timeout))
+                weight_transport(self.cfg, self.plan),
+                self.workers.actor.workers,
+                self.workers.rollout.workers,
+                prefix=f"{SHM_PREFIX}{os.getpid()}",
+                engine_tp=int(self.cfg.rollout.tensor_parallel_size),
+                timeout_s=float(self.cfg.rollout.weight_sync_timeout),
+            )
         self.weight_sync.sync()
         if not self.synced or self.cfg.rollout.verify_sync:
             with self.timed("verify_sync"):  # within time/weight_sync too: it runs inside that stage
@@ -363,8 +404,14 @@ class Trainer:
 
         t0 = time.perf_counter()
         with stage("eval", "rollout"):
-            out = run_eval(self.workers.rollout, self.workers.scorer, self.tokenizer, self.eval_sets, self.cfg.eval,
-                           on_samples=self._write_eval_trace if self.cfg.trainer.trace_every else None)
+            out = run_eval(
+                self.workers.rollout,
+                self.workers.scorer,
+                self.tokenizer,
+                self.eval_sets,
+                self.cfg.eval,
+                on_samples=self._write_eval_trace if self.cfg.trainer.trace_every else None,
+            )
         out["time/eval"] = time.perf_counter() - t0
         return out
 

@@ -60,11 +60,18 @@ def check_layout(max_staleness: int, layout: str) -> None:
         raise ConfigError(
             f"config error: trainer.max_staleness={max_staleness} needs the engines and the actor on separate "
             f"GPUs: the colocated layout time-shares them (the engines sleep during the update). Set actor.gpus "
-            f"and rollout.gpus (split layout) or trainer.max_staleness=0")
+            f"and rollout.gpus (split layout) or trainer.max_staleness=0"
+        )
 
 
-def cpu_threads(cores: int, engines: int, ranks: int, max_staleness: int, engine_threads: int | None,
-                actor_threads: int | None) -> tuple[int, int | None]:
+def cpu_threads(
+    cores: int,
+    engines: int,
+    ranks: int,
+    max_staleness: int,
+    engine_threads: int | None,
+    actor_threads: int | None,
+) -> tuple[int, int | None]:
     """(threads per engine, threads per actor rank or None for the rank's own default) on CPU.
 
     Synchronous, the engines and the actor take turns, so each side has every core

@@ -18,7 +18,8 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
     mask = batch.response_mask.bool()  # [N, R]
     lengths = batch.response_lengths.float()  # [N]
     out = {
-        "response/length_mean": lengths.mean().item(), "response/length_max": lengths.max().item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
         "response/truncated_frac": sum(f == "length" for f in batch.finish_reasons) / max(batch.size, 1),
     }
     if entropy is None or batch.old_logprobs is None:
@@ -37,8 +38,9 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
     }
 
 
-def timing_metrics(timings: dict[str, float], step_time: float, gen_tokens: int,
-                   last_checkpoint: float | None) -> dict[str, float]:
+def timing_metrics(
+    timings: dict[str, float], step_time: float, gen_tokens: int, last_checkpoint: float | None
+) -> dict[str, float]:
     """``time/<stage>`` of this step, ``time/step``, the previous step's checkpoint time (written after its
     metrics line) and throughput over the tokens generated during the step (none at the last step of
     an overlapped run, whose batch was generated during the step before: no rollout rate then)."""

@@ -118,8 +118,10 @@ def compare(actor: dict, reports: list[list[list[EngineEntry]]]) -> int:
         held = {name for _, name in groups}
         missing = [n for n in actor if n not in held]
         if missing:
-            raise _mismatch(f"engine {i} holds no tensor for {missing[0]} (sent by the actor; {len(missing)} "
-                            f"such in all), so it keeps weights the actor never sent")
+            raise _mismatch(
+                f"engine {i} holds no tensor for {missing[0]} (sent by the actor; {len(missing)} "
+                f"such in all), so it keeps weights the actor never sent"
+            )
         for (label, name), shards in groups.items():
             where = f"engine {i} tensor {label}" + ("" if label == name else f" (checkpoint tensor {name})")
             if name not in actor:
@@ -139,8 +141,10 @@ def _compare_one(sent: dict, e: EngineEntry, where: str, whole_only: bool) -> No
             raise _mismatch(f"{where} has {e.numel} elements, the actor sent {numel}")
         return  # a shard: checked by _compare_sum
     if e.checksum != expected:
-        raise _mismatch(f"{where} differs from the actor's: checksum {e.checksum} vs {expected} over {numel} "
-                        f"{e.dtype} elements")
+        raise _mismatch(
+            f"{where} differs from the actor's: checksum {e.checksum} vs {expected} over {numel} "
+            f"{e.dtype} elements"
+        )
 
 
 def _compare_sum(sent: dict, shards: list[EngineEntry], where: str) -> None:
@@ -148,8 +152,10 @@ def _compare_sum(sent: dict, shards: list[EngineEntry], where: str) -> None:
     numel, expected = sent[shards[0].dtype]
     total_numel, total = sum(e.numel for e in shards), sum(e.checksum for e in shards)
     if total_numel != numel * copies or total != expected * copies:
-        raise _mismatch(f"{where} differs from the actor's: {total_numel} elements with checksum {total} vs "
-                        f"{numel} x {copies} copies with checksum {expected} each")
+        raise _mismatch(
+            f"{where} differs from the actor's: {total_numel} elements with checksum {total} vs "
+            f"{numel} x {copies} copies with checksum {expected} each"
+        )
 
 
 def _mismatch(what: str) -> WeightSyncMismatch:
@@ -210,8 +216,9 @@ def _probe_parts(module, sizes: list[int | None], out_features: int | None = Non
     """(numel, checksum) of each output-row part of a linear layer's weight [N, K], read through the
     layer's GEMM: y = x @ w.T with x the identity rows k0..k1 gives w[:, k0:k1].T exactly."""
     w = module.weight
-    k = int(getattr(module, "input_size_per_partition", 0) or getattr(module, "embedding_dim", 0)
-            or w.shape[-1])
+    k = int(
+        getattr(module, "input_size_per_partition", 0) or getattr(module, "embedding_dim", 0) or w.shape[-1]
+    )
     n = out_features or sum(s for s in sizes if s is not None) or int(module.output_size_per_partition)
     cuts = [s if s is not None else n for s in sizes]
     keep = sum(cuts)  # rows past the parts (vocabulary padding) are not the checkpoint's
@@ -223,16 +230,19 @@ def _probe_parts(module, sizes: list[int | None], out_features: int | None = Non
         x[:, k0:k1].fill_diagonal_(1)
         y = module.quant_method.apply(module, x)  # [k1 - k0, n]
         if y.shape != (k1 - k0, n):
-            raise RuntimeError(f"verify: the GEMM of a {type(module).__name__} returned {tuple(y.shape)} for "
-                               f"{k1 - k0} identity rows, expected {(k1 - k0, n)}")
+            raise RuntimeError(
+                f"verify: the GEMM of a {type(module).__name__} returned {tuple(y.shape)} for "
+                f"{k1 - k0} identity rows, expected {(k1 - k0, n)}"
+            )
         for part, chunk in zip(totals, torch.split(y[:, :keep], cuts, 1)):
             part[0] += chunk.numel()
             part[1] += checksum(chunk)
     return [tuple(t) for t in totals]
 
 
-def _split(module, full: str, dtype: str, packed: dict[str, list[str]],
-           parts: list[tuple[int, int]]) -> list[EngineEntry]:
+def _split(
+    module, full: str, dtype: str, packed: dict[str, list[str]], parts: list[tuple[int, int]]
+) -> list[EngineEntry]:
     """Name each part: the fused module's checkpoint modules (``packed``), in order, or ``full`` itself.
     The k and v parts of a fused qkv count each KV head's ``num_kv_head_replicas`` copies."""
     if len(parts) == 1:
@@ -240,15 +250,19 @@ def _split(module, full: str, dtype: str, packed: dict[str, list[str]],
     prefix, fused, pname = _name_parts(full)
     sub = packed.get(fused)
     if sub is None or len(sub) != len(parts):
-        raise RuntimeError(f"verify: {full} holds {len(parts)} fused tensors but the model's "
-                           f"packed_modules_mapping names {sub} for {fused}")
+        raise RuntimeError(
+            f"verify: {full} holds {len(parts)} fused tensors but the model's "
+            f"packed_modules_mapping names {sub} for {fused}"
+        )
     kv = getattr(module, "num_kv_head_replicas", None)
-    return [EngineEntry(full, f"{prefix}{s}.{pname}", dtype, numel, total, kv if kv and j > 0 else 1)
-            for j, (s, (numel, total)) in enumerate(zip(sub, parts))]
+    return [
+        EngineEntry(full, f"{prefix}{s}.{pname}", dtype, numel, total, kv if kv and j > 0 else 1)
+        for j, (s, (numel, total)) in enumerate(zip(sub, parts))
+    ]
 
 
 def _name_parts(full: str) -> tuple[str, str, str]:
-    """"a.b.qkv_proj.weight" -> ("a.b.", "qkv_proj", "weight")."""
+    """ "a.b.qkv_proj.weight" -> ("a.b.", "qkv_proj", "weight")."""
     head, pname = full.rsplit(".", 1)
     prefix, _, fused = head.rpartition(".")
     return (prefix + "." if prefix else ""), fused, pname

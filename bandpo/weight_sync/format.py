@@ -49,14 +49,18 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], list[torch.Tensor], int]:
+def layout(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[list[TensorMeta], list[torch.Tensor], int]:
     """Assign aligned offsets. Returns (metas, tensors in the same order, total bytes)."""
     named = list(named_tensors)
     metas, total = plan_layout((n, t.dtype, tuple(t.shape)) for n, t in named)
     return metas, [t for _, t in named], total
 
 
-def plan_layout(specs: Iterable[tuple[str, torch.dtype | str, tuple[int, ...]]]) -> tuple[list[TensorMeta], int]:
+def plan_layout(
+    specs: Iterable[tuple[str, torch.dtype | str, tuple[int, ...]]],
+) -> tuple[list[TensorMeta], int]:
     """Offsets from ``(name, dtype, shape)`` alone, so a writer can size the buffer before holding any
     tensor (ZeRO-3 gathers each bucket only when it is copied). Returns (metas, total bytes)."""
     metas, offset = [], 0

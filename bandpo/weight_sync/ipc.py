@@ -58,8 +58,10 @@ def open_ipc_bucket(payloads: dict[str, bytes]) -> Iterator[tuple[str, torch.Ten
     here = torch.cuda.current_device()
     uuid = gpu_uuid(here)
     if uuid not in payloads:
-        raise RuntimeError(f"no actor rank packed a weight bucket on this engine's GPU {uuid} (ranks' GPUs: "
-                           f"{sorted(payloads)}); rollout.weight_sync=ipc needs the colocated layout")
+        raise RuntimeError(
+            f"no actor rank packed a weight bucket on this engine's GPU {uuid} (ranks' GPUs: "
+            f"{sorted(payloads)}); rollout.weight_sync=ipc needs the colocated layout"
+        )
     msg = pickle.loads(payloads[uuid])  # payload comes from our own actor ranks, never from users
     args = list(msg["args"])
     args[6] = here  # reduce_tensor's args: index 6 is the storage's device index, local to the sender
@@ -67,7 +69,9 @@ def open_ipc_bucket(payloads: dict[str, bytes]) -> Iterator[tuple[str, torch.Ten
     yield from views(buf, metas_from_wire(msg["metas"]))
 
 
-def exchange(all_gather: Callable[[object], list], mine: object, failure: BaseException | None, stage: str) -> list:
+def exchange(
+    all_gather: Callable[[object], list], mine: object, failure: BaseException | None, stage: str
+) -> list:
     """Every rank's ``mine`` in rank order, exchanged with whether each rank is still fine: when one
     failed, every rank raises here (the failed rank its own error, the others one naming it), so none
     is left waiting in the next collective for a rank that is gone."""
@@ -111,8 +115,14 @@ def send_ipc(
     """
     failure = None
     if driver:
-        failure = _attempt(lambda: get_within([e.ipc_update.remote("begin") for e in engines], timeout_s,
-                                              "the engines' begin of an IPC sync", ENGINE_HINT))
+        failure = _attempt(
+            lambda: get_within(
+                [e.ipc_update.remote("begin") for e in engines],
+                timeout_s,
+                "the engines' begin of an IPC sync",
+                ENGINE_HINT,
+            )
+        )
     count = 0
     try:
         for bucket in buckets:
@@ -122,21 +132,39 @@ def send_ipc(
                     packed = pack_ipc_bucket(bucket)
                 except Exception as e:
                     failure = e
-            by_gpu = dict(exchange(all_gather, packed[:2] if packed else None, failure, f"packing bucket {count}"))
+            by_gpu = dict(
+                exchange(all_gather, packed[:2] if packed else None, failure, f"packing bucket {count}")
+            )
             if driver:
-                failure = _attempt(lambda: get_within([e.ipc_update.remote("load", by_gpu) for e in engines],
-                                                      timeout_s, "the engines' load of a bucket", ENGINE_HINT))
+                failure = _attempt(
+                    lambda: get_within(
+                        [e.ipc_update.remote("load", by_gpu) for e in engines],
+                        timeout_s,
+                        "the engines' load of a bucket",
+                        ENGINE_HINT,
+                    )
+                )
             exchange(all_gather, None, failure, f"loading bucket {count} into the engines")
             del packed  # this rank's buffer: every engine has loaded it
             count += 1
     except BaseException as e:
         if driver:  # the engines' side of the sync ends either way; the first error is the one raised
-            done = _attempt(lambda: get_within([en.ipc_update.remote("finish") for en in engines], timeout_s,
-                                               "the engines' finish of an IPC sync", ENGINE_HINT))
+            done = _attempt(
+                lambda: get_within(
+                    [en.ipc_update.remote("finish") for en in engines],
+                    timeout_s,
+                    "the engines' finish of an IPC sync",
+                    ENGINE_HINT,
+                )
+            )
             if done is not None:
                 e.add_note(f"finishing the engines' IPC sync failed too: {done}")
         raise
     if driver:
-        get_within([e.ipc_update.remote("finish") for e in engines], timeout_s, "the engines' finish of an IPC sync",
-                   ENGINE_HINT)
+        get_within(
+            [e.ipc_update.remote("finish") for e in engines],
+            timeout_s,
+            "the engines' finish of an IPC sync",
+            ENGINE_HINT,
+        )
     return count

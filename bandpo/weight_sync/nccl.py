@@ -33,16 +33,27 @@ ENGINE_KWARGS = {"weight_transfer_config": {"backend": "nccl"}}  # vllm.LLM kwar
 def update_info(metas: Iterable[TensorMeta]) -> dict:
     """vLLM's ``NCCLWeightTransferUpdateInfo`` as a plain dict: names, dtype names, shapes, in send order."""
     metas = list(metas)
-    return {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
-            "shapes": [list(m.shape) for m in metas]}
+    return {
+        "names": [m.name for m in metas],
+        "dtype_names": [m.dtype for m in metas],
+        "shapes": [list(m.shape) for m in metas],
+    }
 
 
 def worker_init_infos(address: str, port: int, engines: int, tp: int) -> list[dict]:
     """Per engine, the init info its workers join the group with: engine i's workers are ranks
     ``1 + i * tp + (TP rank)`` of ``1 + engines * tp`` (rank 0: the actor)."""
     world = 1 + engines * tp
-    return [{"master_address": address, "master_port": port, "rank_offset": 1 + i * tp, "world_size": world,
-             "packed": True} for i in range(engines)]
+    return [
+        {
+            "master_address": address,
+            "master_port": port,
+            "rank_offset": 1 + i * tp,
+            "world_size": world,
+            "packed": True,
+        }
+        for i in range(engines)
+    ]
 
 
 def _free_port() -> int:
@@ -73,8 +84,9 @@ class NcclSender:
 
         def join() -> object:
             torch.cuda.set_device(device)
-            return trainer_init({"master_address": address, "master_port": port,
-                                 "world_size": infos[0]["world_size"]})
+            return trainer_init(
+                {"master_address": address, "master_port": port, "world_size": infos[0]["world_size"]}
+            )
 
         # The workers block in the rendezvous until rank 0 joins, and rank 0 until they all have.
         refs = [e.weight_transfer.remote("init", info) for e, info in zip(engines, infos)]
@@ -85,8 +97,12 @@ class NcclSender:
         """Broadcast ``named_tensors`` (in ``metas``' order, CUDA) into every engine."""
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
-        get_within([e.weight_transfer.remote("start") for e in self.engines], self.timeout_s,
-                   "the engines' start of a weight reload", ENGINE_HINT)
+        get_within(
+            [e.weight_transfer.remote("start") for e in self.engines],
+            self.timeout_s,
+            "the engines' start of a weight reload",
+            ENGINE_HINT,
+        )
         info = update_info(metas)
         receiving = [e.weight_transfer.remote("update", info) for e in self.engines]  # they wait in NCCL
         device = torch.cuda.current_device()
@@ -94,10 +110,15 @@ class NcclSender:
         def produce() -> None:
             # It drains every stream it broadcast on before it returns: the engines may read the buffers.
             torch.cuda.set_device(device)
-            packed_nccl_broadcast_producer(iterator=iter(named_tensors), group=self.group, src=0,
-                                           post_iter_func=lambda item: item[1])
+            packed_nccl_broadcast_producer(
+                iterator=iter(named_tensors), group=self.group, src=0, post_iter_func=lambda item: item[1]
+            )
 
         sending = InThread(produce, "NCCL broadcast (actor rank 0)")
         get_within(receiving, self.timeout_s, "NCCL broadcast", self.hint, alongside=sending)
-        get_within([e.weight_transfer.remote("finish") for e in self.engines], self.timeout_s,
-                   "the engines' finish of a weight reload", ENGINE_HINT)
+        get_within(
+            [e.weight_transfer.remote("finish") for e in self.engines],
+            self.timeout_s,
+            "the engines' finish of a weight reload",
+            ENGINE_HINT,
+        )

@@ -107,18 +107,28 @@ class NodeWeightSync:
         if self.actor_nodes is None:
             self._locate()
         relay = self.relay_nodes()
-        metas = ray.get([a.publish_weights_shm.remote(self.publishers(), bool(relay)) for a in self.actors])[0]
+        metas = ray.get([a.publish_weights_shm.remote(self.publishers(), bool(relay)) for a in self.actors])[
+            0
+        ]
         if relay:
             source = self.path(self.actor_nodes[0])
             blob = _on_node(_file_bytes, self.actor_nodes[0]).remote(source)
-            written = ray.get([self.engines[i].write_weights_file.remote(self.path(node), [blob])
-                               for node, i in relay.items()])
+            written = ray.get(
+                [
+                    self.engines[i].write_weights_file.remote(self.path(node), [blob])
+                    for node, i in relay.items()
+                ]
+            )
             del blob  # the object store may free the copy now
             for (node, _), (got_node, _) in zip(relay.items(), written):
                 if got_node != node:
                     raise RuntimeError(f"rollout worker expected on node {node} wrote on {got_node}")
-        loads = ray.get([e.update_weights_from_shm.remote(self.path(node), metas)
-                         for e, node in zip(self.engines, self.engine_nodes)])
+        loads = ray.get(
+            [
+                e.update_weights_from_shm.remote(self.path(node), metas)
+                for e, node in zip(self.engines, self.engine_nodes)
+            ]
+        )
         for (got_node, path), node in zip(loads, self.engine_nodes):
             if got_node != node:  # an engine restarted elsewhere would read a file its node lacks
                 raise RuntimeError(f"rollout worker expected on node {node} runs on {got_node} (read {path})")
@@ -147,4 +157,3 @@ class NodeWeightSync:
                 ray.get(ref)
             except Exception:  # a node that went away took its /dev/shm with it
                 pass
-

@@ -42,23 +42,38 @@ def choose_transport(choice: str, layout: str, backend: str = "vllm") -> str:
     if choice == "shm":
         return "shm"
     if layout == "cpu":
-        raise ConfigError(f"config error: {KEY}={choice} moves CUDA tensors and the run is on CPU; "
-                          f"use shm or auto, got {choice!r}")
+        raise ConfigError(
+            f"config error: {KEY}={choice} moves CUDA tensors and the run is on CPU; "
+            f"use shm or auto, got {choice!r}"
+        )
     if backend != "vllm":
-        raise ConfigError(f"config error: {KEY}={choice} needs rollout.backend=vllm (the {backend} engine "
-                          f"loads weights from /dev/shm only); use shm or auto, got {choice!r}")
+        raise ConfigError(
+            f"config error: {KEY}={choice} needs rollout.backend=vllm (the {backend} engine "
+            f"loads weights from /dev/shm only); use shm or auto, got {choice!r}"
+        )
     if choice == "ipc" and layout != "colocated":
-        raise ConfigError(f"config error: {KEY}=ipc needs the engines on the actor's GPUs (the colocated "
-                          f"layout: actor.gpus and rollout.gpus null); the {layout} layout takes nccl or shm, "
-                          f"got {choice!r}")
+        raise ConfigError(
+            f"config error: {KEY}=ipc needs the engines on the actor's GPUs (the colocated "
+            f"layout: actor.gpus and rollout.gpus null); the {layout} layout takes nccl or shm, "
+            f"got {choice!r}"
+        )
     if choice == "nccl" and layout != "split":
-        raise ConfigError(f"config error: {KEY}=nccl needs the engines on GPUs of their own (the split layout: "
-                          f"actor.gpus and rollout.gpus set); the {layout} layout takes ipc or shm, got {choice!r}")
+        raise ConfigError(
+            f"config error: {KEY}=nccl needs the engines on GPUs of their own (the split layout: "
+            f"actor.gpus and rollout.gpus set); the {layout} layout takes ipc or shm, got {choice!r}"
+        )
     return choice
 
 
-def make_weight_sync(transport: str, actors: list[ActorHandle], engines: list[ActorHandle], *, prefix: str,
-                     engine_tp: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S):
+def make_weight_sync(
+    transport: str,
+    actors: list[ActorHandle],
+    engines: list[ActorHandle],
+    *,
+    prefix: str,
+    engine_tp: int = 1,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+):
     """The sync object of a resolved ``transport``: ``sync()`` loads the actor's weights into every
     engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``).
     ``timeout_s`` bounds each wait of the ipc and nccl transports (``DeviceWeightSync``)."""
@@ -85,18 +100,31 @@ class DeviceWeightSync:
             one whose many waits add up past it.
     """
 
-    def __init__(self, transport: str, actors: list[ActorHandle], engines: list[ActorHandle], engine_tp: int = 1,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        transport: str,
+        actors: list[ActorHandle],
+        engines: list[ActorHandle],
+        engine_tp: int = 1,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         if transport not in ("ipc", "nccl"):
             raise ValueError(f"DeviceWeightSync: transport must be ipc or nccl, got {transport!r}")
         self.transport, self.actors, self.engines, self.engine_tp = transport, actors, engines, engine_tp
         self.timeout_s = timeout_s
 
     def sync(self) -> None:
-        refs = [a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s) for a in self.actors]
-        get_within(refs, self.timeout_s + RANKS_GRACE_S, f"{self.transport} sync (the actor ranks)",
-                   "a rank is stuck in a collective with the others: see the run's logs/actor.log; "
-                   "rollout.weight_sync_timeout sets the limit")
+        refs = [
+            a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s)
+            for a in self.actors
+        ]
+        get_within(
+            refs,
+            self.timeout_s + RANKS_GRACE_S,
+            f"{self.transport} sync (the actor ranks)",
+            "a rank is stuck in a collective with the others: see the run's logs/actor.log; "
+            "rollout.weight_sync_timeout sets the limit",
+        )
 
     def close(self) -> None:
         """Nothing to remove: the buckets live only during a sync, the NCCL group dies with its processes."""

@@ -18,18 +18,26 @@ from typing import Any
 from bandpo.errors import WeightSyncTimeout
 
 DEFAULT_TIMEOUT_S = 300.0  # rollout.weight_sync_timeout's default
-NCCL_HINT = ("check that the engines' nodes reach {address}:{port} and that NCCL_SOCKET_IFNAME / NCCL_IB_HCA "
-             "name the network the nodes share (NCCL_DEBUG=INFO shows what NCCL picked); "
-             "rollout.weight_sync_timeout sets the limit")
+NCCL_HINT = (
+    "check that the engines' nodes reach {address}:{port} and that NCCL_SOCKET_IFNAME / NCCL_IB_HCA "
+    "name the network the nodes share (NCCL_DEBUG=INFO shows what NCCL picked); "
+    "rollout.weight_sync_timeout sets the limit"
+)
 POLL_S = 0.5  # how often a wait on engines looks at this process's own side running alongside
-ENGINE_HINT = "an engine is stuck or gone: see the run's logs/rollout.log; rollout.weight_sync_timeout sets the limit"
+ENGINE_HINT = (
+    "an engine is stuck or gone: see the run's logs/rollout.log; rollout.weight_sync_timeout sets the limit"
+)
 
 
 def timeout_error(what: str, timeout_s: float, hint: str = "") -> WeightSyncTimeout:
-    return WeightSyncTimeout(f"weight sync: {what} did not finish within {timeout_s:g} s" + (f" ({hint})" if hint else ""))
+    return WeightSyncTimeout(
+        f"weight sync: {what} did not finish within {timeout_s:g} s" + (f" ({hint})" if hint else "")
+    )
 
 
-def get_within(refs: list, timeout_s: float, what: str, hint: str = "", *, alongside: InThread | None = None) -> list:
+def get_within(
+    refs: list, timeout_s: float, what: str, hint: str = "", *, alongside: InThread | None = None
+) -> list:
     """``ray.get(refs)``, or ``WeightSyncTimeout`` naming ``what`` when it takes over ``timeout_s``.
 
     The first failure among ``refs`` (an engine's error or death) is raised at once, not once the

@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> Path:
     ns = parser.parse_args(argv)
     out = build(ns.out, seed=ns.seed, sft_steps=ns.sft_steps, difficulty=ns.difficulty, verbose=not ns.quiet)
     report = json.loads((out / MARKER).read_text())["report"]
-    print(f"tiny_arith model: {out}  (held-out acc {report['acc_t1']:.1%} @ T=1.0, "
-          f"{report['acc_greedy']:.1%} greedy)")
+    print(
+        f"tiny_arith model: {out}  (held-out acc {report['acc_t1']:.1%} @ T=1.0, "
+        f"{report['acc_greedy']:.1%} greedy)"
+    )
     return out
 
 

@@ -14,12 +14,38 @@ from bandpo.viz import read_metrics
 RUN_DIR = re.compile(r"^(?P<label>.+)-s(?P<seed>\d+)$")
 EVAL_MEAN = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<metric>mean|maj|pass)@(?P<n>\d+)$")
 # What must match for "equal budgets": only the algorithm and the seed may differ between runs.
-BUDGET_KEYS = ("trainer.total_steps", "trainer.prompts_per_step", "rollout.n", "rollout.max_tokens",
-               "rollout.temperature", "actor.lr", "actor.mini_batch_prompts", "actor.epochs", "model.path",
-               "data.train", "eval.datasets", "eval.n", "eval.max_tokens")
+BUDGET_KEYS = (
+    "trainer.total_steps",
+    "trainer.prompts_per_step",
+    "rollout.n",
+    "rollout.max_tokens",
+    "rollout.temperature",
+    "actor.lr",
+    "actor.mini_batch_prompts",
+    "actor.epochs",
+    "model.path",
+    "data.train",
+    "eval.datasets",
+    "eval.n",
+    "eval.max_tokens",
+)
 # compare.sh runs these labels in this order; other labels found under --runs follow, sorted.
-LABEL_ORDER = ("grpo", "clip_higher", "bandpo", "bandpo_d0.02", "bandpo_d0.1", "bandpo_filter", "bandpo_adaptive",
-               "dppo_tv", "dppo_kl", "gspo", "cispo", "sapo", "bandpo_tv", "dcpo")
+LABEL_ORDER = (
+    "grpo",
+    "clip_higher",
+    "bandpo",
+    "bandpo_d0.02",
+    "bandpo_d0.1",
+    "bandpo_filter",
+    "bandpo_adaptive",
+    "dppo_tv",
+    "dppo_kl",
+    "gspo",
+    "cispo",
+    "sapo",
+    "bandpo_tv",
+    "dcpo",
+)
 
 
 def find_runs(root: Path) -> dict[str, dict[int, Path]]:
@@ -30,8 +56,10 @@ def find_runs(root: Path) -> dict[str, dict[int, Path]]:
         if m and (folder / "metrics.jsonl").is_file():
             runs.setdefault(m["label"], {})[int(m["seed"])] = folder
     order = {label: i for i, label in enumerate(LABEL_ORDER)}
-    return {label: dict(sorted(runs[label].items()))
-            for label in sorted(runs, key=lambda s: (order.get(s, len(order)), s))}
+    return {
+        label: dict(sorted(runs[label].items()))
+        for label in sorted(runs, key=lambda s: (order.get(s, len(order)), s))
+    }
 
 
 def run_summary(folder: Path) -> dict:
@@ -46,7 +74,9 @@ def run_summary(folder: Path) -> dict:
     evals = [r for r in rows if any(EVAL_MEAN.match(k) for k in r)]
     before = next((r for r in evals if r["step"] == 0), None)
     after = next((r for r in reversed(evals) if r["step"] > 0), None)
-    clip_keys = [k for k in (train[0] if train else {}) if k.startswith(("actor/clip_frac", "actor/token_frac_bin"))]
+    clip_keys = [
+        k for k in (train[0] if train else {}) if k.startswith(("actor/clip_frac", "actor/token_frac_bin"))
+    ]
     cfg = _load_config(folder)
     steps, total = (train[-1]["step"] if train else 0), _select(cfg, "trainer.total_steps")
     return {
@@ -78,8 +108,11 @@ def _eval_means(row: dict | None) -> dict[str, float]:
         return {}
     found = {k: m for k in row if (m := EVAL_MEAN.match(k))}
     full = {(m["dataset"], m["n"]) for m in found.values() if m["metric"] == "mean"}
-    return {f"{m['dataset']} {m['metric']}@{m['n']}": row[k] for k, m in found.items()
-            if m["metric"] != "pass" or (m["dataset"], m["n"]) in full}
+    return {
+        f"{m['dataset']} {m['metric']}@{m['n']}": row[k]
+        for k, m in found.items()
+        if m["metric"] != "pass" or (m["dataset"], m["n"]) in full
+    }
 
 
 # The step-0 evaluation depends only on these settings and the seed (compare.sh SHARED_BEFORE=1
@@ -94,6 +127,7 @@ def share_before(summaries: list[dict], others: list[dict] = ()) -> None:
     Sets ``before`` and ``before_from`` (the folder it came from) in place; runs with none to
     borrow keep an empty ``before``.
     """
+
     def key(s):
         return s["seed"], *(repr(s["config"][k]) for k in BEFORE_KEYS)
 

@@ -20,9 +20,11 @@ def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
     if not shared:
         return []
     sources = ", ".join(sorted({f"`{s['before_from']}`" for s in shared}))
-    return [f"Runs that did not evaluate before step 1 ({len(shared)}): their *before* is the step-0 evaluation of "
-            "the run with the same seed, model and eval settings that did (the same model, prompts and "
-            f"sampling seed: the same numbers), from {sources}."]
+    return [
+        f"Runs that did not evaluate before step 1 ({len(shared)}): their *before* is the step-0 evaluation of "
+        "the run with the same seed, model and eval settings that did (the same model, prompts and "
+        f"sampling seed: the same numbers), from {sources}."
+    ]
 
 
 def mean_std(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str:
@@ -41,19 +43,36 @@ def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> li
     first = min(starts) if starts else None
     last = max((f / "metrics.jsonl").stat().st_mtime for f in folders)
     u = platform.uname()
-    return ["## Command and machine", "", "```", *commands, "```", "",
-            f"- machine: `{u.system} {u.release} {u.machine}`, {_cpu_model()}, {os.cpu_count()} CPUs (nproc)",
-            f"- runs: {_date(first) if first else '?'} to {_date(last)}",
-            f"- summarised: {_date(time.time())} (load average {os.getloadavg()[0]:.1f})", ""]
+    return [
+        "## Command and machine",
+        "",
+        "```",
+        *commands,
+        "```",
+        "",
+        f"- machine: `{u.system} {u.release} {u.machine}`, {_cpu_model()}, {os.cpu_count()} CPUs (nproc)",
+        f"- runs: {_date(first) if first else '?'} to {_date(last)}",
+        f"- summarised: {_date(time.time())} (load average {os.getloadavg()[0]:.1f})",
+        "",
+    ]
 
 
 def _budget_section(summaries: dict[str, list[dict]]) -> list[str]:
     same, differ = budget_check([s for group in summaries.values() for s in group])
-    lines = ["## Budget", "", "Settings every run shares:", "", *[f"- `{k}` = `{v}`" for k, v in same.items()], ""]
+    lines = [
+        "## Budget",
+        "",
+        "Settings every run shares:",
+        "",
+        *[f"- `{k}` = `{v}`" for k, v in same.items()],
+        "",
+    ]
     if not differ:
         return lines + ["Equal budgets: of the settings checked, only the algorithm and the seed differ.", ""]
     lines += ["**Warning: the runs do not share these settings (not an equal-budget comparison):**", ""]
-    lines += [f"- `{k}`: " + ", ".join(f"{f}: `{v}`" for f, v in values.items()) for k, values in differ.items()]
+    lines += [
+        f"- `{k}`: " + ", ".join(f"{f}: `{v}`" for f, v in values.items()) for k, values in differ.items()
+    ]
     return lines + [""]
 
 
@@ -62,16 +81,23 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
     head = ["algorithm", "seeds", "steps"]
     for d in datasets:
         head += [f"{d} before", f"{d} after", f"{d} Δ"]
-    lines = ["## Held-out accuracy and entropy", "",
-             "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed.",
-             *_shared_before_note(summaries), "",
-             *_table_head([*head, "final entropy"])]
+    lines = [
+        "## Held-out accuracy and entropy",
+        "",
+        "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed.",
+        *_shared_before_note(summaries),
+        "",
+        *_table_head([*head, "final entropy"]),
+    ]
     for label, group in summaries.items():
         cells = [label, ", ".join(str(s["seed"]) for s in group), _steps(group)]
         for d in datasets:
             pairs = [(s["before"].get(d), s["after"].get(d)) for s in group]
-            cells += [mean_std([b for b, _ in pairs], 100), mean_std([a for _, a in pairs], 100),
-                      mean_std([a - b if a is not None and b is not None else None for b, a in pairs], 100)]
+            cells += [
+                mean_std([b for b, _ in pairs], 100),
+                mean_std([a for _, a in pairs], 100),
+                mean_std([a - b if a is not None and b is not None else None for b, a in pairs], 100),
+            ]
         lines.append(_row([*cells, mean_std([s["entropy"] for s in group], digits=3)]))
     return lines + [""]
 
@@ -85,49 +111,97 @@ def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
     # The last five steps every run has: where runs stopped early, the ends compare at equal steps.
     common = min(s["steps"] for group in summaries.values() for s in group)
     window = range(max(1, common - 4), common + 1)
-    lines = ["## Entropy over steps", "",
-             "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
-             f"the last column averages each run's steps {window[0]}-{window[-1]}, the last five that every run has.",
-             "", *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"])]
+    lines = [
+        "## Entropy over steps",
+        "",
+        "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
+        f"the last column averages each run's steps {window[0]}-{window[-1]}, the last five that every run has.",
+        "",
+        *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"]),
+    ]
     for label, group in summaries.items():
         ends = [_mean([s["entropy_by_step"].get(t) for t in window]) for s in group]
-        lines.append(_row([label, *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps],
-                           mean_std(ends, digits=3)]))
+        lines.append(
+            _row(
+                [
+                    label,
+                    *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps],
+                    mean_std(ends, digits=3),
+                ]
+            )
+        )
     return lines + [""]
 
 
 def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
-    keys = sorted({k for group in summaries.values() for s in group for k in s["clip"] if k.startswith("clip_frac")},
-                  key=_clip_order)
+    keys = sorted(
+        {k for group in summaries.values() for s in group for k in s["clip"] if k.startswith("clip_frac")},
+        key=_clip_order,
+    )
     bins = [k for k in keys if k.startswith("clip_frac_bin/")]
-    lines = ["## Clip fraction by old-probability bin", "",
-             ("Per bin of old probability p: the fraction of that bin's tokens whose gradient the clip "
-              "removed; the last columns are fractions of all tokens. Averaged over each run's training "
-              "steps, then mean ± sample std over seeds (%)."), "",
-             *_table_head(["algorithm", *[clip_label(k) for k in keys]])]
+    lines = [
+        "## Clip fraction by old-probability bin",
+        "",
+        (
+            "Per bin of old probability p: the fraction of that bin's tokens whose gradient the clip "
+            "removed; the last columns are fractions of all tokens. Averaged over each run's training "
+            "steps, then mean ± sample std over seeds (%)."
+        ),
+        "",
+        *_table_head(["algorithm", *[clip_label(k) for k in keys]]),
+    ]
     for label, group in summaries.items():
         lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
-    lines += ["", "Share of response tokens in each bin (%), for scale:", "",
-              *_table_head(["algorithm", *[clip_label(b) for b in bins]])]
+    lines += [
+        "",
+        "Share of response tokens in each bin (%), for scale:",
+        "",
+        *_table_head(["algorithm", *[clip_label(b) for b in bins]]),
+    ]
     for label, group in summaries.items():
-        shares = [mean_std([s["clip"].get(b.replace("clip_frac_bin/", "token_frac_bin/")) for s in group], 100, 2)
-                  for b in bins]
+        shares = [
+            mean_std([s["clip"].get(b.replace("clip_frac_bin/", "token_frac_bin/")) for s in group], 100, 2)
+            for b in bins
+        ]
         lines.append(_row([label, *shares]))
     return lines + [""]
 
 
 def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
     datasets = report_datasets(summaries)
-    lines = ["## Runs", "", "Train time: the training steps' own time; wall: from the run's start to its last "
-             "line (start-up and evaluations included).", "",
-             *_table_head(["run", "steps", *[f"{d} before → after (%)" for d in datasets],
-                           "final entropy", "train time (s)", "wall (s)"])]
+    lines = [
+        "## Runs",
+        "",
+        "Train time: the training steps' own time; wall: from the run's start to its last "
+        "line (start-up and evaluations included).",
+        "",
+        *_table_head(
+            [
+                "run",
+                "steps",
+                *[f"{d} before → after (%)" for d in datasets],
+                "final entropy",
+                "train time (s)",
+                "wall (s)",
+            ]
+        ),
+    ]
     for s in (s for group in summaries.values() for s in group):
         evals = [f"{_pct(s['before'].get(d))} → {_pct(s['after'].get(d))}" for d in datasets]
         state = "" if s["finished"] else " (unfinished)"
         entropy = f"{s['entropy']:.3f}" if s["entropy"] is not None else "n/a"
-        lines.append(_row([f"`{s['folder']}`", f"{s['steps']}/{s['total_steps']}{state}", *evals, entropy,
-                           f"{s['train_s']:.0f}", f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "n/a"]))
+        lines.append(
+            _row(
+                [
+                    f"`{s['folder']}`",
+                    f"{s['steps']}/{s['total_steps']}{state}",
+                    *evals,
+                    entropy,
+                    f"{s['train_s']:.0f}",
+                    f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "n/a",
+                ]
+            )
+        )
     return lines + [""]
 
 
@@ -158,6 +232,7 @@ def _clip_order(key: str) -> tuple[int, str]:
 
 def _steps(group: list[dict]) -> str:
     """Steps done / planned of a group of seeds, as a range where the seeds differ ("5-12/12")."""
+
     def span(values):
         known = sorted({v for v in values if v is not None})
         if not known:

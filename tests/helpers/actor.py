@@ -14,7 +14,9 @@ from bandpo.actor import Actor
 from bandpo.algo.options import LossOptions
 from bandpo.types import RolloutBatch, TrainBatch
 
-BANDPO = LossOptions(algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean")
+BANDPO = LossOptions(
+    algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
+)
 
 
 def make_rollout(n: int, seed: int, *, max_prompt: int = 8, max_response: int = 12) -> RolloutBatch:
@@ -72,7 +74,9 @@ DRIFT_OF_LR = 0.01
 MAX_DRIFTED_FRACTION = 0.01
 
 
-def assert_same_adam_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float, steps: int) -> None:
+def assert_same_adam_weights(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float, steps: int
+) -> None:
     """``a`` and ``b`` are the same AdamW trajectory up to fp32 summation order (bounds above)."""
     assert a.keys() == b.keys()
     diffs = torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
@@ -116,14 +120,19 @@ def run_cuda_check(script: str, model_dir: str, timeout: float = 600) -> dict:
     test in this process, so a GPU actor needs a process of its own. The script gets the model folder
     as ``sys.argv[1]`` and the repository root (for ``tests.helpers`` imports) as ``sys.argv[2]``."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", script, model_dir, str(root)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "DS_ACCELERATOR": "cuda"})
+    proc = subprocess.run(
+        [sys.executable, "-c", script, model_dir, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "DS_ACCELERATOR": "cuda"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(proc.stdout.split("RESULT ", 1)[1])
 
 
 # bf16 vs fp32 log-probs of one network: the bound's terms, derived in tests/unit/actor/test_bf16_logprobs.py.
-U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
+U_BF16 = 2.0**-8  # bf16's unit roundoff: 8 significand bits, round to nearest
 BF16_ROUNDINGS_PER_LAYER = 24
 BF16_ROUNDINGS_OUTSIDE_LAYERS = 5
 BF16_SIGMAS = 6

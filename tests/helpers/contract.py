@@ -55,9 +55,14 @@ def _record(where: str, target: str, node: ast.Call) -> Call:
     consts = {i: const(a) for i, a in enumerate(node.args) if not isinstance(a, ast.Starred)}
     consts.update({k.arg: const(k.value) for k in node.keywords if k.arg})
     starred = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
-    return Call(where, target, sum(not isinstance(a, ast.Starred) for a in node.args),
-                tuple(k.arg for k in node.keywords if k.arg), starred,
-                {k: v for k, v in consts.items() if v is not _UNKNOWN})
+    return Call(
+        where,
+        target,
+        sum(not isinstance(a, ast.Starred) for a in node.args),
+        tuple(k.arg for k in node.keywords if k.arg),
+        starred,
+        {k: v for k, v in consts.items() if v is not _UNKNOWN},
+    )
 
 
 _UNKNOWN = object()
@@ -104,8 +109,12 @@ def method_calls(receiver: str, under: str = "") -> list[Call]:
 
 def calls_of_method(name: str) -> list[Call]:
     """Every ``<anything>.<name>(...)`` call in bandpo's modules (e.g. Ray's ``.options``)."""
-    return [_record(f"{rel}:{node.lineno}", name, node) for rel, tree in _modules() for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name]
+    return [
+        _record(f"{rel}:{node.lineno}", name, node)
+        for rel, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
+    ]
 
 
 def attributes_of(receiver: str, under: str = "") -> set[str]:
@@ -114,8 +123,11 @@ def attributes_of(receiver: str, under: str = "") -> set[str]:
     found = set()
     for rel, tree in _modules():
         if rel.startswith(under):
-            found |= {node.attr for node in ast.walk(tree)
-                      if isinstance(node, ast.Attribute) and _dotted(node.value) == chain}
+            found |= {
+                node.attr
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and _dotted(node.value) == chain
+            }
     return found
 
 
@@ -152,7 +164,11 @@ def bind_errors(calls: list[Call], owner: type | None = None) -> tuple[list[str]
             continue
         bind = sig.bind_partial if c.starred else sig.bind
         # a plain function on the class takes self; static- and classmethods do not
-        self_arg = [object()] if owner is not None and inspect.isfunction(inspect.getattr_static(owner, c.target)) else []
+        self_arg = (
+            [object()]
+            if owner is not None and inspect.isfunction(inspect.getattr_static(owner, c.target))
+            else []
+        )
         try:
             bind(*self_arg, *[object()] * c.positional, **{k: object() for k in c.keywords})
         except TypeError as e:

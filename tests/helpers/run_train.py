@@ -19,19 +19,37 @@ ROOT = Path(__file__).resolve().parents[2]
 # and its build is the cheaper one for CI. The recipe's default (configs/model/tiny.yaml)
 # warm-starts longer, in its own folder, so the two caches never replace each other.
 # The recipe's dynamic sampling off: each test sizes its batch itself (test_dynamic_sampling turns it on).
-TEST_MODEL = ["model.build_args.sft_steps=500",  # model.path follows: .../tiny_arith/model-sft500
-              "algorithm.filter_groups.enable=false"]
+TEST_MODEL = [
+    "model.build_args.sft_steps=500",  # model.path follows: .../tiny_arith/model-sft500
+    "algorithm.filter_groups.enable=false",
+]
 
 # Logged by every step that updated the actor.
-REQUIRED = ["reward/mean", "reward/accuracy", "actor/entropy", "actor/clip_frac_up", "actor/clip_frac_down",
-            "actor/loss", "actor/grad_norm", "time/rollout", "time/reward", "time/update", "time/weight_sync",
-            "time/step", "perf/tokens_per_s", "health/rollout_actor_abs_diff", "health/rollout_actor_kl",
-            "response/length_mean", "actor/clip_frac_bin/lt0.01"]
+REQUIRED = [
+    "reward/mean",
+    "reward/accuracy",
+    "actor/entropy",
+    "actor/clip_frac_up",
+    "actor/clip_frac_down",
+    "actor/loss",
+    "actor/grad_norm",
+    "time/rollout",
+    "time/reward",
+    "time/update",
+    "time/weight_sync",
+    "time/step",
+    "perf/tokens_per_s",
+    "health/rollout_actor_abs_diff",
+    "health/rollout_actor_kl",
+    "response/length_mean",
+    "actor/clip_frac_bin/lt0.01",
+]
 BAND = ["actor/band/lower_mean"]  # and with algorithm=bandpo
 
 
-def train(out: Path, *overrides: str, timeout: int = 900,
-          model: list[str] = TEST_MODEL) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def train(
+    out: Path, *overrides: str, timeout: int = 900, model: list[str] = TEST_MODEL
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run train.sh into ``out``; returns the finished process and its metrics.jsonl rows.
 
     ``model``: the overrides that pick the model (default: the tiny recipe's short warm start);
@@ -40,11 +58,23 @@ def train(out: Path, *overrides: str, timeout: int = 900,
     A run that fails is not returned: its console is the assertion message. A finished run
     must leave nothing new in /dev/shm (the weight-sync buffer and vLLM's queues are RAM).
     """
-    args = ["trainer.eval_before_train=false", "trainer.eval_every=0", "trainer.wandb.mode=disabled",
-            f"trainer.output_dir={out}", *model, *overrides]
+    args = [
+        "trainer.eval_before_train=false",
+        "trainer.eval_every=0",
+        "trainer.wandb.mode=disabled",
+        f"trainer.output_dir={out}",
+        *model,
+        *overrides,
+    ]
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.run(["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    proc = subprocess.run(
+        ["bash", "scripts/train.sh", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "RAY_DEDUP_LOGS": "0"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert sorted(set(os.listdir("/dev/shm")) - shm_before) == []
     # One log file per worker group (bandpo.run.worker_logs), each holding that group's own output.

@@ -22,10 +22,20 @@ from bandpo.tools.fault_test.process import Session
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SMALL = ["model.build=null", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16",
-         "actor.mini_batch_prompts=2", "actor.micro_batch_size=8", "trainer.eval_before_train=false",
-         "trainer.save_every=1", "trainer.wandb.mode=disabled", "algorithm.entropy_coef=0.05", "actor.lr=1e-3",
-         "algorithm.filter_groups.enable=false"]
+SMALL = [
+    "model.build=null",
+    "trainer.prompts_per_step=4",
+    "rollout.n=4",
+    "rollout.max_tokens=16",
+    "actor.mini_batch_prompts=2",
+    "actor.micro_batch_size=8",
+    "trainer.eval_before_train=false",
+    "trainer.save_every=1",
+    "trainer.wandb.mode=disabled",
+    "algorithm.entropy_coef=0.05",
+    "actor.lr=1e-3",
+    "algorithm.filter_groups.enable=false",
+]
 
 
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
@@ -33,9 +43,25 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp
     leftovers and orphans itself and exits non-zero on any violation."""
     out = tmp_path / "fault"
     proc = subprocess.run(
-        ["bash", "scripts/fault_test.sh", "--kills", "2", "--seed", "1", "--out", str(out),
-         f"model.path={tiny_model_dir}", "trainer.total_steps=4", *SMALL],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
+        [
+            "bash",
+            "scripts/fault_test.sh",
+            "--kills",
+            "2",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            f"model.path={tiny_model_dir}",
+            "trainer.total_steps=4",
+            *SMALL,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     report = json.loads((out / "fault_test.json").read_text())
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert report["passed"] and report["violations"] == []
@@ -54,19 +80,34 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp
     assert ref[-1]["actor/entropy"] != pytest.approx(ref[0]["actor/entropy"], rel=1e-6)  # weights did move
 
 
-@pytest.mark.parametrize("worker,method,backend,message", [
-    # The HF engine starts a minute faster than vLLM on CPU; the actor test does not need vLLM.
-    # The first epoch's update is update_on_policy (actor.reuse_old_logprobs, on by default).
-    ("Actor", "update_on_policy", "hf", "actor worker died during stage 'update'"),
-    ("RolloutWorker", "generate", "vllm", "rollout worker died during stage 'rollout'"),
-])
-def test_worker_killed_mid_step_stops_the_run_naming_it(tiny_model_dir, tmp_path, worker, method, backend, message):
+@pytest.mark.parametrize(
+    "worker,method,backend,message",
+    [
+        # The HF engine starts a minute faster than vLLM on CPU; the actor test does not need vLLM.
+        # The first epoch's update is update_on_policy (actor.reuse_old_logprobs, on by default).
+        ("Actor", "update_on_policy", "hf", "actor worker died during stage 'update'"),
+        ("RolloutWorker", "generate", "vllm", "rollout worker died during stage 'rollout'"),
+    ],
+)
+def test_worker_killed_mid_step_stops_the_run_naming_it(
+    tiny_model_dir, tmp_path, worker, method, backend, message
+):
     """SIGKILL one Ray worker process while it runs ``method``: the driver exits non-zero naming the
     worker group and the stage, the last checkpoint stays the resume point, nothing is left running."""
     run = tmp_path / "run"
-    cmd = ["bash", "scripts/train.sh", f"model.path={tiny_model_dir}", "trainer.total_steps=20", *SMALL,
-           f"rollout={backend}", "trainer.export_hf=false", f"trainer.output_dir={run}"]
-    session = Session(cmd, tmp_path / "train.log", ROOT, {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    cmd = [
+        "bash",
+        "scripts/train.sh",
+        f"model.path={tiny_model_dir}",
+        "trainer.total_steps=20",
+        *SMALL,
+        f"rollout={backend}",
+        "trainer.export_hf=false",
+        f"trainer.output_dir={run}",
+    ]
+    session = Session(
+        cmd, tmp_path / "train.log", ROOT, {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    )
     try:
         pid = _wait_for_worker(session, run, worker)
         _kill_while_running(pid, f"ray::{worker}.{method}", session)
@@ -115,5 +156,7 @@ def _kill_while_running(pid: int, title: str, session: Session, timeout: float =
         except (psutil.Error, IndexError):
             pass
         time.sleep(0.002)
-    raise AssertionError(f"{title} never seen running within {timeout} s; log:\n"
-                         + session.log_path.read_text(errors="replace")[-3000:])
+    raise AssertionError(
+        f"{title} never seen running within {timeout} s; log:\n"
+        + session.log_path.read_text(errors="replace")[-3000:]
+    )

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_gpu_smoke_cpu_mode(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py"
+    )
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
     spec = importlib.util.spec_from_file_location(
@@ -36,5 +38,9 @@ def test_gpu_smoke_cpu_mode(tmp_path):
         assert r["tokens"] == prompt_tokens  # same batch both stages
     # 8 rows in 2 groups: each group's prompt counted once, so fewer tokens than 8 prompts + responses
     rb = checks.random_batch(8, 16, 24, 512)
-    assert result["stages"][0]["tokens"] == checks.computed_tokens(rb) < int(rb.prompt_mask.sum() + rb.response_mask.sum())
+    assert (
+        result["stages"][0]["tokens"]
+        == checks.computed_tokens(rb)
+        < int(rb.prompt_mask.sum() + rb.response_mask.sum())
+    )
     assert result["ipc"] is None

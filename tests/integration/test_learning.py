@@ -55,10 +55,22 @@ def test_training_reward_rises_and_run_is_complete(tmp_path):
     algo = "bandpo"
     out = tmp_path / "run"
     data = _fixture(tmp_path / "always2.jsonl")
-    _, rows = train(out, f"algorithm={algo}", "data=jsonl", f"data.train.0.path={data}", "data.max_prompt_len=192",
-                    f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=16", "rollout.n=8",
-                    "rollout.max_tokens=32", "actor.mini_batch_prompts=16", "actor.micro_batch_size=64",
-                    "actor.lr=2e-3", "actor.warmup_steps=0", f"trainer.save_every={STEPS}")
+    _, rows = train(
+        out,
+        f"algorithm={algo}",
+        "data=jsonl",
+        f"data.train.0.path={data}",
+        "data.max_prompt_len=192",
+        f"trainer.total_steps={STEPS}",
+        "trainer.prompts_per_step=16",
+        "rollout.n=8",
+        "rollout.max_tokens=32",
+        "actor.mini_batch_prompts=16",
+        "actor.micro_batch_size=64",
+        "actor.lr=2e-3",
+        "actor.warmup_steps=0",
+        f"trainer.save_every={STEPS}",
+    )
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for row in rows:
         check_updated_step(row, band=algo == "bandpo")

@@ -17,12 +17,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_overlapped_run_with_dynamic_sampling_traces_and_eval(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    proc, rows = train(out, f"model.path={tiny_model_dir}", "model.build=null", "trainer.total_steps=3",
-                       "trainer.max_staleness=1", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=16",
-                       "actor.mini_batch_prompts=2", "actor.micro_batch_size=8", "trainer.save_every=0",
-                       "trainer.export_hf=false", "algorithm.filter_groups.enable=true",
-                       "algorithm.filter_groups.max_gen_rounds=2", "trainer.trace_every=1", "trainer.eval_every=2",
-                       "eval.limit=4", "eval.n=2", "rollout.verify_sync=true")
+    proc, rows = train(
+        out,
+        f"model.path={tiny_model_dir}",
+        "model.build=null",
+        "trainer.total_steps=3",
+        "trainer.max_staleness=1",
+        "trainer.prompts_per_step=4",
+        "rollout.n=4",
+        "rollout.max_tokens=16",
+        "actor.mini_batch_prompts=2",
+        "actor.micro_batch_size=8",
+        "trainer.save_every=0",
+        "trainer.export_hf=false",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_gen_rounds=2",
+        "trainer.trace_every=1",
+        "trainer.eval_every=2",
+        "eval.limit=4",
+        "eval.n=2",
+        "rollout.verify_sync=true",
+    )
     steps = [r for r in rows if "time/step" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     # The last step trains on the batch step 2 drew ahead and draws none: no rollout / reward time of its own.

@@ -21,11 +21,22 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     out = tmp_path / "run"
     # The run's other e2e checks too (chi2 band: the other divergences run in test_learning.py and
     # test_options_e2e.py). Two optimizer steps per rollout: the old-logprob pass runs (and gets the NaN).
-    proc, rows = train(out, f"model.path={tiny_model_dir}", "model.build=null", "trainer.total_steps=2",
-                       "trainer.prompts_per_step=2", "rollout.n=4", "rollout.max_tokens=8",
-                       "actor.mini_batch_prompts=1", "actor.micro_batch_size=4", "trainer.save_every=2",
-                       "algorithm=bandpo", "algorithm.band.divergence=chi2",
-                       "trainer.inject_nonfinite_step=1", "trainer.inject_nonfinite=logprobs")
+    proc, rows = train(
+        out,
+        f"model.path={tiny_model_dir}",
+        "model.build=null",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "rollout.n=4",
+        "rollout.max_tokens=8",
+        "actor.mini_batch_prompts=1",
+        "actor.micro_batch_size=4",
+        "trainer.save_every=2",
+        "algorithm=bandpo",
+        "algorithm.band.divergence=chi2",
+        "trainer.inject_nonfinite_step=1",
+        "trainer.inject_nonfinite=logprobs",
+    )
     assert (
         "step 1: non-finite values (NaN/inf) in old_logprobs; update skipped (1 skipped so far)"
         in proc.stdout
@@ -33,7 +44,9 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     assert [(r["step"], r["trainer/skipped_steps"]) for r in rows] == [(1, 1), (2, 1)]
     assert "actor/loss" not in rows[0] and math.isfinite(rows[1]["actor/loss"])  # step 2 updated
     # The run's first sync (step 2's: step 1 had nothing to sync) is verified; rollout.verify_sync is off.
-    assert "time/verify_sync" not in rows[0] and 0 < rows[1]["time/verify_sync"] <= rows[1]["time/weight_sync"]
+    assert (
+        "time/verify_sync" not in rows[0] and 0 < rows[1]["time/verify_sync"] <= rows[1]["time/weight_sync"]
+    )
     check_updated_step(rows[1], band=True)
     check_outputs(out, 2)
     from safetensors.torch import load_file
@@ -52,5 +65,3 @@ def test_nonfinite_logprobs_skip_the_step_and_training_goes_on(tiny_model_dir, t
     assert "vLLM" in rollout_log or "vllm" in rollout_log, rollout_log[-2000:]
     # (verifier.log appears once the reward pool starts; this random model's responses have no
     # answer to grade: test_verifier_faults.py::test_pool_workers_write_to_their_log_file.)
-
-

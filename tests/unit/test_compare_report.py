@@ -22,8 +22,16 @@ def _run(folder: Path, before: float, after: float, entropy: list[float], clip_l
     key = "eval/tiny_arith_test/mean@32"
     rows = [{"step": 0, key: before}]
     for step, (ent, clip) in enumerate(zip(entropy, clip_lt), start=1):
-        rows.append({"step": step, "time/step": 1.5, "actor/entropy": ent, "actor/clip_frac_up": clip / 10,
-                     "actor/clip_frac_bin/lt0.01": clip, "actor/token_frac_bin/lt0.01": 0.02})
+        rows.append(
+            {
+                "step": step,
+                "time/step": 1.5,
+                "actor/entropy": ent,
+                "actor/clip_frac_up": clip / 10,
+                "actor/clip_frac_bin/lt0.01": clip,
+                "actor/token_frac_bin/lt0.01": 0.02,
+            }
+        )
     rows.append({"step": 2, "final": True, key: after})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -35,8 +43,9 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     _run(runs / "bandpo_d0.1-s0", 0.70, 0.72, [0.10, 0.09], [0.0, 0.0])
     reading = tmp_path / "reading.md"
     reading.write_text("GRPO gains more here; one seed of the arm.\n")
-    out = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md"),
-                                  "--reading", str(reading)])
+    out = _compare_module().main(
+        ["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--reading", str(reading)]
+    )
     text = out.read_text()
     assert "## Reading\n\nGRPO gains more here; one seed of the arm." in text
     # grpo: before 70.0 both seeds, after 75 and 77 -> 76.0 ± 1.4 (sample std of 75, 77 = sqrt(2)),
@@ -66,8 +75,9 @@ def test_shared_before_maj_and_headline(tmp_path):
     grpo = [json.loads(r) for r in (runs / "grpo-s0" / "metrics.jsonl").read_text().splitlines()]
     grpo[0]["eval/tiny_arith_test/maj@32"], grpo[-1]["eval/tiny_arith_test/maj@32"] = 0.74, 0.78
     (runs / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grpo))
-    out = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--headline",
-                                  "--title", "entropy"])
+    out = _compare_module().main(
+        ["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--headline", "--title", "entropy"]
+    )
     text = out.read_text()
     assert text.startswith("# entropy\n\n![headline](results-headline.png)")
     # columns: mean@32 before/after/delta, then maj@32 before/after/delta; bandpo's before is grpo's
@@ -84,8 +94,16 @@ def test_before_from_runs_not_reported(tmp_path):
     _run(tmp_path / "runs" / "bandpo-s0", 0.0, 0.80, [0.10, 0.09], [0.0, 0.0])
     path = tmp_path / "runs" / "bandpo-s0" / "metrics.jsonl"
     path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[1:]))
-    out = _compare_module().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "results.md"),
-                                  "--before-runs", str(tmp_path / "stopped")])
+    out = _compare_module().main(
+        [
+            "--runs",
+            str(tmp_path / "runs"),
+            "--out",
+            str(tmp_path / "results.md"),
+            "--before-runs",
+            str(tmp_path / "stopped"),
+        ]
+    )
     text = out.read_text()
     assert "| bandpo | 0 | 2/2 | 70.0 | 80.0 | 10.0 | 0.090 |" in text  # 80 - 70
     assert "| grpo |" not in text and f"`{tmp_path / 'stopped' / 'grpo-s0'}`" in text
@@ -98,8 +116,13 @@ def test_pass_at_n_follows_mean_and_maj(tmp_path):
     path = runs / "grpo-s0" / "metrics.jsonl"
     rows = [json.loads(r) for r in path.read_text().splitlines()]
     for row, (maj, pass_n) in ((rows[0], (0.74, 0.95)), (rows[-1], (0.78, 0.90))):
-        row.update({"eval/tiny_arith_test/maj@32": maj, "eval/tiny_arith_test/pass@32": pass_n,
-                    "eval/tiny_arith_test/pass@4": 0.5})
+        row.update(
+            {
+                "eval/tiny_arith_test/maj@32": maj,
+                "eval/tiny_arith_test/pass@32": pass_n,
+                "eval/tiny_arith_test/pass@4": 0.5,
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     # mean@32 70 -> 75 (+5.0), maj@32 74 -> 78 (+4.0), pass@32 95 -> 90 (-5.0)

@@ -59,37 +59,40 @@ def test_defaults_follow_the_paper():
     assert (grpo.eps_low, grpo.eps_high, ch.eps_low, ch.eps_high) == (0.2, 0.2, 0.2, 0.28)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("algorithm.band.delta=-1", "algorithm.band.delta"),
-    ("algorithm.band.divergence=js", "algorithm.band.divergence"),
-    ("rollout.n=1", "rollout.n"),
-    ("algorithm.loss_agg=mean", "algorithm.loss_agg"),
-    ("actor.zero_stage=1", "actor.zero_stage"),
-    ("actor.mini_batch_prompts=5", "actor.mini_batch_prompts"),
-    ("model.path=???", "model.path"),
-    ("rollout.backend=sglang", "rollout.backend"),
-    ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
-    ("trainer.total_steps=abc", "trainer.total_steps"),
-    ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
-    ("algorithm.tis_cap=0.5", "algorithm.tis_cap"),
-    ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
-    ("algorithm.filter_groups.max_gen_rounds=0", "algorithm.filter_groups.max_gen_rounds"),
-    ("algorithm.filter_groups.enable=yes", "algorithm.filter_groups.enable"),
-    ("algorithm.band.adaptive=entropic", "algorithm.band.adaptive"),
-    ("trainer.trace_every=-1", "trainer.trace_every"),
-    ("trainer.max_error_share=1.5", "trainer.max_error_share"),
-    ("trainer.verifier_memory_gib=0", "trainer.verifier_memory_gib"),
-    ("trainer.inject_nonfinite=loss", "trainer.inject_nonfinite"),
-    ("trainer.verifier_actors=0", "trainer.verifier_actors"),
-    ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
-    ("trainer.verifier_workers=0", "trainer.verifier_workers"),
-    ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
-    ("rollout.sleep_level=3", "rollout.sleep_level"),
-    ("rollout.weight_sync_timeout=0", "rollout.weight_sync_timeout"),
-    ("actor.bf16=yes", "actor.bf16"),
-    ("actor.bf16=1", "actor.bf16"),
-    ("model.dtype=fp8", "model.dtype"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("algorithm.band.delta=-1", "algorithm.band.delta"),
+        ("algorithm.band.divergence=js", "algorithm.band.divergence"),
+        ("rollout.n=1", "rollout.n"),
+        ("algorithm.loss_agg=mean", "algorithm.loss_agg"),
+        ("actor.zero_stage=1", "actor.zero_stage"),
+        ("actor.mini_batch_prompts=5", "actor.mini_batch_prompts"),
+        ("model.path=???", "model.path"),
+        ("rollout.backend=sglang", "rollout.backend"),
+        ("trainer.totl_steps=3", "trainer.totl_steps"),  # a misspelt key
+        ("trainer.total_steps=abc", "trainer.total_steps"),
+        ("trainer.on_nonfinite=ignore", "trainer.on_nonfinite"),
+        ("algorithm.tis_cap=0.5", "algorithm.tis_cap"),
+        ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
+        ("algorithm.filter_groups.max_gen_rounds=0", "algorithm.filter_groups.max_gen_rounds"),
+        ("algorithm.filter_groups.enable=yes", "algorithm.filter_groups.enable"),
+        ("algorithm.band.adaptive=entropic", "algorithm.band.adaptive"),
+        ("trainer.trace_every=-1", "trainer.trace_every"),
+        ("trainer.max_error_share=1.5", "trainer.max_error_share"),
+        ("trainer.verifier_memory_gib=0", "trainer.verifier_memory_gib"),
+        ("trainer.inject_nonfinite=loss", "trainer.inject_nonfinite"),
+        ("trainer.verifier_actors=0", "trainer.verifier_actors"),
+        ("trainer.verifier_actors=each_node", "trainer.verifier_actors"),
+        ("trainer.verifier_workers=0", "trainer.verifier_workers"),
+        ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
+        ("rollout.sleep_level=3", "rollout.sleep_level"),
+        ("rollout.weight_sync_timeout=0", "rollout.weight_sync_timeout"),
+        ("actor.bf16=yes", "actor.bf16"),
+        ("actor.bf16=1", "actor.bf16"),
+        ("model.dtype=fp8", "model.dtype"),
+    ],
+)
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([override])
@@ -101,9 +104,18 @@ def test_new_options_default_off_and_validate_together():
     assert cfg.algorithm.tis_cap is None and cfg.algorithm.filter_groups.enable is True
     assert compose(["model=qwen2.5-7b"]).algorithm.filter_groups.enable is False
     assert cfg.algorithm.band.adaptive == "none" and cfg.trainer.trace_every == 0
-    compose(["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=logv", "algorithm.tis_cap=2",
-             "algorithm.filter_groups.enable=true", "trainer.trace_every=5"])
-    with pytest.raises(ConfigError, match=r"algorithm\.band\.delta_max must be >= algorithm\.band\.delta_min"):
+    compose(
+        [
+            "algorithm.band.adaptive=entropy",
+            "algorithm.band.adaptive_norm=logv",
+            "algorithm.tis_cap=2",
+            "algorithm.filter_groups.enable=true",
+            "trainer.trace_every=5",
+        ]
+    )
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.band\.delta_max must be >= algorithm\.band\.delta_min"
+    ):
         compose(["algorithm.band.adaptive=entropy", "algorithm.band.delta_min=0.3"])
     with pytest.raises(ConfigError, match=r"algorithm\.band\.adaptive_norm"):
         compose(["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=zscore"])
@@ -115,17 +127,29 @@ def test_new_options_default_off_and_validate_together():
         compose([f"algorithm={algo}", "algorithm.tis_cap=2", "algorithm.filter_groups.enable=true"])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algorithm=dppo_tv", "algorithm.dual_clip=3"], r"algorithm\.dual_clip does not apply to algorithm=dppo_tv"),
-    (["algorithm=grpo", "algorithm.ratio_cap=20"], r"algorithm\.ratio_cap does not apply to algorithm=grpo"),
-    (["algorithm=cispo", "algorithm.tau_pos=1"], r"algorithm\.tau_pos does not apply to algorithm=cispo"),
-    (["algorithm=sapo", "algorithm.eps_low=0.2"], r"algorithm\.eps_low does not apply to algorithm=sapo"),
-    (["algorithm=sapo", "algorithm.tau_neg=0"], r"algorithm\.tau_neg must be > 0"),
-    (["algorithm=gspo", "algorithm.loss_agg=token-mean"], r"algorithm\.loss_agg must be seq-mean-token-mean"),
-    (["algorithm.mismatch.mode=seq"], r"algorithm\.mismatch\.mode must be one of none, token_tis"),
-    (["algorithm.mismatch.cap=0.5"], r"algorithm\.mismatch\.cap must be >= 1"),
-    (["algorithm.mismatch.mode=icepop", "algorithm.tis_cap=2"], r"algorithm\.tis_cap is token-level TIS"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["algorithm=dppo_tv", "algorithm.dual_clip=3"],
+            r"algorithm\.dual_clip does not apply to algorithm=dppo_tv",
+        ),
+        (
+            ["algorithm=grpo", "algorithm.ratio_cap=20"],
+            r"algorithm\.ratio_cap does not apply to algorithm=grpo",
+        ),
+        (["algorithm=cispo", "algorithm.tau_pos=1"], r"algorithm\.tau_pos does not apply to algorithm=cispo"),
+        (["algorithm=sapo", "algorithm.eps_low=0.2"], r"algorithm\.eps_low does not apply to algorithm=sapo"),
+        (["algorithm=sapo", "algorithm.tau_neg=0"], r"algorithm\.tau_neg must be > 0"),
+        (
+            ["algorithm=gspo", "algorithm.loss_agg=token-mean"],
+            r"algorithm\.loss_agg must be seq-mean-token-mean",
+        ),
+        (["algorithm.mismatch.mode=seq"], r"algorithm\.mismatch\.mode must be one of none, token_tis"),
+        (["algorithm.mismatch.cap=0.5"], r"algorithm\.mismatch\.cap must be >= 1"),
+        (["algorithm.mismatch.mode=icepop", "algorithm.tis_cap=2"], r"algorithm\.tis_cap is token-level TIS"),
+    ],
+)
 def test_rival_and_mismatch_options_are_refused_by_name(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose(overrides)
@@ -137,18 +161,40 @@ def _message(build) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("overrides, build, names", [
-    (["algorithm.dual_clip=0.5"], partial(LossOptions, dual_clip=0.5), {"dual_clip": "algorithm.dual_clip"}),
-    (["algorithm=dppo_kl", "algorithm.ratio_cap=0.0"],
-     partial(LossOptions, algorithm="dppo_kl", dual_clip=None, ratio_cap=0.0), {"ratio_cap": "algorithm.ratio_cap"}),
-    (["algorithm=grpo", "algorithm.ratio_cap=2.0"], partial(LossOptions, algorithm="grpo", ratio_cap=2.0),
-     {"ratio_cap": "algorithm.ratio_cap"}),
-    (["algorithm.band.upper_cap=0.5"], partial(check_upper_cap, 0.5), {"band upper_cap": "algorithm.band.upper_cap"}),
-    (["actor.lora.rank=4", "actor.zero_stage=3"], partial(check_zero_stage, 3), {}),
-    (["actor.padding_free=false", "actor.share_prompts=false", "actor.max_tokens_per_micro_batch=8"],
-     partial(check_micro_batch_tokens, 8, False),
-     {"max_tokens_per_micro_batch": "actor.max_tokens_per_micro_batch", "padding_free": "actor.padding_free"}),
-])
+@pytest.mark.parametrize(
+    "overrides, build, names",
+    [
+        (
+            ["algorithm.dual_clip=0.5"],
+            partial(LossOptions, dual_clip=0.5),
+            {"dual_clip": "algorithm.dual_clip"},
+        ),
+        (
+            ["algorithm=dppo_kl", "algorithm.ratio_cap=0.0"],
+            partial(LossOptions, algorithm="dppo_kl", dual_clip=None, ratio_cap=0.0),
+            {"ratio_cap": "algorithm.ratio_cap"},
+        ),
+        (
+            ["algorithm=grpo", "algorithm.ratio_cap=2.0"],
+            partial(LossOptions, algorithm="grpo", ratio_cap=2.0),
+            {"ratio_cap": "algorithm.ratio_cap"},
+        ),
+        (
+            ["algorithm.band.upper_cap=0.5"],
+            partial(check_upper_cap, 0.5),
+            {"band upper_cap": "algorithm.band.upper_cap"},
+        ),
+        (["actor.lora.rank=4", "actor.zero_stage=3"], partial(check_zero_stage, 3), {}),
+        (
+            ["actor.padding_free=false", "actor.share_prompts=false", "actor.max_tokens_per_micro_batch=8"],
+            partial(check_micro_batch_tokens, 8, False),
+            {
+                "max_tokens_per_micro_batch": "actor.max_tokens_per_micro_batch",
+                "padding_free": "actor.padding_free",
+            },
+        ),
+    ],
+)
 def test_config_and_the_mechanism_refuse_with_the_same_rule(overrides, build, names):
     """A rule is written once, next to the mechanism: the config's error is the mechanism's own, naming the key."""
     with pytest.raises(ConfigError) as e:
@@ -160,24 +206,55 @@ def test_config_and_the_mechanism_refuse_with_the_same_rule(overrides, build, na
 
 
 def test_mismatch_options_reach_the_loss():
-    o = loss_options(compose(["algorithm=dppo_kl", "algorithm.mismatch.mode=seq_mis", "algorithm.mismatch.cap=3",
-                              "algorithm.ratio_cap=20"]))
-    assert (o.algorithm, o.mismatch, o.mismatch_cap, o.ratio_cap, o.tis_cap) == ("dppo_kl", "seq_mis", 3.0, 20.0, None)
+    o = loss_options(
+        compose(
+            [
+                "algorithm=dppo_kl",
+                "algorithm.mismatch.mode=seq_mis",
+                "algorithm.mismatch.cap=3",
+                "algorithm.ratio_cap=20",
+            ]
+        )
+    )
+    assert (o.algorithm, o.mismatch, o.mismatch_cap, o.ratio_cap, o.tis_cap) == (
+        "dppo_kl",
+        "seq_mis",
+        3.0,
+        20.0,
+        None,
+    )
     assert loss_options(compose(["algorithm=sapo"])).tau_neg == 1.05
 
 
-@pytest.mark.parametrize("override", ["trainer.verifier_timout=3", "+trainer.verifier_timout=3",
-                                      "++trainer.verifier_timout=3", "~trainer.verifier_timout"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.verifier_timout=3",
+        "+trainer.verifier_timout=3",
+        "++trainer.verifier_timout=3",
+        "~trainer.verifier_timout",
+    ],
+)
 def test_unknown_keys_are_refused_in_every_form_with_the_closest_key(override):
     # Hydra itself adds unknown keys on +k= / ++k=: a misspelt option would be silently ignored.
-    with pytest.raises(ConfigError, match=r"trainer\.verifier_timout is not a config key .*did you mean "
-                                          r"trainer\.verifier_timeout\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer\.verifier_timout is not a config key .*did you mean "
+        r"trainer\.verifier_timeout\?",
+    ):
         compose([override])
 
 
 def test_known_keys_in_every_form_and_group_choices_still_compose():
-    cfg = compose(["++trainer.seed=3", "model=qwen2.5-3b", "data=jsonl", "data.train.0.path=/tmp/x.jsonl",
-                   "trainer.total_steps=7"])
+    cfg = compose(
+        [
+            "++trainer.seed=3",
+            "model=qwen2.5-3b",
+            "data=jsonl",
+            "data.train.0.path=/tmp/x.jsonl",
+            "trainer.total_steps=7",
+        ]
+    )
     assert (cfg.trainer.seed, cfg.trainer.total_steps, cfg.data.train[0].path) == (3, 7, "/tmp/x.jsonl")
     with pytest.raises(ConfigError, match="zzz is not a config key"):
         compose(["+zzz=1"])
@@ -200,13 +277,22 @@ def test_train_sh_fails_fast_on_bad_override():
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    cases = [("algorithm=foo", "algorithm"), ("algorithm.band.delta=-1", "algorithm.band.delta"),
-             ("rollout.n=1", "rollout.n"), ("model.path=/nonexistent/model", "model.path")]
+    cases = [
+        ("algorithm=foo", "algorithm"),
+        ("algorithm.band.delta=-1", "algorithm.band.delta"),
+        ("rollout.n=1", "rollout.n"),
+        ("model.path=/nonexistent/model", "model.path"),
+    ]
 
     def run(override):
         extra = ["model.build=null"] if "model.path" in override else []
-        return subprocess.run([sys.executable, "-m", "bandpo.train", override, *extra], capture_output=True,
-                              text=True, cwd=ROOT, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "bandpo.train", override, *extra],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
 
     with ThreadPoolExecutor(len(cases)) as pool:
         outs = list(pool.map(run, [o for o, _ in cases]))

@@ -38,7 +38,9 @@ def _parse(config: dict, world_size: int, monkeypatch):
     """DeepSpeed's parser on ``config`` as rank 0 of ``world_size`` (no process group needed)."""
     import deepspeed.runtime.config as ds_config
 
-    monkeypatch.setattr(ds_config, "dist", types.SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: world_size))
+    monkeypatch.setattr(
+        ds_config, "dist", types.SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: world_size)
+    )
     return ds_config.DeepSpeedConfig(config)
 
 
@@ -47,9 +49,14 @@ def _gpu_config(model: str) -> tuple[dict, int]:
     cfg = compose([f"model={model}"])
     ac, world = cfg.actor, int(cfg.actor.num_workers)
     mini = int(ac.mini_batch_prompts) * int(cfg.rollout.n)
-    given = dict(zero_stage=int(ac.zero_stage), micro_batch_size=int(ac.micro_batch_size),
-                 grad_accum=grad_accum_steps(mini, int(ac.micro_batch_size), world), world_size=world,
-                 grad_clip=float(ac.grad_clip), bf16=True)
+    given = dict(
+        zero_stage=int(ac.zero_stage),
+        micro_batch_size=int(ac.micro_batch_size),
+        grad_accum=grad_accum_steps(mini, int(ac.micro_batch_size), world),
+        world_size=world,
+        grad_clip=float(ac.grad_clip),
+        bf16=True,
+    )
     params = inspect.signature(build_ds_config).parameters
     # options added later keep their defaults here; the parser still sees every key they produce
     return build_ds_config(**{k: v for k, v in given.items() if k in params}), world
@@ -59,7 +66,10 @@ def _gpu_config(model: str) -> tuple[dict, int]:
 def test_contract_training_config_parses(model, monkeypatch):
     config, world = _gpu_config(model)
     parsed = _parse(config, world, monkeypatch)
-    assert parsed.zero_optimization_stage == config["zero_optimization"]["stage"] and parsed.bfloat16_config.enabled
+    assert (
+        parsed.zero_optimization_stage == config["zero_optimization"]["stage"]
+        and parsed.bfloat16_config.enabled
+    )
     assert parsed.train_batch_size == config["train_batch_size"]
     assert sorted(set(config) - _known_keys()) == []
     from deepspeed.runtime.config import DtypeEnum
@@ -88,13 +98,17 @@ def test_contract_engine_attributes_and_methods():
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     # The actor ranks' engine: bandpo/actor, and its checkpoints in bandpo/checkpoint (ActorCheckpoints).
-    used = attributes_of("self.engine", under="bandpo/actor") | attributes_of("self.engine", under="bandpo/checkpoint")
+    used = attributes_of("self.engine", under="bandpo/actor") | attributes_of(
+        "self.engine", under="bandpo/checkpoint"
+    )
     source = inspect.getsource(DeepSpeedEngine)  # instance attributes: assigned in its methods
 
     def set_by_engine(a):
         return f"self.{a} =" in source or f"self.__dict__['{a}'] =" in source
 
     assert [a for a in sorted(used) if not hasattr(DeepSpeedEngine, a) and not set_by_engine(a)] == []
-    calls = method_calls("self.engine", under="bandpo/actor") + method_calls("self.engine", under="bandpo/checkpoint")
+    calls = method_calls("self.engine", under="bandpo/actor") + method_calls(
+        "self.engine", under="bandpo/checkpoint"
+    )
     assert {"backward", "step", "save_checkpoint", "load_checkpoint"} <= {c.target for c in calls}
     assert bind_errors(calls, owner=DeepSpeedEngine) == ([], len(calls))

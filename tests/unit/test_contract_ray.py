@@ -36,8 +36,16 @@ PLANS = {
     "colocated-tp1": (["model=qwen2.5-3b"], ClusterShape(1, 8)),
     "colocated-tp2": (["model=qwen2.5-7b"], ClusterShape(1, 8)),
     "two-nodes": (["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"], ClusterShape(2, 8)),
-    "split": (["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4",
-               "rollout.num_workers=2"], ClusterShape(1, 8)),
+    "split": (
+        [
+            "model=qwen2.5-7b",
+            "actor.gpus=4",
+            "rollout.gpus=4",
+            "actor.num_workers=4",
+            "rollout.num_workers=2",
+        ],
+        ClusterShape(1, 8),
+    ),
 }
 
 
@@ -46,8 +54,11 @@ def test_contract_ray_functions_called_in_bandpo():
     errors, bound = bind_errors(calls)
     assert errors == []
     assert bound >= 30, len(calls)
-    strategies = [c.constants["strategy"] for c in calls
-                  if c.target.endswith("placement_group.placement_group") and "strategy" in c.constants]
+    strategies = [
+        c.constants["strategy"]
+        for c in calls
+        if c.target.endswith("placement_group.placement_group") and "strategy" in c.constants
+    ]
     assert strategies and set(strategies) <= VALID_PLACEMENT_GROUP_STRATEGIES
 
 
@@ -88,8 +99,11 @@ def test_contract_worker_options_pass_rays_validation(name):
     for o in opts:
         _Actor.options(**o)
     # string strategies: those ray.remote's signature allows
-    allowed = {a for sig in typing.get_overloads(ray._private.worker.remote)
-               for a in _literals(typing.get_type_hints(sig).get("scheduling_strategy"))}
+    allowed = {
+        a
+        for sig in typing.get_overloads(ray._private.worker.remote)
+        for a in _literals(typing.get_type_hints(sig).get("scheduling_strategy"))
+    }
     assert {o["scheduling_strategy"] for o in opts if isinstance(o["scheduling_strategy"], str)} <= allowed
 
 
@@ -110,7 +124,9 @@ def test_contract_ray_init_options(logs, ship_code):
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env["env_vars"].items())
     if logs:
         assert callable(resolve(env["worker_process_setup_hook"]))
-        assert Path(next(iter(v for k, v in env["env_vars"].items() if k == "BANDPO_WORKER_LOG"))).is_absolute()
+        assert Path(
+            next(iter(v for k, v in env["env_vars"].items() if k == "BANDPO_WORKER_LOG"))
+        ).is_absolute()
 
 
 def test_contract_noset_variable_is_rays_and_vllms():
@@ -119,6 +135,9 @@ def test_contract_noset_variable_is_rays_and_vllms():
     assert NOSET_ENV == NOSET_CUDA_VISIBLE_DEVICES_ENV_VAR
     # vLLM's CUDA platform cannot be imported by a CPU build of vLLM: read its class attribute from the source.
     source = Path(importlib.util.find_spec("vllm").submodule_search_locations[0]) / "platforms" / "cuda.py"
-    listed = [ast.literal_eval(node.value) for node in ast.walk(ast.parse(source.read_text()))
-              if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "ray_noset_device_env_vars"]
+    listed = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "ray_noset_device_env_vars"
+    ]
     assert listed and all(NOSET_ENV in v for v in listed)

@@ -30,8 +30,12 @@ from bandpo.rollout.vllm_engine import EXTENSION, VllmEngine, llm_kwargs, sampli
 from bandpo.trainer.launch import rollout_engine_kwargs
 from tests.helpers.contract import bind_errors, library_calls, method_calls, resolve
 
-GPU_CONFIGS = [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"],
-               ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]]
+GPU_CONFIGS = [
+    ["model=qwen2.5-3b"],
+    ["model=qwen2.5-7b"],
+    ["model=llama3-8b"],
+    ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +118,9 @@ def test_contract_vllm_functions_called_in_bandpo(vllm):
 
 def test_contract_llm_methods_called_by_the_engine(vllm):
     calls = method_calls("self.llm", under="bandpo/rollout")
-    assert {"generate", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "update_weights"} <= \
-        {c.target for c in calls}
+    assert {"generate", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "update_weights"} <= {
+        c.target for c in calls
+    }
     assert bind_errors(calls, owner=vllm.LLM) == ([], len(calls))
 
 
@@ -173,8 +178,12 @@ def test_contract_wake_up_tags_are_vllms_memory_pool_tags(vllm):
 def test_contract_sampling_params(vllm, seed):
     from bandpo.types import SamplingParams
 
-    kw = sampling_kwargs(SamplingParams(n=4, temperature=0.9, top_p=0.95, top_k=20, max_tokens=16, seed=seed),
-                         prompt_len=10, i=3, max_model_len=64)
+    kw = sampling_kwargs(
+        SamplingParams(n=4, temperature=0.9, top_p=0.95, top_k=20, max_tokens=16, seed=seed),
+        prompt_len=10,
+        i=3,
+        max_model_len=64,
+    )
     params = vllm.SamplingParams(**kw)
     assert (params.n, params.max_tokens, params.seed) == (4, 16, None if seed is None else seed + 3 * 4)
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py")
+_spec = importlib.util.spec_from_file_location(
+    "gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py"
+)
 smoke = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(smoke)
 _spec = importlib.util.spec_from_file_location(
@@ -46,6 +48,9 @@ def test_mfu_is_six_params_tokens_over_time_and_peak():
 
 def test_logprob_tolerance_follows_the_unit_roundoff():
     # bf16: 2 * 2^-8 * (1 + 9) * sqrt(2 * 28) = 0.5846...; fp32 adds sqrt(H) to 2^-24's bound
-    assert checks.logprob_tolerance("bfloat16", 9.0, 28, 1536) == pytest.approx(2 * 2**-8 * 10 * math.sqrt(56))
-    assert checks.logprob_tolerance("float32", 9.0, 28, 1536) == pytest.approx(2 * 2**-24 * 10 * math.sqrt(56)
-                                                                               * math.sqrt(1536))
+    assert checks.logprob_tolerance("bfloat16", 9.0, 28, 1536) == pytest.approx(
+        2 * 2**-8 * 10 * math.sqrt(56)
+    )
+    assert checks.logprob_tolerance("float32", 9.0, 28, 1536) == pytest.approx(
+        2 * 2**-24 * 10 * math.sqrt(56) * math.sqrt(1536)
+    )

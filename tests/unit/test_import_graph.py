@@ -53,8 +53,10 @@ def _ours(name: str) -> bool:
 @functools.cache  # parsed once for all the tests here
 def import_graph() -> dict[str, set[str]]:
     modules = module_files()
-    return {name: imported(ast.parse(path.read_text(), str(path)), modules) - {name}
-            for name, path in modules.items()}
+    return {
+        name: imported(ast.parse(path.read_text(), str(path)), modules) - {name}
+        for name, path in modules.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -71,7 +73,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif not state.get(nxt) and nxt in graph:
                 state[nxt] = 1
                 path.append(nxt)

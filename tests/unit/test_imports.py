@@ -41,6 +41,8 @@ print('ok')
 def test_config_plan_and_actor_import_with_torch_and_deepspeed_alone():
     # What scripts/gpu_smoke.py needs: a lent GPU machine has torch, transformers and carried DeepSpeed,
     # Hydra wheels, but no Ray, vLLM or verifier (too large to carry, or not needed to train).
-    out = subprocess.run([sys.executable, "-c", GPU_SMOKE_IMPORTS], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", GPU_SMOKE_IMPORTS], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")

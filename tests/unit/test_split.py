@@ -11,4 +11,3 @@ def test_split_evenly():
     assert split_evenly(0, 2) == [(0, 0), (0, 0)]
     with pytest.raises(ValueError, match="at least one worker"):
         split_evenly(3, 0)
-

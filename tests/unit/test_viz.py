@@ -25,10 +25,19 @@ def test_band_curves_hold_the_reference_bounds():
 
 def _metrics(path, shift=0.0):
     rows = [{"step": 0, "eval/x/mean@4": 0.2}]
-    rows += [{"step": s, "reward/mean": -0.5 + 0.1 * s + shift, "reward/accuracy": 0.25 + 0.05 * s,
-              "actor/entropy": 1.0 - 0.1 * s, "actor/clip_frac_up": 0.01, "actor/clip_frac_bin/lt0.01": 0.0,
-              "time/step": float("nan")} for s in (1, 2, 3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 4, \"cut off")
+    rows += [
+        {
+            "step": s,
+            "reward/mean": -0.5 + 0.1 * s + shift,
+            "reward/accuracy": 0.25 + 0.05 * s,
+            "actor/entropy": 1.0 - 0.1 * s,
+            "actor/clip_frac_up": 0.01,
+            "actor/clip_frac_bin/lt0.01": 0.0,
+            "time/step": float("nan"),
+        }
+        for s in (1, 2, 3)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 4, "cut off')
     return path
 
 
@@ -44,7 +53,9 @@ def test_read_and_select_skip_cut_lines_and_non_numbers(tmp_path):
 
 def test_plots_write_pngs(tmp_path):
     a, b = _metrics(tmp_path / "a.jsonl"), _metrics(tmp_path / "b.jsonl", shift=0.2)
-    for out in (plot_run_metrics(a, tmp_path / "run.png"), plot_compare({"grpo": [a, b], "bandpo": a},
-                                                                          tmp_path / "cmp.png"),
-                main(["band", "--delta", "0.05", "--out", str(tmp_path / "band.png")])):
+    for out in (
+        plot_run_metrics(a, tmp_path / "run.png"),
+        plot_compare({"grpo": [a, b], "bandpo": a}, tmp_path / "cmp.png"),
+        main(["band", "--delta", "0.05", "--out", str(tmp_path / "band.png")]),
+    ):
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -30,7 +30,9 @@ def read_metrics(run: Path) -> list[dict]:
 
 def check_steps(rows: list[dict], reference: list[dict], total_steps: int) -> list[str]:
     """Training steps 1..total exactly once and in order; eval-only rows (step 0, ``final``) as in the reference."""
-    out = [f"metrics.jsonl has an unparsable line: {r['unparsable'][:80]!r}" for r in rows if "unparsable" in r]
+    out = [
+        f"metrics.jsonl has an unparsable line: {r['unparsable'][:80]!r}" for r in rows if "unparsable" in r
+    ]
     train = [r.get("step") for r in rows if is_train_row(r)]
     if train != list(range(1, total_steps + 1)):
         out.append(f"metrics.jsonl training steps are {train}, expected 1..{total_steps} once each")
@@ -40,8 +42,9 @@ def check_steps(rows: list[dict], reference: list[dict], total_steps: int) -> li
     return out
 
 
-def check_step_metrics(rows: list[dict], reference: list[dict], keys=DEFAULT_KEYS, rel: float = 1e-4,
-                       abs_tol: float = 1e-6) -> list[str]:
+def check_step_metrics(
+    rows: list[dict], reference: list[dict], keys=DEFAULT_KEYS, rel: float = 1e-4, abs_tol: float = 1e-6
+) -> list[str]:
     """Per training step, ``keys`` within ``rel`` (plus ``abs_tol`` near zero) of the reference's."""
     ref = {r["step"]: r for r in reference if is_train_row(r)}
     out = []
@@ -81,10 +84,14 @@ def check_weights(run: Path, reference: Path, tol: float = 1e-6) -> tuple[list[s
     if not a or not b:
         return [f"no final weights to compare ({where} vs {ref_where})"], math.nan
     if a.keys() != b.keys():
-        return [f"{where} and {ref_where} hold different tensors: {sorted(a.keys() ^ b.keys())[:5]}"], math.nan
+        return [
+            f"{where} and {ref_where} hold different tensors: {sorted(a.keys() ^ b.keys())[:5]}"
+        ], math.nan
     diff = max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
     bad = not diff <= tol  # NaN counts as a difference
-    return ([f"final weights differ from the uninterrupted run's by {diff:.3g} (max abs) > {tol}"] if bad else []), diff
+    return (
+        [f"final weights differ from the uninterrupted run's by {diff:.3g} (max abs) > {tol}"] if bad else []
+    ), diff
 
 
 def latest_folder(run: Path) -> Path | None:
@@ -117,8 +124,11 @@ def leftovers(run: Path) -> list[str]:
     """Temporary or half-written files and folders under ``run`` (wandb's own folder aside):
     ``.tmp-step_*`` (run checkpoints), ``*.tmp`` (actor staging, HF export, metrics rewrite),
     ``.latest.tmp-*`` (pointer), ``*.old`` (a replaced checkpoint)."""
-    found = [p for p in run.rglob("*") if "wandb" not in p.relative_to(run).parts
-             and (".tmp" in p.name or p.name.endswith(".old"))]
+    found = [
+        p
+        for p in run.rglob("*")
+        if "wandb" not in p.relative_to(run).parts and (".tmp" in p.name or p.name.endswith(".old"))
+    ]
     return [f"left behind: {p.relative_to(run)}" for p in sorted(found)]
 
 

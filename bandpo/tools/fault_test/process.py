@@ -24,8 +24,9 @@ class Session:
     def __init__(self, cmd: list[str], log_path: Path, cwd: Path, env: dict[str, str]):
         self.log_path = log_path
         with open(log_path, "w") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.sid = self.proc.pid
         self.started = time.monotonic()
         self._seen: dict[int, psutil.Process] = {}

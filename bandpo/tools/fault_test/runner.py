@@ -52,13 +52,19 @@ class FaultTest:
     def __init__(self, opts: Options):
         bad = [o for o in opts.overrides if o.lstrip("+~").split("=", 1)[0] in RESERVED]
         if bad:
-            raise ValueError(f"fault test: {', '.join(bad)} cannot be overridden (the fault test sets "
-                             f"{' and '.join(RESERVED[:2])} itself, and needs a local Ray instance it can kill)")
+            raise ValueError(
+                f"fault test: {', '.join(bad)} cannot be overridden (the fault test sets "
+                f"{' and '.join(RESERVED[:2])} itself, and needs a local Ray instance it can kill)"
+            )
         if opts.kills < 1:
             raise ValueError(f"fault test: --kills must be >= 1, got {opts.kills}")
         self.opts = opts
         self.out = opts.out.resolve()
-        self.reference, self.killed, self.logs = self.out / "reference", self.out / "killed", self.out / "logs"
+        self.reference, self.killed, self.logs = (
+            self.out / "reference",
+            self.out / "killed",
+            self.out / "logs",
+        )
         self.rng = random.Random(opts.seed)
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.violations: list[str] = []
@@ -81,8 +87,9 @@ class FaultTest:
         step_s = statistics.median([r["time/step"] for r in ref_rows if "time/step" in r] or [1.0])
 
         t1 = time.monotonic()
-        attempts, completed = self._run_with_kills(self._plan(save_every), _saves(total, save_every),
-                                                   first_step_s, step_s)
+        attempts, completed = self._run_with_kills(
+            self._plan(save_every), _saves(total, save_every), first_step_s, step_s
+        )
         killed_s = time.monotonic() - t1
         if not completed:  # reported; nothing to compare
             return self._report(ref_s, killed_s, [], attempts)
@@ -99,7 +106,9 @@ class FaultTest:
         self.violations += checks.leftovers(self.killed)
         if save_every and not any(k.mid_checkpoint for k in self.kill_log):
             self.violations.append("no kill landed while a checkpoint was being written")
-        self.violations += [f"{p} left in /dev/shm by a killed driver" for p in driver_weight_files(self.pids)]
+        self.violations += [
+            f"{p} left in /dev/shm by a killed driver" for p in driver_weight_files(self.pids)
+        ]
         return self._report(ref_s, killed_s, rows, attempts, diff)
 
     def _plan(self, save_every: int) -> list[str]:
@@ -126,15 +135,21 @@ class FaultTest:
                 first_step_s = session.elapsed()
             time.sleep(0.5)
         if session.poll() is None:
-            self.violations.append(f"the uninterrupted run did not finish in {self.opts.attempt_timeout_s:.0f} s")
+            self.violations.append(
+                f"the uninterrupted run did not finish in {self.opts.attempt_timeout_s:.0f} s"
+            )
             session.kill()
         elif session.poll() != 0:
-            self.violations.append(f"the uninterrupted run failed (exit {session.poll()}); see {session.log_path}:\n"
-                                   + _last_lines(session.log_path))
+            self.violations.append(
+                f"the uninterrupted run failed (exit {session.poll()}); see {session.log_path}:\n"
+                + _last_lines(session.log_path)
+            )
         self.violations += [f"orphan after the uninterrupted run exited: {p}" for p in session.leftovers()]
         return first_step_s or session.elapsed()
 
-    def _run_with_kills(self, plan: list[str], saves: int, first_step_s: float, step_s: float) -> tuple[int, bool]:
+    def _run_with_kills(
+        self, plan: list[str], saves: int, first_step_s: float, step_s: float
+    ) -> tuple[int, bool]:
         """Attempts of the killed run until one exits; returns how many there were and whether it succeeded."""
         attempt = 0
         while attempt <= self.opts.kills + 1:
@@ -150,18 +165,27 @@ class FaultTest:
                     except subprocess.TimeoutExpired:
                         pass  # reported just below
                 if session.poll() is None:
-                    self.violations.append(f"attempt {attempt} did not finish in {self.opts.attempt_timeout_s:.0f} s")
+                    self.violations.append(
+                        f"attempt {attempt} did not finish in {self.opts.attempt_timeout_s:.0f} s"
+                    )
                     session.kill()
                     return attempt, False
                 self._check_resume(session, attempt, latest_at_start)
                 if session.poll() != 0:
-                    self.violations.append(f"attempt {attempt} failed (exit {session.poll()}); see "
-                                           f"{session.log_path}:\n" + _last_lines(session.log_path))
-                self.violations += [f"orphan after attempt {attempt} exited: {p}" for p in session.leftovers()]
+                    self.violations.append(
+                        f"attempt {attempt} failed (exit {session.poll()}); see "
+                        f"{session.log_path}:\n" + _last_lines(session.log_path)
+                    )
+                self.violations += [
+                    f"orphan after attempt {attempt} exited: {p}" for p in session.leftovers()
+                ]
                 return attempt, session.poll() == 0
             self.kill_log.append(kill)
-            print(f"[fault_test] attempt {attempt}: killed {kill.detail} ({kill.at_s:.1f} s in); "
-                  f"latest = {kill.latest}", flush=True)
+            print(
+                f"[fault_test] attempt {attempt}: killed {kill.detail} ({kill.at_s:.1f} s in); "
+                f"latest = {kill.latest}",
+                flush=True,
+            )
             self._check_resume(session, attempt, latest_at_start)
             self.violations += [f"attempt {attempt}: still alive after SIGKILL: {p}" for p in kill.survivors]
             if mode == "checkpoint" and not kill.mid_checkpoint and plan:
@@ -169,8 +193,9 @@ class FaultTest:
         self.violations.append(f"the killed run did not complete within {attempt} attempts")
         return attempt, False
 
-    def _kill_when(self, session: Session, mode: str, attempt: int, saves: int, first_step_s: float,
-                   step_s: float) -> Kill | None:
+    def _kill_when(
+        self, session: Session, mode: str, attempt: int, saves: int, first_step_s: float, step_s: float
+    ) -> Kill | None:
         """Wait for the moment ``mode`` picks, then kill the session; None if it exited first."""
         ckpt = self.killed / "checkpoints"
         suffix = f"-{session.pid}"  # CheckpointManager names its temp folder after the driver's pid
@@ -183,7 +208,9 @@ class FaultTest:
                 return None
             now = session.elapsed()
             if now > self.opts.attempt_timeout_s:
-                self.violations.append(f"attempt {attempt} did not finish in {self.opts.attempt_timeout_s:.0f} s")
+                self.violations.append(
+                    f"attempt {attempt} did not finish in {self.opts.attempt_timeout_s:.0f} s"
+                )
                 session.kill()
                 return None
             if mode == "checkpoint":
@@ -219,12 +246,20 @@ class FaultTest:
         started = session.poll() == 0 or STEP_LINE.search(text) is not None
         got = Path(resumed.group(1)).name if resumed else None
         if (resumed or started) and got != latest_at_start:
-            self.violations.append(f"attempt {attempt} resumed from {got or 'nothing'}, but checkpoints/latest "
-                                   f"named {latest_at_start or 'nothing'} when it started")
+            self.violations.append(
+                f"attempt {attempt} resumed from {got or 'nothing'}, but checkpoints/latest "
+                f"named {latest_at_start or 'nothing'} when it started"
+            )
 
     # ------------------------------------------------------------------ report
-    def _report(self, ref_s: float, killed_s: float, rows: list[dict], attempts: int, diff: float = float("nan"),
-                ) -> dict:
+    def _report(
+        self,
+        ref_s: float,
+        killed_s: float,
+        rows: list[dict],
+        attempts: int,
+        diff: float = float("nan"),
+    ) -> dict:
         report = {
             "passed": not self.violations,
             "violations": self.violations,
@@ -242,16 +277,26 @@ class FaultTest:
 
 
 def summary(report: dict) -> str:
-    lines = [(f"fault test: {len(report['kills'])} kills over {report['attempts']} attempts; "
-              f"uninterrupted run {report['reference_s']} s, killed run {report['killed_run_s']} s")]
+    lines = [
+        (
+            f"fault test: {len(report['kills'])} kills over {report['attempts']} attempts; "
+            f"uninterrupted run {report['reference_s']} s, killed run {report['killed_run_s']} s"
+        )
+    ]
     if report["attempts"] and len(report["kills"]) < report["kills_requested"]:
-        lines.append(f"  ({report['kills_requested'] - len(report['kills'])} planned kills did not happen: "
-                     f"the run ended first)")
+        lines.append(
+            f"  ({report['kills_requested'] - len(report['kills'])} planned kills did not happen: "
+            f"the run ended first)"
+        )
     for k in report["kills"]:
         where = " [mid-checkpoint]" if k["mid_checkpoint"] else ""
-        lines.append(f"  attempt {k['attempt']}: {k['mode']:<10} killed {k['detail']} at {k['at_s']:.1f} s{where}; "
-                     f"latest = {k['latest']}")
-    lines.append(f"  steps logged: {report['steps_logged']}; final weights max abs diff: {report['max_weight_diff']:.3g}")
+        lines.append(
+            f"  attempt {k['attempt']}: {k['mode']:<10} killed {k['detail']} at {k['at_s']:.1f} s{where}; "
+            f"latest = {k['latest']}"
+        )
+    lines.append(
+        f"  steps logged: {report['steps_logged']}; final weights max abs diff: {report['max_weight_diff']:.3g}"
+    )
     lines += [f"  VIOLATION: {v}" for v in report["violations"]]
     failed = f"FAILED ({len(report['violations'])} violations); logs in {report['logs']}"
     lines.append("PASSED" if report["passed"] else failed)

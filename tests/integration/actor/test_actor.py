@@ -81,8 +81,13 @@ def test_update_moves_logprobs_with_the_advantage_sign(tiny_model_dir):
 )
 def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, algorithm, agg):
     # upper_cap is the band's (and dcpo's) option: the other algorithms refuse it by name.
-    loss_options = replace(BANDPO, algorithm=algorithm, agg=agg, kl_coef=0.01,
-                           upper_cap=BANDPO.upper_cap if algorithm == "bandpo" else None)
+    loss_options = replace(
+        BANDPO,
+        algorithm=algorithm,
+        agg=agg,
+        kl_coef=0.01,
+        upper_cap=BANDPO.upper_cap if algorithm == "bandpo" else None,
+    )
     results = []
     for micro in (1, 4):  # 4 vs 1 micro-batches per optimizer step, 2 optimizer steps
         actor = new_actor(tiny_model_dir, mini_batch_size=4, micro_batch_size=micro, ref_model=True)
@@ -158,7 +163,9 @@ def test_zero3_matches_zero2_for_one_step(tiny_model_dir, tmp_path):
     from bandpo.shm.weight_files import read_weights_shm
 
     metas = actor.publish_weights_shm({0: str(tmp_path / "w.bin")})
-    torch.testing.assert_close(dict(read_weights_shm(str(tmp_path / "w.bin"), metas)), weights[3], atol=0, rtol=0)
+    torch.testing.assert_close(
+        dict(read_weights_shm(str(tmp_path / "w.bin"), metas)), weights[3], atol=0, rtol=0
+    )
 
     actor.export_hf(str(tmp_path / "hf3"))
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf3"), dtype=torch.float32)
@@ -200,8 +207,9 @@ def test_update_refuses_nonfinite_inputs_naming_them(tiny_model_dir):
     batch = make_train_batch(actor, 8, seed=52)
     pad_row, pad_col = (batch.response_mask == 0).nonzero()[0].tolist()
     for name, where in (("advantages", (3,)), ("old_logprobs", (pad_row, pad_col))):  # padding counts too
-        bad = TrainBatch.from_rollout(batch, advantages=batch.advantages.clone(),
-                                      old_logprobs=batch.old_logprobs.clone())
+        bad = TrainBatch.from_rollout(
+            batch, advantages=batch.advantages.clone(), old_logprobs=batch.old_logprobs.clone()
+        )
         getattr(bad, name)[where] = float("nan")
         with pytest.raises(ValueError, match=f"batch.{name} holds NaN/inf"):
             actor.update(bad, BANDPO)
@@ -239,5 +247,7 @@ def test_checkpoint_shard_holding_code_is_refused(tiny_model_dir, tmp_path, zero
     with pytest.raises(UnsafeCheckpoint) as e:
         actor.load_checkpoint(str(tmp_path / "ckpt"))
     msg = str(e.value)
-    assert len(msg.splitlines()) == 1 and msg.startswith(f"unsafe checkpoint: {optim} holds pickled code (posix.mkdir)")
+    assert len(msg.splitlines()) == 1 and msg.startswith(
+        f"unsafe checkpoint: {optim} holds pickled code (posix.mkdir)"
+    )
     assert not (tmp_path / "pwned").exists()

@@ -30,14 +30,18 @@ def _master_and_adam_dtypes(actor) -> set[torch.dtype]:
     """dtypes of the ZeRO optimizer's master weights (ZeRO-2 / ZeRO-3 name them differently) and Adam's moments."""
     opt = actor.engine.optimizer
     masters = getattr(opt, "single_partition_of_fp32_groups", None) or opt.fp32_partitioned_groups_flat
-    moments = [t for state in opt.optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()]
+    moments = [
+        t for state in opt.optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()
+    ]
     return {t.dtype for t in [*masters, *moments]}
 
 
 def _step_with_advantage_one(run, rb):
     """``run(method, *args)`` on an actor or a group: old log-probs, one update with A = 1, new log-probs."""
     old, ent = run("compute_logprobs", rb, True)
-    metrics = run("update", TrainBatch.from_rollout(rb, advantages=torch.ones(rb.size), old_logprobs=old), BANDPO)
+    metrics = run(
+        "update", TrainBatch.from_rollout(rb, advantages=torch.ones(rb.size), old_logprobs=old), BANDPO
+    )
     new, _ = run("compute_logprobs", rb, False)
     return old, ent, metrics, new
 
@@ -59,8 +63,9 @@ def _check_step(step, rb, model_dir: str):
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_bf16_actor_on_cpu_trains_with_fp32_master_weights(tiny_model_dir, zero_stage):
     rb = make_rollout(6, 3)
-    actor = new_actor(tiny_model_dir, zero_stage=zero_stage, bf16=True, mini_batch_size=6, micro_batch_size=3,
-                      lr=1e-3)
+    actor = new_actor(
+        tiny_model_dir, zero_stage=zero_stage, bf16=True, mini_batch_size=6, micro_batch_size=3, lr=1e-3
+    )
     assert actor.on_cpu
     _check_step(_step_with_advantage_one(lambda name, *a: getattr(actor, name)(*a), rb), rb, tiny_model_dir)
     assert {t.dtype for t in full_weights(actor).values()} == {torch.bfloat16}
@@ -73,11 +78,24 @@ def test_two_bf16_ranks_reduce_over_gloo_and_stay_equal(ray_local, tiny_model_di
     import ray
 
     rb = make_rollout(8, 3)
-    group = ActorGroup(tiny_model_dir, 2, zero_stage=zero_stage, bf16=True, mini_batch_size=8, micro_batch_size=2,
-                       lr=1e-3, weight_decay=0.0)
+    group = ActorGroup(
+        tiny_model_dir,
+        2,
+        zero_stage=zero_stage,
+        bf16=True,
+        mini_batch_size=8,
+        micro_batch_size=2,
+        lr=1e-3,
+        weight_decay=0.0,
+    )
     try:
+
         def run(name, *args):
-            return group.update(*args) if name == "update" else group.compute_logprobs(args[0], with_entropy=args[1])
+            return (
+                group.update(*args)
+                if name == "update"
+                else group.compute_logprobs(args[0], with_entropy=args[1])
+            )
 
         _check_step(_step_with_advantage_one(run, rb), rb, tiny_model_dir)
         # All ranks at once: under ZeRO-3 every bucket is a gather (of bf16 partitions, over gloo).

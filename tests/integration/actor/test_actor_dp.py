@@ -20,8 +20,19 @@ from tests.helpers.actor import (
 )
 
 pytestmark = pytest.mark.integration
-COMPARED_METRICS = ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "grad_norm", "num_tokens", "lr",
-                    "clip_frac_up", "clip_frac_down", "clip_frac_bin/lt0.01")
+COMPARED_METRICS = (
+    "loss",
+    "pg_loss",
+    "entropy",
+    "kl_ref",
+    "approx_kl",
+    "grad_norm",
+    "num_tokens",
+    "lr",
+    "clip_frac_up",
+    "clip_frac_down",
+    "clip_frac_bin/lt0.01",
+)
 
 
 def _rank_weights(group: ActorGroup) -> list[dict[str, torch.Tensor]]:
@@ -100,7 +111,8 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
         later[:8] = 5.0  # placeholders: read, they would change the step
         single.update(TrainBatch.from_rollout(rb, advantages=batch.advantages, old_logprobs=old_now), BANDPO)
         _, first_old, _ = group.update_on_policy(
-            TrainBatch.from_rollout(rb, advantages=batch.advantages, old_logprobs=later), BANDPO)
+            TrainBatch.from_rollout(rb, advantages=batch.advantages, old_logprobs=later), BANDPO
+        )
         torch.testing.assert_close(first_old[:8], old_now[:8], atol=1e-5, rtol=0)
         assert not first_old[8:].any()
         assert max_diff(_rank_weights(group)[0], full_weights(single)) < 1e-5

@@ -33,8 +33,10 @@ def test_lora_update_reference_and_merged_sync(tiny_model_dir):
     actor = new_actor(tiny_model_dir, lora=LORA, lr=1e-2)
     assert actor.ref is None  # no second model: the reference is the adapters switched off
     before = _params(actor)
-    assert all((".lora_A." in n or ".lora_B." in n) == p.requires_grad
-               for n, p in actor.engine.module.named_parameters())
+    assert all(
+        (".lora_A." in n or ".lora_B." in n) == p.requires_grad
+        for n, p in actor.engine.module.named_parameters()
+    )
     # ZeRO-2's own list
     in_optimizer = {id(p) for group in actor.engine.optimizer.bit16_groups for p in group}
     assert in_optimizer == {id(p) for p in actor.engine.module.parameters() if p.requires_grad}
@@ -87,8 +89,9 @@ def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_m
             exported(input_ids=ids).logits, a.engine.module(input_ids=ids).logits, atol=1e-5, rtol=0
         )
     # The eval's consolidation of the training checkpoint merges the adapters as the export does.
-    folder = consolidate(tmp_path / "step_1", tiny_model_dir, tmp_path / "consolidated",
-                         lora=(LORA.rank, LORA.alpha))
+    folder = consolidate(
+        tmp_path / "step_1", tiny_model_dir, tmp_path / "consolidated", lora=(LORA.rank, LORA.alpha)
+    )
     from_ckpt = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     assert max_diff(from_ckpt.state_dict(), exported.state_dict()) == 0.0
 
@@ -120,7 +123,11 @@ def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):
     eps = torch.finfo(torch.bfloat16).eps
     for e in sync_entries(actor.engine.module):
         got, want = synced[e.name].float(), merged[e.name].float()
-        d = 0.0 if e.lora_a is None else (e.lora_b.detach().float() @ e.lora_a.detach().float()).abs() * e.scaling
+        d = (
+            0.0
+            if e.lora_a is None
+            else (e.lora_b.detach().float() @ e.lora_a.detach().float()).abs() * e.scaling
+        )
         tol = eps * (1 + eps) * (torch.maximum(got.abs(), want.abs()) + d) if e.lora_a is not None else 0.0
         assert bool(((got - want).abs() <= tol).all()), e.name
 

@@ -30,7 +30,9 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
     for name, kw in {
         "padded": dict(padding_free=False),
         "packed": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7),
-        "packed_ckpt": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7, gradient_checkpointing=True),
+        "packed_ckpt": dict(
+            max_tokens_per_micro_batch=40, logits_chunk_tokens=7, gradient_checkpointing=True
+        ),
     }.items():
         actor = new_actor(tiny_model_dir, mini_batch_size=4, ref_model=True, **kw)
         batch = make_train_batch(actor, 8, seed=61)
@@ -68,7 +70,9 @@ def test_shared_prompt_update_equals_padded_update(tiny_model_dir):
         lp, ent = actor.compute_logprobs(rb, with_entropy=True)
         ref = actor.compute_logprobs(rb, ref=True)[0]
         old = (lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))).clamp(max=-1e-3)
-        batch = TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=old * rb.response_mask, ref_logprobs=ref)
+        batch = TrainBatch.from_rollout(
+            rb, advantages=adv, old_logprobs=old * rb.response_mask, ref_logprobs=ref
+        )
         runs[name] = (lp, ent, ref, actor.update(batch, loss_options), full_weights(actor))
     lp, ent, ref, m, w = runs["padded"]
     assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
@@ -101,7 +105,8 @@ def test_update_on_policy_equals_separate_old_logprob_pass(tiny_model_dir, mini_
         later = old.clone()
         later[:first] = 5.0  # a placeholder far from any log-prob: read, it would change the step
     m_skip, old_skip, ent_skip = skip.update_on_policy(
-        TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=later), BANDPO)
+        TrainBatch.from_rollout(rb, advantages=adv, old_logprobs=later), BANDPO
+    )
     torch.testing.assert_close(old_skip[:first], old[:first], atol=1e-5, rtol=0)
     torch.testing.assert_close(ent_skip[:first], ent[:first], atol=1e-5, rtol=0)
     assert not old_skip[first:].any() and not ent_skip[first:].any()
@@ -149,17 +154,31 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     vocab = 151_936
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
-    actor = new_actor(str(tmp_path), mini_batch_size=4, max_tokens_per_micro_batch=1024, logits_chunk_tokens=64)
+    actor = new_actor(
+        str(tmp_path), mini_batch_size=4, max_tokens_per_micro_batch=1024, logits_chunk_tokens=64
+    )
     g = torch.Generator().manual_seed(0)
     from bandpo.types import RolloutBatch
 
     rb = RolloutBatch.from_lists(
-        torch.randint(3, vocab, (4, 32), generator=g).tolist(), torch.randint(3, vocab, (4, 224), generator=g).tolist(),
-        [[0.0] * 224] * 4, list(range(4)), ["length"] * 4, pad_id=0)
+        torch.randint(3, vocab, (4, 32), generator=g).tolist(),
+        torch.randint(3, vocab, (4, 224), generator=g).tolist(),
+        [[0.0] * 224] * 4,
+        list(range(4)),
+        ["length"] * 4,
+        pad_id=0,
+    )
     base = _rss_bytes()
     peak_lp, (old, _) = _peak_rss_during(lambda: actor.compute_logprobs(rb, with_entropy=True))
     batch = TrainBatch.from_rollout(rb, advantages=torch.randn(4, generator=g), old_logprobs=old)

@@ -24,12 +24,15 @@ def test_two_ranks_load_exactly_the_checkpoint(ray_local, tiny_model_dir, zero_s
         params = list(ref.named_parameters())
         with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=actor.zero_stage == 3):
             out["ref"] = {name: p.detach().cpu().clone() for name, p in params}
-        partitions = [p.ds_tensor.numel() for p in actor.engine.module.parameters()] if actor.zero_stage == 3 else []
+        partitions = (
+            [p.ds_tensor.numel() for p in actor.engine.module.parameters()] if actor.zero_stage == 3 else []
+        )
         return out, partitions
 
     want = dict(reference(tiny_model_dir, torch.float32).named_parameters())
-    group = ActorGroup(tiny_model_dir, 2, zero_stage=zero_stage, mini_batch_size=2, micro_batch_size=1,
-                       ref_model=True)
+    group = ActorGroup(
+        tiny_model_dir, 2, zero_stage=zero_stage, mini_batch_size=2, micro_batch_size=1, ref_model=True
+    )
     try:
         ranks = ray_local.get([w.__ray_call__.remote(fetch) for w in group.workers])
     finally:
@@ -56,8 +59,14 @@ def test_zero3_build_keeps_the_dtypes_of_from_pretrained(tmp_path, dtype):
 
     init_distributed(0, 1, 0, "127.0.0.1", None, "gloo")
     path = save_qwen2(tmp_path, tied=False, dtype=torch.bfloat16)
-    config = build_ds_config(zero_stage=3, micro_batch_size=1, grad_accum=1, world_size=1, grad_clip=1.0,
-                             bf16=dtype == torch.bfloat16)
+    config = build_ds_config(
+        zero_stage=3,
+        micro_batch_size=1,
+        grad_accum=1,
+        world_size=1,
+        grad_clip=1.0,
+        bf16=dtype == torch.bfloat16,
+    )
     model, want = load_model(path, dtype, "cpu", config), reference(path, dtype)
     buffers = dict(want.named_buffers())
     for name, buf in model.named_buffers():

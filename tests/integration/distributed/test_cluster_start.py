@@ -27,7 +27,9 @@ def cluster(tmp_path_factory):
     driver_dir, other_dir = tmp_path_factory.mktemp("driver"), tmp_path_factory.mktemp("other-node")
     cwd = os.getcwd()
     os.chdir(driver_dir)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 8, "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 8, "include_dashboard": False}
+    )
     try:
         os.chdir(other_dir)  # the second raylet, and the workers it forks, start here
         c.add_node(num_cpus=2, num_gpus=0, resources={"other_node": 1})
@@ -87,9 +89,17 @@ def test_actor_rank_device_index_is_the_gpu_ray_assigned(cluster, noset):
 
     env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if noset else {}
     try:
-        seen = ray.get([seat.options(num_cpus=0.1, num_gpus=0.5, runtime_env=env, scheduling_strategy=
-                                     PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b)).remote(b)
-                        for b in range(3, -1, -1)])  # rank r = bundle r; ranks no guide to the GPU ids
+        seen = ray.get(
+            [
+                seat.options(
+                    num_cpus=0.1,
+                    num_gpus=0.5,
+                    runtime_env=env,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
+                ).remote(b)
+                for b in range(3, -1, -1)
+            ]
+        )  # rank r = bundle r; ranks no guide to the GPU ids
     finally:
         remove_placement_group(pg)
     for ids, visible, index in seen:

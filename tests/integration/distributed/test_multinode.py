@@ -22,10 +22,18 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SET = {"HF_TOKEN": "hf_secret", "HF_ENDPOINT": "https://mirror.example", "NCCL_SOCKET_IFNAME": "eth9",
-       "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
-       "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_LAUNCH_BLOCKING": "1",
-       "GLOO_SOCKET_IFNAME": "eth9", "WANDB_PROJECT": "p", "TRANSFORMERS_VERBOSITY": "error"}
+SET = {
+    "HF_TOKEN": "hf_secret",
+    "HF_ENDPOINT": "https://mirror.example",
+    "NCCL_SOCKET_IFNAME": "eth9",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "CUDA_LAUNCH_BLOCKING": "1",
+    "GLOO_SOCKET_IFNAME": "eth9",
+    "WANDB_PROJECT": "p",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
 PER_NODE = {"VLLM_HOST_IP": "10.9.9.9", "CUDA_VISIBLE_DEVICES": "7"}
 
 

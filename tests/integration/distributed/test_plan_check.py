@@ -17,7 +17,13 @@ from bandpo.distributed.plan import ClusterShape, make_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.slow]
 
-SPLIT_7B = ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]
+SPLIT_7B = [
+    "model=qwen2.5-7b",
+    "actor.gpus=4",
+    "rollout.gpus=4",
+    "actor.num_workers=4",
+    "rollout.num_workers=2",
+]
 SHAPES = {
     (1, 8): [["model=qwen2.5-3b"], ["model=qwen2.5-7b"], ["model=llama3-8b"], SPLIT_7B],
     (2, 8): [["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"]],
@@ -47,4 +53,6 @@ def test_plans_hold_on_simulated_cluster(shape):
             assert {w["shard"] for w in shards} == set(range(plan.tp)), overrides
             # vLLM's Ray workers keep every GPU visible and compute on the GPU vLLM picks by local rank
             assert report["executor"] == vllm_ray_executor(), overrides
-            assert all(w["cuda_visible_devices"] is None and w["device"] is not None for w in shards), overrides
+            assert all(w["cuda_visible_devices"] is None and w["device"] is not None for w in shards), (
+                overrides
+            )

@@ -31,8 +31,16 @@ def test_eval_end_to_end_tiny_model(tiny_model_dir, tmp_path, capsys, backend):
     data = tmp_path / "tiny5.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))
     out = tmp_path / "out"
-    argv = [f"checkpoint={tiny_model_dir}", f"eval.paths=[{data}]", "eval.n=4", "eval.max_tokens=16",
-            f"eval.backend={backend}", "--out", str(out), "eval.save_samples=true"]
+    argv = [
+        f"checkpoint={tiny_model_dir}",
+        f"eval.paths=[{data}]",
+        "eval.n=4",
+        "eval.max_tokens=16",
+        f"eval.backend={backend}",
+        "--out",
+        str(out),
+        "eval.save_samples=true",
+    ]
     if backend == "vllm":
         argv.append("eval.engine.gpu_memory_utilization=0.2")
     payload = main(argv)
@@ -49,4 +57,6 @@ def test_eval_end_to_end_tiny_model(tiny_model_dir, tmp_path, capsys, backend):
     assert (out / "eval_dapo_n4.md").read_text().strip() in printed
     assert (out / "eval_dapo_n4.png").stat().st_size > 0
     rows = [json.loads(x) for x in Path(out / "eval_dapo_n4_samples.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["t1", "t2", "t3", "t4", "t5"] and all(len(r["responses"]) == 4 for r in rows)
+    assert [r["id"] for r in rows] == ["t1", "t2", "t3", "t4", "t5"] and all(
+        len(r["responses"]) == 4 for r in rows
+    )

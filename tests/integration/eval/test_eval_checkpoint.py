@@ -46,8 +46,10 @@ def test_consolidated_checkpoint_equals_hf_export(tiny_model_dir, tmp_path, zero
     ids = make_rollout(2, 0).response_ids
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = {p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()(input_ids=ids).logits
-                  for p in (path, str(target.step_dir / "hf"), str(run / "hf"))}
+        logits = {
+            p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()(input_ids=ids).logits
+            for p in (path, str(target.step_dir / "hf"), str(run / "hf"))
+        }
         # training moved them
         assert (logits[str(run / "hf")] - base(input_ids=ids).logits).abs().max() > 1e-3
     for p in (path, str(target.step_dir / "hf")):
@@ -68,10 +70,23 @@ def test_eval_all_steps_of_a_run(tiny_model_dir, tmp_path, capsys):
         actor.update(make_train_batch(actor, 8, seed=step), BANDPO)
         manager.save(step, lambda p: actor.save_checkpoint(str(p)), {"step": step})
     data = tmp_path / "tiny5.jsonl"
-    data.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
-                            for i in range(5)))
-    payload = main([f"checkpoint={run}", "steps=all", f"eval.paths=[{data}]", "eval.n=2", "eval.max_tokens=8",
-                    "cache=temp", "eval.engine.gpu_memory_utilization=0.2"])
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+            for i in range(5)
+        )
+    )
+    payload = main(
+        [
+            f"checkpoint={run}",
+            "steps=all",
+            f"eval.paths=[{data}]",
+            "eval.n=2",
+            "eval.max_tokens=8",
+            "cache=temp",
+            "eval.engine.gpu_memory_utilization=0.2",
+        ]
+    )
     assert [s["step"] for s in payload["steps"]] == [1, 2]
     assert all(s["results"]["tiny5"]["num_problems"] == 5 for s in payload["steps"])
     table = (run / "eval_steps_dapo_n2.md").read_text()

@@ -110,7 +110,9 @@ def test_a_response_that_allocates_stays_under_the_workers_cap():
     # item is still graded and the process, by the kernel's RLIMIT_AS, never passes 256 MiB.
     # Both gradings run side by side (separate processes: each peak is its own).
     with ThreadPoolExecutor(2) as pool:
-        uncapped, out = pool.map(lambda cap: _python(["-c", GRADE_WITH_PEAK, str(cap), POWER_RESPONSE]), (0, CAP))
+        uncapped, out = pool.map(
+            lambda cap: _python(["-c", GRADE_WITH_PEAK, str(cap), POWER_RESPONSE]), (0, CAP)
+        )
     status, peak = uncapped.stdout.split()
     assert int(peak) > CAP >> 20, peak
     assert out.returncode == 0, out.stderr[-2000:]
@@ -120,7 +122,8 @@ def test_a_response_that_allocates_stays_under_the_workers_cap():
 
 def test_the_pool_grades_on_after_a_response_hits_the_cap():
     with RewardScorer(num_workers=1, memory_cap_gib=CAP / 2**30, timeout=10) as scorer:
-        scores = scorer.score(
-            ["Answer: 3", POWER_RESPONSE, "Answer: $\\frac{1}{2}$"], ["3", "4", "0.5"]
-        )
-    assert [s.status for s in scores] in (["correct", "incorrect", "correct"], ["correct", "error", "correct"])
+        scores = scorer.score(["Answer: 3", POWER_RESPONSE, "Answer: $\\frac{1}{2}$"], ["3", "4", "0.5"])
+    assert [s.status for s in scores] in (
+        ["correct", "incorrect", "correct"],
+        ["correct", "error", "correct"],
+    )

@@ -11,7 +11,9 @@ from bandpo.reward import RewardScheme, RewardScorer
 pytestmark = pytest.mark.integration
 
 HANG = "So the answer is \\boxed{9^{9^{9^{9^{9}}}}}"  # sympy evaluates the tower: a timeout
-SCHEME = RewardScheme(correct=1.0, incorrect=-1.0, format_penalty=-0.5, overlong_buffer=4, max_response_len=10)
+SCHEME = RewardScheme(
+    correct=1.0, incorrect=-1.0, format_penalty=-0.5, overlong_buffer=4, max_response_len=10
+)
 TIMEOUT = 2.0
 
 

@@ -59,8 +59,9 @@ def test_ray_workers_split_and_sync(tiny_model_dir, prompts):  # noqa: F811 (pro
     try:
         # OMP_NUM_THREADS in env beats Ray's one thread per num_cpus (1); two threads per worker
         # on 2 CPUs oversubscribe a little, which this tiny model does not notice.
-        workers = spawn_rollout_workers(2, "hf", tiny_model_dir, num_cpus=1, dtype="float32",
-                                        env={"OMP_NUM_THREADS": "2"})
+        workers = spawn_rollout_workers(
+            2, "hf", tiny_model_dir, num_cpus=1, dtype="float32", env={"OMP_NUM_THREADS": "2"}
+        )
         assert ray.get([w.torch_threads.remote() for w in workers]) == [2, 2]
         sp = SamplingParams(n=3, max_tokens=6, seed=0)
         batch = generate_on_workers(workers, prompts[:3], sp)

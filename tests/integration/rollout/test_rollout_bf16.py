@@ -38,8 +38,9 @@ def test_bf16_engine_takes_a_bf16_actors_weights_exactly_and_samples_within_the_
         assert {d for dtypes in requested_dtypes(reports).values() for d in dtypes} == {"bfloat16"}
         assert compare(actor_checksums(sent.items(), requested_dtypes(reports)), reports) >= len(sent)
 
-        batch = engine.generate(_prompts(tiny_model_dir, k=2), SamplingParams(n=2, temperature=1.0, max_tokens=8,
-                                                                              seed=3))
+        batch = engine.generate(
+            _prompts(tiny_model_dir, k=2), SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=3)
+        )
     finally:
         engine.shutdown()
     mask = batch.response_mask.bool()

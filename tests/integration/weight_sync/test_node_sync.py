@@ -28,8 +28,15 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     # The head (the driver's node) is node c: no CPU for actor ranks, so they go to a and b.
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "resources": {"node_c": 1},
-                                                      "object_store_memory": STORE, "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "resources": {"node_c": 1},
+            "object_store_memory": STORE,
+            "include_dashboard": False,
+        },
+    )
     for name in ("node_a", "node_b"):
         c.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE)
     ray.init(address=c.address, log_to_driver=False)
@@ -43,8 +50,11 @@ def _engine(model_dir: str, node: str):
 
     from bandpo.rollout.worker import RolloutWorker
 
-    return ray.remote(RolloutWorker).options(num_cpus=0, resources={node: 0.1}).remote("hf", model_dir,
-                                                                                         dtype="float32")
+    return (
+        ray.remote(RolloutWorker)
+        .options(num_cpus=0, resources={node: 0.1})
+        .remote("hf", model_dir, dtype="float32")
+    )
 
 
 def _max_gap(group, out) -> float:
@@ -61,8 +71,9 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
     from bandpo.weight_sync.checksums import WeightSyncMismatch, verify_engines
     from bandpo.weight_sync.node import NodeWeightSync
 
-    group = ActorGroup(tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4,
-                       micro_batch_size=2)
+    group = ActorGroup(
+        tiny_model_dir, 2, zero_stage=3, lr=1e-2, weight_decay=0.0, mini_batch_size=4, micro_batch_size=2
+    )
     engines = [_engine(tiny_model_dir, n) for n in NODES]
     sync = NodeWeightSync(group.workers, engines, f"/dev/shm/bandpo-test-nodes-{os.getpid()}")
     try:
@@ -72,8 +83,9 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
 
         # Move the actor away from the engines' start weights (a few large-lr steps).
         rb = make_rollout(4, seed=3)
-        batch = TrainBatch.from_rollout(rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]),
-                                        old_logprobs=group.compute_logprobs(rb)[0])
+        batch = TrainBatch.from_rollout(
+            rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]), old_logprobs=group.compute_logprobs(rb)[0]
+        )
         for _ in range(3):
             group.update(batch, BANDPO)
 
@@ -81,7 +93,9 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
         sp = SamplingParams(n=2, max_tokens=6, seed=1)
         assert _max_gap(group, ray.get(engines[2].generate.remote(prompts, sp))) > 1e-2  # not yet synced
         # The verification (ZeRO-3: both ranks gather, rank 0 sums) sees the engines' stale weights.
-        with pytest.raises(WeightSyncMismatch, match=r"engine 0 tensor \S+, TP rank 0 differs from the actor's"):
+        with pytest.raises(
+            WeightSyncMismatch, match=r"engine 0 tensor \S+, TP rank 0 differs from the actor's"
+        ):
             verify_engines(group.workers, engines)
 
         sync.sync()

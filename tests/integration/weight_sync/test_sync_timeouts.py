@@ -52,7 +52,9 @@ def test_a_call_that_never_returns_is_an_error_naming_the_stage(ray_local):
     ray = ray_local
     engine = ray.remote(_StuckEngine).options(num_cpus=0).remote()
     assert ray.get(engine.ping.remote()) == "pong"
-    with pytest.raises(WeightSyncTimeout, match=r"weight sync: NCCL rendezvous did not finish within 0.5 s \(hint\)"):
+    with pytest.raises(
+        WeightSyncTimeout, match=r"weight sync: NCCL rendezvous did not finish within 0.5 s \(hint\)"
+    ):
         get_within([engine.ipc_update.remote("load")], 0.5, "NCCL rendezvous", "hint")
     ray.kill(engine)
 
@@ -68,7 +70,9 @@ def test_a_dead_engine_ends_the_wait_at_once_while_another_would_block(ray_local
     # The engine's process exits during the call (ray.kill from outside raced the next call on a
     # loaded CI machine: the call could stay queued). The limit (120 s) is the test's own bound.
     with pytest.raises(RayActorError):
-        get_within([stuck.ipc_update.remote("load"), dying.die.remote()], 120, "the engines' load of a bucket")
+        get_within(
+            [stuck.ipc_update.remote("load"), dying.die.remote()], 120, "the engines' load of a bucket"
+        )
     ray.kill(stuck)
 
 

@@ -46,7 +46,9 @@ class _Engine:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_save_checkpoint_every_rank_flushes_its_writes_and_rank0_only_renames(tmp_path, monkeypatch, rank):
     log: list = []
-    actor = types.SimpleNamespace(rank=rank, engine=_Engine(rank, log), _barrier=lambda: log.append((rank, "barrier")))
+    actor = types.SimpleNamespace(
+        rank=rank, engine=_Engine(rank, log), _barrier=lambda: log.append((rank, "barrier"))
+    )
     monkeypatch.setattr(atomic, "sync_filesystem", lambda path: log.append((rank, "flush", Path(path).name)))
     monkeypatch.setattr(atomic, "publish", lambda tmp, path: log.append((rank, "rename")))
     Actor.save_checkpoint(actor, str(tmp_path / "ckpt"), {"step": 1})
@@ -70,7 +72,9 @@ def test_publish_replaces_the_previous_folder(tmp_path):
     (new / "sub").mkdir(parents=True)
     (new / "sub" / "a").write_text("new")
     atomic.publish(new, old)
-    assert (old / "sub" / "a").read_text() == "new" and not new.exists() and not (tmp_path / "ckpt.old").exists()
+    assert (
+        (old / "sub" / "a").read_text() == "new" and not new.exists() and not (tmp_path / "ckpt.old").exists()
+    )
 
 
 def test_hf_folder_weight_files_are_written_by_the_ranks_in_turn(tiny_model_dir, tmp_path):
@@ -80,7 +84,7 @@ def test_hf_folder_weight_files_are_written_by_the_ranks_in_turn(tiny_model_dir,
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
-    buckets = [params[i:i + 4] for i in range(0, len(params), 4)]
+    buckets = [params[i : i + 4] for i in range(0, len(params), 4)]
     assert len(buckets) >= 3
     out = tmp_path / "hf"
     out.mkdir()
@@ -88,7 +92,9 @@ def test_hf_folder_weight_files_are_written_by_the_ranks_in_turn(tiny_model_dir,
     weights = {r: sorted(p.name for p in written[r] if p.suffix == ".safetensors") for r in written}
     assert weights[1] == [f"model-{i + 1:05d}.safetensors" for i in range(1, len(buckets), 2)]
     assert weights[0] == [f"model-{i + 1:05d}.safetensors" for i in range(0, len(buckets), 2)]
-    assert {"config.json", "model.safetensors.index.json", "tokenizer_config.json"} <= {p.name for p in written[0]}
+    assert {"config.json", "model.safetensors.index.json", "tokenizer_config.json"} <= {
+        p.name for p in written[0]
+    }
     assert sorted(p.name for p in out.iterdir()) == sorted({p.name for w in written.values() for p in w})
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     got = dict(exported.named_parameters())

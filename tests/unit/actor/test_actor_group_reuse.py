@@ -14,8 +14,15 @@ N, R, FIRST = 6, 3, 2  # rows, response width, rows of the first mini-batch
 
 def _batch() -> TrainBatch:
     ids = torch.ones(N, R, dtype=torch.long)
-    return TrainBatch(prompt_ids=ids, prompt_mask=ids, response_ids=ids, response_mask=ids,
-                      rollout_logprobs=torch.zeros(N, R), prompt_index=torch.arange(N), finish_reasons=["stop"] * N)
+    return TrainBatch(
+        prompt_ids=ids,
+        prompt_mask=ids,
+        response_ids=ids,
+        response_mask=ids,
+        rollout_logprobs=torch.zeros(N, R),
+        prompt_index=torch.arange(N),
+        finish_reasons=["stop"] * N,
+    )
 
 
 class _Group(ActorGroup):
@@ -45,7 +52,9 @@ def test_without_reuse_every_row_is_computed_and_the_update_adds_nothing():
     g, b = _Group(reuse=False), _batch()
     entropy = g.old_logprobs(b)
     assert g.calls == [("logprobs", N)]
-    assert torch.equal(b.old_logprobs[:, 0], -torch.arange(1.0, N + 1)) and torch.equal(entropy[:, 0], torch.arange(1.0, N + 1))
+    assert torch.equal(b.old_logprobs[:, 0], -torch.arange(1.0, N + 1)) and torch.equal(
+        entropy[:, 0], torch.arange(1.0, N + 1)
+    )
     out = g.train(b, LossOptions(), epochs=2, entropy=entropy)
     assert g.calls[1:] == [("update", None), ("update", None)]
     assert (out.nonfinite_steps, out.optimizer_steps) == (0, 6) and out.entropy is entropy  # complete already

@@ -37,8 +37,9 @@ def test_chunked_logprobs_entropy_and_grads_match_full_logits(temperature, chunk
 
     lp, ent = chunked_logprobs_entropy(hidden, weight, targets, temperature=temperature, chunk=chunk)
     grads = torch.autograd.grad((lp * a).sum() + (ent * b).sum(), (hidden, weight))
-    lp_only = torch.autograd.grad((chunked_logprobs_entropy(hidden, weight, targets, chunk=chunk)[0] * a).sum(),
-                                  (hidden, weight))
+    lp_only = torch.autograd.grad(
+        (chunked_logprobs_entropy(hidden, weight, targets, chunk=chunk)[0] * a).sum(), (hidden, weight)
+    )
 
     logits = (hidden @ weight.t())[None] / temperature  # [1, T, V]: today's obvious path
     ref_lp, ref_ent = token_logprobs(logits, targets[None])[0], token_entropy(logits)[0]
@@ -59,28 +60,42 @@ def test_pack_rows_layout_and_unpack():
     packed = pack_rows(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
     prompts, responses, _ = rb.to_lists()
     assert packed.input_ids[0].tolist() == [x for p, r in zip(prompts, responses) for x in p + r]
-    assert packed.position_ids[0].tolist() == [i for p, r in zip(prompts, responses) for i in range(len(p) + len(r))]
+    assert packed.position_ids[0].tolist() == [
+        i for p, r in zip(prompts, responses) for i in range(len(p) + len(r))
+    ]
     # the hidden state at target_index is followed by the target token
     assert packed.input_ids[0, packed.target_index + 1].tolist() == packed.targets.tolist()
     flat = torch.arange(1.0, len(packed.targets) + 1)
     dense = unpack(flat, packed.response_mask)
-    assert dense[packed.response_mask].tolist() == flat.tolist() and float(dense[~packed.response_mask].abs().sum()) == 0
+    assert (
+        dense[packed.response_mask].tolist() == flat.tolist()
+        and float(dense[~packed.response_mask].abs().sum()) == 0
+    )
 
 
-def group_rollout(groups: int, n: int, seed: int, *, max_prompt: int = 9, max_response: int = 12) -> RolloutBatch:
+def group_rollout(
+    groups: int, n: int, seed: int, *, max_prompt: int = 9, max_response: int = 12
+) -> RolloutBatch:
     """GRPO-shaped rows: ``groups`` random prompts, each answered by ``n`` random responses, the
     groups' rows interleaved (row i answers prompt i % groups) so that sharing must find them."""
     g = torch.Generator().manual_seed(seed)
 
     def ids(lo, hi):
-        return torch.randint(3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+        return torch.randint(
+            3, 300, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g
+        ).tolist()
 
     prompts = [ids(2, max_prompt) for _ in range(groups)]
     rows = groups * n
     responses = [ids(1, max_response) for _ in range(rows)]
-    return RolloutBatch.from_lists([prompts[i % groups] for i in range(rows)], responses,
-                                   [[0.0] * len(r) for r in responses], [i % groups for i in range(rows)],
-                                   ["stop"] * rows, pad_id=0)
+    return RolloutBatch.from_lists(
+        [prompts[i % groups] for i in range(rows)],
+        responses,
+        [[0.0] * len(r) for r in responses],
+        [i % groups for i in range(rows)],
+        ["stop"] * rows,
+        pad_id=0,
+    )
 
 
 def test_shared_prompts_pack_each_prompt_once_and_targets_follow_their_own_row():
@@ -90,10 +105,15 @@ def test_shared_prompts_pack_each_prompt_once_and_targets_follow_their_own_row()
     # row 0: A r0 | row 1: B r1 | row 2: r2 (reads A) | row 3: r3 (reads B) | ...
     expected = prompts[0] + responses[0] + prompts[1] + responses[1] + [x for r in responses[2:] for x in r]
     assert packed.input_ids[0].tolist() == expected
-    assert packed.position_ids[0, len(prompts[0]) + len(responses[0]) + len(prompts[1]) + len(responses[1]):].tolist() \
-        == [len(prompts[i % 2]) + j for i in range(2, 6) for j in range(len(responses[i]))]
+    assert packed.position_ids[
+        0, len(prompts[0]) + len(responses[0]) + len(prompts[1]) + len(responses[1]) :
+    ].tolist() == [len(prompts[i % 2]) + j for i in range(2, 6) for j in range(len(responses[i]))]
     # the hidden state at target_index sits on the token before the target in the target's own row
-    before = [([*prompts[i % 2], *responses[i]])[len(prompts[i % 2]) - 1 + j] for i in range(6) for j in range(len(responses[i]))]
+    before = [
+        ([*prompts[i % 2], *responses[i]])[len(prompts[i % 2]) - 1 + j]
+        for i in range(6)
+        for j in range(len(responses[i]))
+    ]
     assert packed.input_ids[0, packed.target_index].tolist() == before
     assert packed.targets.tolist() == [x for r in responses for x in r]
     # unshared packing of the same rows: every prompt 3 times
@@ -135,13 +155,19 @@ def test_shared_prompt_forward_equals_padded_forward(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert use_packed_attention(model)
     rb = group_rollout(3, 4, seed=9)
-    p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    p_ids, p_mask, r_ids, r_mask = trim_padding(
+        rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask
+    )
     packed = pack_rows(p_ids, p_mask, r_ids, r_mask, share_prompts=True)
     with torch.no_grad():
         # padded: [n, r, V]
         padded = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]
-        flat = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                     **{LAYOUT_KW: packed.layout}).logits[0, packed.target_index]
+        flat = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            **{LAYOUT_KW: packed.layout},
+        ).logits[0, packed.target_index]
     torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
 
 
@@ -168,9 +194,12 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
     from bandpo.actor.attention import NAME, use_packed_attention
 
     model = AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa" if attn == "packed" else attn)
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa" if attn == "packed" else attn
+    )
     rb = make_rollout(5, 7)
-    p_ids, p_mask, r_ids, r_mask = trim_padding(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    p_ids, p_mask, r_ids, r_mask = trim_padding(
+        rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask
+    )
     packed = pack_rows(p_ids, p_mask, r_ids, r_mask)
     kw = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
     with torch.no_grad():
@@ -180,7 +209,9 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
         if attn == "packed":
             use_packed_attention(model)
             assert model.config._attn_implementation == NAME
-            padded_again = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[:, p_ids.shape[1] - 1 : -1]
+            padded_again = model(**model_inputs(p_ids, p_mask, r_ids, r_mask)).logits[
+                :, p_ids.shape[1] - 1 : -1
+            ]
             torch.testing.assert_close(padded_again, padded, atol=1e-6, rtol=0)
         flat = model(**kw, use_cache=False).logits[0, packed.target_index]
     torch.testing.assert_close(flat, padded[r_mask.bool()], atol=1e-5, rtol=0)
@@ -193,8 +224,10 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
     "overrides,key",
     [
         (["actor.reuse_old_logprobs=maybe"], "actor.reuse_old_logprobs"),
-        (["actor.reuse_old_logprobs=true", "algorithm=bandpo", "algorithm.band.adaptive=entropy"],
-         "actor.reuse_old_logprobs"),  # the batch entropy scale needs every row's pi_old entropy first
+        (
+            ["actor.reuse_old_logprobs=true", "algorithm=bandpo", "algorithm.band.adaptive=entropy"],
+            "actor.reuse_old_logprobs",
+        ),  # the batch entropy scale needs every row's pi_old entropy first
         (["actor.padding_free=false"], "actor.max_tokens_per_micro_batch"),
         (["actor.padding_free=maybe"], "actor.padding_free"),
         (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
@@ -254,14 +287,21 @@ def test_packed_attention_matches_per_row_reference_without_slice_backward():
 
     ref, s = [], 0
     for n in lens:  # the obvious reference: softmax(q k^T * scale + causal) v, row by row
-        qi, ki, vi = q[0, :, s:s + n], k[0, :, s:s + n].repeat_interleave(2, 0), v[0, :, s:s + n].repeat_interleave(2, 0)
+        qi, ki, vi = (
+            q[0, :, s : s + n],
+            k[0, :, s : s + n].repeat_interleave(2, 0),
+            v[0, :, s : s + n].repeat_interleave(2, 0),
+        )
         scores = (qi @ ki.transpose(-1, -2)) * 0.3 + torch.full((n, n), float("-inf")).triu(1)
         ref.append((scores.softmax(-1) @ vi).transpose(0, 1))  # [n, heads, d]
         s += n
     ref = torch.cat(ref)[None]
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
     w = torch.randn(out.shape, generator=g)
-    got, want = torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))
+    got, want = (
+        torch.autograd.grad((out * w).sum(), (q, k, v)),
+        torch.autograd.grad((ref * w).sum(), (q, k, v)),
+    )
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
@@ -292,8 +332,16 @@ def _attention_run(layout, q, k, v, w):
             return func(*args, **(kwargs or {}))
 
     with Record() as rec:
-        out, _ = _attention(SimpleNamespace(training=True), q, k, v, None, scaling=0.3,
-                            position_ids=torch.zeros(1, q.shape[2], dtype=torch.long), **{LAYOUT_KW: layout})
+        out, _ = _attention(
+            SimpleNamespace(training=True),
+            q,
+            k,
+            v,
+            None,
+            scaling=0.3,
+            position_ids=torch.zeros(1, q.shape[2], dtype=torch.long),
+            **{LAYOUT_KW: layout},
+        )
         grads = torch.autograd.grad((out * w).sum(), (q, k, v))
     return out, grads, rec.ops
 
@@ -308,7 +356,9 @@ def test_packed_attention_indexes_without_masks_and_equals_the_masked_formulatio
     # Attention rows (start1, len1, start2, len2, write_from) of 23 packed tokens: prompt A (3) +
     # response (4); a response (2) reading A; prompt B (5) + response (1); a response (6) reading
     # B; a plain row (2). Lengths 7, 5, 6, 11, 2: four buckets, two rows leave columns unwritten.
-    rows = torch.tensor([[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]])
+    rows = torch.tensor(
+        [[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]]
+    )
     t = 23
     layout = build_layout(rows, t)
     assert len(layout.buckets) == 4
@@ -348,7 +398,9 @@ def test_packed_attention_makes_no_device_sync_on_gpu():
     never wait for the device (torch raises on any synchronising call in this mode)."""
     from bandpo.actor.attention import build_layout
 
-    rows = torch.tensor([[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]])
+    rows = torch.tensor(
+        [[0, 7, 7, 0, 0], [0, 3, 7, 2, 3], [9, 6, 15, 0, 0], [9, 5, 15, 6, 5], [21, 2, 23, 0, 0]]
+    )
     layout = build_layout(rows, 23).to("cuda")
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, h, 23, 8, generator=g).cuda().requires_grad_() for h in (4, 2, 2))

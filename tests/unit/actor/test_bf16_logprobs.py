@@ -50,7 +50,7 @@ from bandpo.actor.logprobs import packed_logprobs
 from bandpo.actor.packing import pack_rows
 from tests.helpers.actor import U_BF16, bf16_logprob_bound, make_rollout
 
-U_FP32 = 2.0 ** -24
+U_FP32 = 2.0**-24
 
 
 def test_chunked_head_rounds_the_logits_once_and_keeps_the_vocabulary_math_in_fp32():

@@ -36,9 +36,16 @@ def assert_same_model(a, b) -> None:
 def save_qwen2(path, *, tied: bool, dtype=torch.float32, shard: str | None = None) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-                         attention_dropout=0.1)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        attention_dropout=0.1,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(dtype)
     model.save_pretrained(str(path), safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
@@ -52,7 +59,9 @@ def test_load_model_equals_from_pretrained(tiny_model_dir, dtype):
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as the checkpoint says
 
 
-@pytest.mark.parametrize("tied,file_dtype,shard", [(False, torch.float32, "40KB"), (True, torch.bfloat16, None)])
+@pytest.mark.parametrize(
+    "tied,file_dtype,shard", [(False, torch.float32, "40KB"), (True, torch.bfloat16, None)]
+)
 def test_load_model_untied_sharded_and_cast(tmp_path, tied, file_dtype, shard):
     path = save_qwen2(tmp_path, tied=tied, dtype=file_dtype, shard=shard)
     if shard:

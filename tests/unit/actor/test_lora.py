@@ -27,8 +27,16 @@ def _tiny_qwen2(tied: bool = True, dtype=torch.float32):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied, use_cache=False)
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+        use_cache=False,
+    )
     return Qwen2ForCausalLM(config).to(dtype).eval()
 
 
@@ -45,14 +53,17 @@ def _lora_model(settings: LoraSettings, **kw):
 
 
 # ---------------------------------------------------------------- config
-@pytest.mark.parametrize("override,key", [
-    ("actor.lora.rank=-1", "actor.lora.rank"),
-    ("actor.lora.rank=1.5", "actor.lora.rank"),
-    ("actor.lora.alpha=0", "actor.lora.alpha"),
-    ("actor.lora.dropout=1.0", "actor.lora.dropout"),
-    ("actor.lora.dropout=-0.1", "actor.lora.dropout"),
-    ("actor.lora.target_modules=[]", "actor.lora.target_modules"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("actor.lora.rank=-1", "actor.lora.rank"),
+        ("actor.lora.rank=1.5", "actor.lora.rank"),
+        ("actor.lora.alpha=0", "actor.lora.alpha"),
+        ("actor.lora.dropout=1.0", "actor.lora.dropout"),
+        ("actor.lora.dropout=-0.1", "actor.lora.dropout"),
+        ("actor.lora.target_modules=[]", "actor.lora.target_modules"),
+    ],
+)
 def test_config_refuses_bad_lora_values_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose(["model=tiny", "actor.lora.rank=8", override])
@@ -64,7 +75,9 @@ def test_config_refuses_lora_with_zero3_and_dropout_with_reused_old_logprobs_nam
     compose(["model=tiny", "actor.lora.rank=0", "actor.zero_stage=3"])  # off: any stage
     with pytest.raises(ConfigError, match=r"actor\.lora\.dropout.*actor\.reuse_old_logprobs"):
         compose(["model=tiny", "actor.lora.rank=8", "actor.lora.dropout=0.05"])
-    cfg = compose(["model=tiny", "actor.lora.rank=8", "actor.lora.dropout=0.05", "actor.reuse_old_logprobs=false"])
+    cfg = compose(
+        ["model=tiny", "actor.lora.rank=8", "actor.lora.dropout=0.05", "actor.reuse_old_logprobs=false"]
+    )
     assert cfg.actor.lora.rank == 8
     assert compose(["model=tiny"]).actor.lora.rank == 0  # off by default
 
@@ -77,11 +90,15 @@ def test_settings_from_a_config_block():
 
 # ---------------------------------------------------------------- names
 def test_base_name_strips_the_wrapper_and_base_layer_and_skips_the_factors():
-    assert base_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == \
-        "model.layers.0.self_attn.q_proj.weight"
+    assert (
+        base_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
+        == "model.layers.0.self_attn.q_proj.weight"
+    )
     assert base_name("base_model.model.model.embed_tokens.weight") == "model.embed_tokens.weight"
-    assert base_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias") == \
-        "model.layers.0.self_attn.q_proj.bias"
+    assert (
+        base_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias")
+        == "model.layers.0.self_attn.q_proj.bias"
+    )
     assert base_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") is None
     assert base_name("base_model.model.model.layers.0.mlp.up_proj.lora_B.default.weight") is None
 
@@ -107,8 +124,11 @@ def test_merged_sync_tensors_equal_peft_merge_and_unload_exactly_in_fp32():
     for name in slow:  # same operations in the same order as PEFT's merge: bit for bit
         assert torch.equal(fast[name], slow[name]), name
     moved = [n for n in slow if "q_proj" in n or "v_proj" in n or "down_proj" in n]
-    assert moved and all(not torch.equal(fast[n], before[f"base_model.model.{n[:-len('weight')]}base_layer.weight"])
-                         for n in moved if n.endswith("weight"))
+    assert moved and all(
+        not torch.equal(fast[n], before[f"base_model.model.{n[: -len('weight')]}base_layer.weight"])
+        for n in moved
+        if n.endswith("weight")
+    )
     for n, p in model.named_parameters():  # the training weights are not written by the merge
         assert torch.equal(p, before[n]), n
 
@@ -193,11 +213,14 @@ def test_eval_reads_the_runs_lora_settings_and_refuses_adapters_without_them(tmp
     assert "model.layers.0.self_attn.q_proj.weight" in _merge_lora(state, (4, 12.0), tmp_path)
 
 
-@pytest.mark.parametrize("targets,match", [
-    (("no_such_proj",), "no_such_proj"),
-    (("embed_tokens",), "Embedding"),
-    (("q_proj", "lm_head"), "output embedding"),
-])
+@pytest.mark.parametrize(
+    "targets,match",
+    [
+        (("no_such_proj",), "no_such_proj"),
+        (("embed_tokens",), "Embedding"),
+        (("q_proj", "lm_head"), "output embedding"),
+    ],
+)
 def test_targets_that_cannot_work_are_refused_naming_the_key(targets, match):
     with pytest.raises(ValueError, match=rf"actor\.lora\.target_modules.*{match}"):
         apply_lora(_tiny_qwen2(tied=False), LoraSettings(rank=4, target_modules=targets))

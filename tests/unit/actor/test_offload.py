@@ -14,21 +14,34 @@ from bandpo.config import compose
 from bandpo.distributed.memory import offload_during_rollout
 
 
-@pytest.mark.parametrize("value, layout, want", [
-    ("null", "colocated", True), ("null", "split", False), ("null", "cpu", False),
-    ("false", "colocated", False), ("true", "split", True), ("true", "cpu", False),
-])
+@pytest.mark.parametrize(
+    "value, layout, want",
+    [
+        ("null", "colocated", True),
+        ("null", "split", False),
+        ("null", "cpu", False),
+        ("false", "colocated", False),
+        ("true", "split", True),
+        ("true", "cpu", False),
+    ],
+)
 def test_offload_is_on_by_default_only_where_the_actor_shares_its_gpu_with_vllm(value, layout, want):
     cfg = compose([f"actor.offload_during_rollout={value}"])
     assert offload_during_rollout(cfg, layout) is want
 
 
 def test_what_moves_per_zero_stage():
-    assert moves(2, ref_model=True) == {"deepspeed": ("hp_params", "lp_params", "lp_grads"),
-                                        "own": ("optim_states",), "ref": ("ref_model",)}
+    assert moves(2, ref_model=True) == {
+        "deepspeed": ("hp_params", "lp_params", "lp_grads"),
+        "own": ("optim_states",),
+        "ref": ("ref_model",),
+    }
     # ZeRO-3 keeps its bf16 weight partition on the GPU: the weight sync gathers it with NCCL.
-    assert moves(3, ref_model=False) == {"deepspeed": ("lp_grads", "contiguous_grad_buffer"),
-                                         "own": ("hp_params", "optim_states"), "ref": ()}
+    assert moves(3, ref_model=False) == {
+        "deepspeed": ("lp_grads", "contiguous_grad_buffer"),
+        "own": ("hp_params", "optim_states"),
+        "ref": (),
+    }
     with pytest.raises(ValueError, match="ZeRO stages 2 and 3"):
         moves(1, ref_model=False)
 
@@ -45,7 +58,9 @@ def test_offload_contract_with_the_installed_deepspeed():
     assert {"include", "device", "pin_memory"} <= set(params) and OffloadDeviceEnum("cpu")
     assert "non_blocking" in inspect.signature(DeepSpeedEngine.reload_states).parameters
     # Why stage 3's master weights and Adam state move here: DeepSpeed offloads them for its FusedAdam only.
-    assert "supported only for DeepSpeed FusedAdam" in inspect.getsource(DeepSpeedZeroOptimizer_Stage3.offload_states)
+    assert "supported only for DeepSpeed FusedAdam" in inspect.getsource(
+        DeepSpeedZeroOptimizer_Stage3.offload_states
+    )
 
 
 class _Engine:
@@ -54,10 +69,14 @@ class _Engine:
 
     def __init__(self):
         flat = torch.empty(4, device="meta")
-        adam = {"step": torch.tensor(3.0), "exp_avg": torch.empty(4, device="meta"),
-                "exp_avg_sq": torch.empty(4, device="meta")}
-        self.optimizer = SimpleNamespace(optimizer=SimpleNamespace(state={flat: adam}),
-                                         fp32_partitioned_groups_flat=[flat])
+        adam = {
+            "step": torch.tensor(3.0),
+            "exp_avg": torch.empty(4, device="meta"),
+            "exp_avg_sq": torch.empty(4, device="meta"),
+        }
+        self.optimizer = SimpleNamespace(
+            optimizer=SimpleNamespace(state={flat: adam}), fp32_partitioned_groups_flat=[flat]
+        )
         self.calls = []
 
     def offload_states(self, include, device, pin_memory):
@@ -72,7 +91,9 @@ def test_offload_then_reload_on_a_stand_in_engine(monkeypatch, zero_stage):
     # On CPU there is no device to leave: "the device" is a meta device here and the "pinned host
     # copy" a new meta tensor, recorded, so the test sees which tensors moved and that they came back.
     moved = []
-    monkeypatch.setattr(offload_module, "_pinned", lambda t: moved.append(tuple(t.shape)) or torch.empty_like(t))
+    monkeypatch.setattr(
+        offload_module, "_pinned", lambda t: moved.append(tuple(t.shape)) or torch.empty_like(t)
+    )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     engine = _Engine()
@@ -99,7 +120,11 @@ def test_offload_then_reload_on_a_stand_in_engine(monkeypatch, zero_stage):
     off.reload()
     assert engine.calls[calls:] == [("reload_states",)]
     # Each tensor goes back where it came from: AdamW's step counter stays on the host.
-    assert {k: v.device.type for k, v in state.items()} == {"step": "cpu", "exp_avg": "meta", "exp_avg_sq": "meta"}
+    assert {k: v.device.type for k, v in state.items()} == {
+        "step": "cpu",
+        "exp_avg": "meta",
+        "exp_avg_sq": "meta",
+    }
     if zero_stage == 2:  # the reference model went to the host and came back: the same tensors, on the device
         assert [t.device.type for t in ref_tensors] == ["meta"] * 3
         assert [t is u for t, u in zip(ref_tensors, [ref.weight, ref.bias, ref.scale])] == [True] * 3
@@ -131,11 +156,15 @@ def test_zero2_frozen_base_weights_leave_with_the_weights_and_come_back(monkeypa
     the model) move here, after the sync has read them, and come back as the same parameters. As above,
     the "device" is meta and a "host copy" a recorded new meta tensor."""
     moved = []
-    monkeypatch.setattr(offload_module, "_pinned", lambda t: moved.append(tuple(t.shape)) or torch.empty_like(t))
+    monkeypatch.setattr(
+        offload_module, "_pinned", lambda t: moved.append(tuple(t.shape)) or torch.empty_like(t)
+    )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     engine = _Engine()
-    engine.module = torch.nn.Sequential(torch.nn.Linear(4, 3, device="meta"), torch.nn.Linear(3, 2, device="meta"))
+    engine.module = torch.nn.Sequential(
+        torch.nn.Linear(4, 3, device="meta"), torch.nn.Linear(3, 2, device="meta")
+    )
     engine.module[0].requires_grad_(False)  # the "base" layer; the second one trains
     frozen = [engine.module[0].weight, engine.module[0].bias]
     off = ActorOffload(engine, None, 2, torch.device("meta"))

@@ -29,9 +29,13 @@ FLOAT32_NORMAL = (1.1754944e-38, 3.4028235e38)
 def _rows():
     with open(REFERENCE) as fh:
         for row in csv.DictReader(fh):
-            yield row["divergence"].removeprefix("band"), float(row["delta"]), float(row["p"]), float(
-                row["lower"]
-            ), float(row["upper"])
+            yield (
+                row["divergence"].removeprefix("band"),
+                float(row["delta"]),
+                float(row["p"]),
+                float(row["lower"]),
+                float(row["upper"]),
+            )
 
 
 ROWS = list(_rows())
@@ -54,7 +58,9 @@ def test_float32_within_1e5_of_float64_on_same_input():
     # the input, not of the solver.
     for div in ("kl", "tv", "chi2"):
         for delta in (0.01, 0.05, 0.1, 0.2):
-            x32 = torch.log(torch.tensor([p for d, dl, p, *_ in ROWS if d == div and dl == delta], dtype=torch.float32))
+            x32 = torch.log(
+                torch.tensor([p for d, dl, p, *_ in ROWS if d == div and dl == delta], dtype=torch.float32)
+            )
             x32 = torch.cat([x32, torch.linspace(-30, 0, 2001, dtype=torch.float32)])
             for got, ref in zip(band_bounds(x32, div, delta), band_bounds(x32.double(), div, delta)):
                 ok = (ref >= FLOAT32_NORMAL[0]) & (ref <= FLOAT32_NORMAL[1])
@@ -65,8 +71,12 @@ def test_float32_within_1e5_of_float64_on_same_input():
 def test_spec_examples():
     x = torch.log(torch.tensor([0.08, 0.5], dtype=torch.float64))
     lo, hi = band_bounds(x, "kl", 0.05)
-    assert lo[0].item() == pytest.approx(0.26170, abs=1e-5) and hi[0].item() == pytest.approx(2.41055, abs=1e-5)
-    assert lo[1].item() == pytest.approx(0.69152, abs=1e-5) and hi[1].item() == pytest.approx(1.30848, abs=1e-5)
+    assert lo[0].item() == pytest.approx(0.26170, abs=1e-5) and hi[0].item() == pytest.approx(
+        2.41055, abs=1e-5
+    )
+    assert lo[1].item() == pytest.approx(0.69152, abs=1e-5) and hi[1].item() == pytest.approx(
+        1.30848, abs=1e-5
+    )
     lo, hi = band_bounds(x[:1], "tv", 0.05)
     assert (lo.item(), hi.item()) == pytest.approx((0.375, 1.625), abs=1e-12)
     lo, hi = band_bounds(x[:1], "chi2", 0.05)
@@ -77,10 +87,12 @@ def test_spec_examples():
 def test_kl_table_matches_slow_solver_densely(delta):
     """The fast path (cubic table over logit p) against float64 bisection at 16k points."""
     gen = torch.Generator().manual_seed(0)
-    t = torch.cat([
-        torch.rand(8000, generator=gen, dtype=torch.float64) * (_T_MAX - _T_MIN + 10) + _T_MIN - 5,
-        torch.randn(8000, generator=gen, dtype=torch.float64) * 3,  # the bulk of real tokens
-    ])
+    t = torch.cat(
+        [
+            torch.rand(8000, generator=gen, dtype=torch.float64) * (_T_MAX - _T_MIN + 10) + _T_MIN - 5,
+            torch.randn(8000, generator=gen, dtype=torch.float64) * 3,  # the bulk of real tokens
+        ]
+    )
     x = torch.nn.functional.logsigmoid(t)
     log_q_hi, log_q_lo = kl_roots_logit(t, delta)
     upper_ref, lower_ref = torch.exp(log_q_hi - x), torch.exp(log_q_lo - x)

@@ -25,7 +25,7 @@ def test_radius_hand_computed():
     assert got[1].item() == pytest.approx(0.05, rel=1e-12)  # mean entropy -> delta when dmin dmax = delta^2
     # logv norm, scale = log V = 2: h = H / 2 clamped to 1 -> 0, 0.15, 0.3, 1.
     got = adaptive_delta(ent, delta_min=0.01, delta_max=0.1, scale=2.0, norm="logv")
-    assert got.tolist() == pytest.approx([0.01, 0.01 * 10 ** 0.15, 0.01 * 10 ** 0.3, 0.1], rel=1e-12)
+    assert got.tolist() == pytest.approx([0.01, 0.01 * 10**0.15, 0.01 * 10**0.3, 0.1], rel=1e-12)
 
 
 @pytest.mark.parametrize("norm", ["batch", "logv"])
@@ -54,8 +54,9 @@ def test_off_or_degenerate_gives_fixed_delta():
     logp = (x + 0.1).clamp(max=0).requires_grad_()
     adv, mask = torch.randn(64, dtype=torch.float64), torch.ones_like(x)
     base, _ = policy_loss(logp, x, adv, mask, LossOptions(algorithm="bandpo", delta=0.05))
-    off, m = policy_loss(logp, x, adv, mask, LossOptions(algorithm="bandpo", delta=0.05, band_adaptive="none"),
-                         old_entropy=ent)
+    off, m = policy_loss(
+        logp, x, adv, mask, LossOptions(algorithm="bandpo", delta=0.05, band_adaptive="none"), old_entropy=ent
+    )
     assert off.item() == base.item() and "band/delta_mean" not in m
 
 
@@ -75,7 +76,9 @@ def test_kl_family_matches_reference():
     gen = torch.Generator().manual_seed(2)
     n = 20000
     t = torch.rand(n, generator=gen, dtype=torch.float64) * 84 - 42
-    log_d = math.log(RANGE[0]) + torch.rand(n, generator=gen, dtype=torch.float64) * math.log(RANGE[1] / RANGE[0])
+    log_d = math.log(RANGE[0]) + torch.rand(n, generator=gen, dtype=torch.float64) * math.log(
+        RANGE[1] / RANGE[0]
+    )
     x, d = torch.nn.functional.logsigmoid(t), log_d.exp()
     lo, hi = band_bounds_per_token(x, "kl", d, RANGE)
     lo_ref, hi_ref = _reference_kl(x, d)
@@ -88,7 +91,10 @@ def test_kl_family_matches_reference():
     # error reaches a bound times |d log(bound) / dt| <= |log bound| <= 20 where lower > 2e-9
     # (-log lower ~ delta / p = delta e^-t): 20 * 8e-6 = 1.6e-4. Measured: 4e-5.
     x32, d32 = x.float(), d.float()
-    for a, b in zip(band_bounds_per_token(x32, "kl", d32, RANGE), band_bounds_per_token(x32.double(), "kl", d32.double(), RANGE)):
+    for a, b in zip(
+        band_bounds_per_token(x32, "kl", d32, RANGE),
+        band_bounds_per_token(x32.double(), "kl", d32.double(), RANGE),
+    ):
         ok = b > 2e-9
         assert ((a.double() - b).abs() / b)[ok].max().item() < 2e-4
         assert a.dtype == torch.float32
@@ -110,7 +116,9 @@ def test_edge_inputs_and_clamp():
     d = torch.full_like(x, 0.05)
     lo, hi = band_bounds_per_token(x, "kl", d, RANGE)
     assert lo[0].item() == 0.0 and hi[0].item() == math.inf
-    assert hi[1].item() == pytest.approx(1.0, abs=1e-12) and lo[1].item() == pytest.approx(math.exp(-0.05), rel=1e-8)
+    assert hi[1].item() == pytest.approx(1.0, abs=1e-12) and lo[1].item() == pytest.approx(
+        math.exp(-0.05), rel=1e-8
+    )
     assert hi[2].item() == pytest.approx(1.0, abs=1e-12)
     assert math.isnan(lo[3].item()) and math.isnan(hi[3].item())
     # A radius outside the family's range is clamped into it (delta_max lies between two nodes:
@@ -126,8 +134,16 @@ def test_policy_loss_adaptive_uses_per_token_radius():
     ent = torch.rand(4, 6, generator=gen, dtype=torch.float64) * 2
     logp = (old + 0.5 * torch.randn(4, 6, generator=gen, dtype=torch.float64)).clamp(max=0).requires_grad_()
     adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64), torch.ones(4, 6)
-    opts = LossOptions(algorithm="bandpo", divergence="tv", band_adaptive="entropy", delta_min=0.01, delta_max=0.2,
-                       entropy_scale=1.0, dual_clip=None, agg="token-mean")
+    opts = LossOptions(
+        algorithm="bandpo",
+        divergence="tv",
+        band_adaptive="entropy",
+        delta_min=0.01,
+        delta_max=0.2,
+        entropy_scale=1.0,
+        dual_clip=None,
+        agg="token-mean",
+    )
     loss, m = policy_loss(logp, old, adv, mask, opts, old_entropy=ent)
     # Hand: TV band with delta_t per token, L = max(-A r, -A clip(r)).
     dt = 0.01 * (0.2 / 0.01) ** (ent / (ent + 1.0))

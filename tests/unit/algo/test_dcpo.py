@@ -24,23 +24,26 @@ def _log(values) -> torch.Tensor:
     return torch.log(torch.tensor(values, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("q, lower, upper", [
-    # q = 1:    1 - 0.64/1 = 0.36 -> lower = 0.5 + 0.5 * 0.6 = 0.8
-    #           upper = 0.5 + 0.5 sqrt(1 + 0.8/1) = 0.5 + 0.5 * 1.34164079 = 1.17082039
-    (1.0, 0.8, 0.5 + 0.5 * math.sqrt(1.8)),
-    # q = 0.8:  1 - 0.64/0.8 = 0.2 -> lower = 0.5 + 0.5 sqrt(0.2) = 0.72360680
-    #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.8) = 0.5 + 0.5 sqrt(2) = 1.20710678
-    (0.8, 0.5 + 0.5 * math.sqrt(0.2), 0.5 + 0.5 * math.sqrt(2.0)),
-    # q = 0.64: 1 - 0.64/0.64 = 0 -> lower = 0.5 (the kink)
-    #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.64) = 0.5 + 0.5 sqrt(2.25) = 0.5 + 0.75 = 1.25
-    (0.64, 0.5, 1.25),
-    # q = 0.5:  1 - 0.64/0.5 = 1 - 1.28 = -0.28, floored at 0 -> lower = 0.5
-    #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.5) = 0.5 + 0.5 sqrt(2.6) = 1.30622577
-    (0.5, 0.5, 0.5 + 0.5 * math.sqrt(2.6)),
-    # q = 0.01: 1 - 64 < 0 -> lower = 0.5; upper = 0.5 + 0.5 sqrt(1 + 80) = 0.5 + 4.5 = 5: the new probability
-    #           may reach 0.05 and fall to 0.005, the paper's own table (q(x) = 0.01, eps 0.16 / 0.2).
-    (0.01, 0.5, 5.0),
-])
+@pytest.mark.parametrize(
+    "q, lower, upper",
+    [
+        # q = 1:    1 - 0.64/1 = 0.36 -> lower = 0.5 + 0.5 * 0.6 = 0.8
+        #           upper = 0.5 + 0.5 sqrt(1 + 0.8/1) = 0.5 + 0.5 * 1.34164079 = 1.17082039
+        (1.0, 0.8, 0.5 + 0.5 * math.sqrt(1.8)),
+        # q = 0.8:  1 - 0.64/0.8 = 0.2 -> lower = 0.5 + 0.5 sqrt(0.2) = 0.72360680
+        #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.8) = 0.5 + 0.5 sqrt(2) = 1.20710678
+        (0.8, 0.5 + 0.5 * math.sqrt(0.2), 0.5 + 0.5 * math.sqrt(2.0)),
+        # q = 0.64: 1 - 0.64/0.64 = 0 -> lower = 0.5 (the kink)
+        #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.64) = 0.5 + 0.5 sqrt(2.25) = 0.5 + 0.75 = 1.25
+        (0.64, 0.5, 1.25),
+        # q = 0.5:  1 - 0.64/0.5 = 1 - 1.28 = -0.28, floored at 0 -> lower = 0.5
+        #           upper = 0.5 + 0.5 sqrt(1 + 0.8/0.5) = 0.5 + 0.5 sqrt(2.6) = 1.30622577
+        (0.5, 0.5, 0.5 + 0.5 * math.sqrt(2.6)),
+        # q = 0.01: 1 - 64 < 0 -> lower = 0.5; upper = 0.5 + 0.5 sqrt(1 + 80) = 0.5 + 4.5 = 5: the new probability
+        #           may reach 0.05 and fall to 0.005, the paper's own table (q(x) = 0.01, eps 0.16 / 0.2).
+        (0.01, 0.5, 5.0),
+    ],
+)
 def test_hand_computed_bounds(q, lower, upper):
     lo, hi = dac_bounds(_log([q]), EPS_LOW, EPS_HIGH)
     assert lo.item() == pytest.approx(lower, rel=1e-12) and hi.item() == pytest.approx(upper, rel=1e-12)
@@ -53,7 +56,9 @@ def test_cap_clamps_only_the_upper_bound():
     lo, hi = dac_bounds(x, EPS_LOW, EPS_HIGH, upper_cap=10.0)
     _, bare = dac_bounds(x, EPS_LOW, EPS_HIGH)
     assert bare[0].item() == pytest.approx(0.5 + 0.5 * math.sqrt(801.0), rel=1e-12)
-    assert hi.tolist()[:2] == [10.0, 10.0] and 9.9 < hi[2].item() < 10.0 and hi[3].item() == pytest.approx(5.0)
+    assert (
+        hi.tolist()[:2] == [10.0, 10.0] and 9.9 < hi[2].item() < 10.0 and hi[3].item() == pytest.approx(5.0)
+    )
     torch.testing.assert_close(lo, torch.full((4,), 0.5, dtype=torch.float64), rtol=0, atol=0)
 
 
@@ -165,13 +170,17 @@ def _batch():
 
 def test_tiny_batch_loss_gradient_and_clip_fractions():
     logp, old = _batch()
-    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="dcpo", agg="token-mean", dual_clip=None))
+    loss, m = policy_loss(
+        logp, old, ADV, MASK, LossOptions(algorithm="dcpo", agg="token-mean", dual_clip=None)
+    )
     loss.backward()
     upper_tail = 0.5 + 0.5 * math.sqrt(41.0)
     assert loss.item() == pytest.approx((-3.0 - upper_tail - 1.3 + 0.6 + 0.8) / 5, rel=1e-12)
     expected = torch.tensor([[-0.6, 0.0, -0.26], [0.12, 0.0, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(logp.grad, expected, rtol=1e-12, atol=0)
-    assert m["clip_frac_up"].item() == pytest.approx(1 / 5) and m["clip_frac_down"].item() == pytest.approx(1 / 5)
+    assert m["clip_frac_up"].item() == pytest.approx(1 / 5) and m["clip_frac_down"].item() == pytest.approx(
+        1 / 5
+    )
     # By old-probability bin: 0.01-0.1 holds the two q = 0.02 tokens (one cut), 0.1-0.5 the two q = 0.4 (none),
     # ge0.5 the q = 1 token (cut); no token below 0.01.
     bins = {k.split("/", 1)[1]: v.item() for k, v in m.items() if k.startswith("clip_frac_bin/")}
@@ -182,9 +191,13 @@ def test_tiny_batch_loss_gradient_and_clip_fractions():
     assert "dcpo/log_upper_mean" in m
     # GRPO on the same batch cuts every token, so every gradient is 0.
     logp.grad = None
-    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None))
+    loss, m = policy_loss(
+        logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None)
+    )
     loss.backward()
-    assert (logp.grad == 0).all() and m["clip_frac_up"].item() + m["clip_frac_down"].item() == pytest.approx(1.0)
+    assert (logp.grad == 0).all() and m["clip_frac_up"].item() + m["clip_frac_down"].item() == pytest.approx(
+        1.0
+    )
 
 
 def test_dual_clip_and_cap_with_negative_and_positive_advantages():
@@ -199,7 +212,9 @@ def test_dual_clip_and_cap_with_negative_and_positive_advantages():
     loss.backward()
     assert loss.item() == pytest.approx((10.0 - (0.5 + 0.5 * math.sqrt(17.0)) - 10.0) / 3, rel=1e-12)
     assert (logp.grad == 0).all()
-    assert m["clip_frac_dual"].item() == pytest.approx(1 / 3) and m["clip_frac_up"].item() == pytest.approx(2 / 3)
+    assert m["clip_frac_dual"].item() == pytest.approx(1 / 3) and m["clip_frac_up"].item() == pytest.approx(
+        2 / 3
+    )
 
 
 def _slow_loss(logp, old, adv, mask, eps_low, eps_high, cap, c):
@@ -237,24 +252,47 @@ def test_loss_matches_the_slow_reference():
     adv = torch.tensor([1.0, -1.0, 0.5, -0.7, 2.0, -2.0], dtype=torch.float64)
     opts = loss_options(compose(["algorithm=dcpo", "algorithm.kl_coef=0"]))
     assert (opts.eps_low, opts.eps_high, opts.upper_cap, opts.dual_clip, opts.agg) == (
-        0.16, 0.20, 10.0, 10.0, "seq-mean-token-mean")
+        0.16,
+        0.20,
+        10.0,
+        10.0,
+        "seq-mean-token-mean",
+    )
     loss, _ = policy_loss(logp, old, adv, mask, opts)
     loss.backward()
-    ref_loss, ref_grad = _slow_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(),
-                                    eps_low=0.16, eps_high=0.20, cap=10.0, c=10.0)
+    ref_loss, ref_grad = _slow_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        mask.tolist(),
+        eps_low=0.16,
+        eps_high=0.20,
+        cap=10.0,
+        c=10.0,
+    )
     assert loss.item() == pytest.approx(ref_loss, rel=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor(ref_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15)
 
 
 def test_ratio_interval_and_options():
     lo, hi = ratio_interval(_log([0.8]), "dcpo")  # the algorithm's own thresholds, 0.16 / 0.20
-    assert lo.item() == pytest.approx(0.5 + 0.5 * math.sqrt(0.2)) and hi.item() == pytest.approx(0.5 + 0.5 * math.sqrt(2))
+    assert lo.item() == pytest.approx(0.5 + 0.5 * math.sqrt(0.2)) and hi.item() == pytest.approx(
+        0.5 + 0.5 * math.sqrt(2)
+    )
     with pytest.raises(ValueError, match="bandpo only"):
         ratio_interval(_log([0.8]), "dcpo", delta_t=torch.tensor([0.05]), delta_range=(0.01, 0.1))
-    for kw, message in [(dict(algorithm="grpo", upper_cap=10.0), "upper_cap does not apply to algorithm=grpo .it applies to bandpo"),
-                        (dict(algorithm="dcpo", relax_high_p=True), "relax_high_p does not apply to algorithm=dcpo .it applies to bandpo only"),
-                        (dict(algorithm="dcpo", band_adaptive="entropy"), "applies to bandpo only"),
-                        (dict(algorithm="dcpo2"), r"algorithm must be one of grpo, .*, dcpo")]:
+    for kw, message in [
+        (
+            dict(algorithm="grpo", upper_cap=10.0),
+            "upper_cap does not apply to algorithm=grpo .it applies to bandpo",
+        ),
+        (
+            dict(algorithm="dcpo", relax_high_p=True),
+            "relax_high_p does not apply to algorithm=dcpo .it applies to bandpo only",
+        ),
+        (dict(algorithm="dcpo", band_adaptive="entropy"), "applies to bandpo only"),
+        (dict(algorithm="dcpo2"), r"algorithm must be one of grpo, .*, dcpo"),
+    ]:
         with pytest.raises(ValueError, match=message):
             LossOptions(**kw)
 
@@ -262,11 +300,19 @@ def test_ratio_interval_and_options():
 def test_config_recipe_and_refusals():
     cfg = compose(["algorithm=dcpo"]).algorithm
     assert (cfg.eps_low, cfg.eps_high, cfg.upper_cap, cfg.dual_clip, cfg.loss_agg) == (
-        0.16, 0.20, 10.0, 10.0, "seq-mean-token-mean")
+        0.16,
+        0.20,
+        10.0,
+        10.0,
+        "seq-mean-token-mean",
+    )
     assert cfg.band is None and compose(["algorithm=grpo"]).algorithm.upper_cap is None
     assert loss_options(compose(["algorithm=dcpo", "algorithm.upper_cap=null"])).upper_cap is None
     for overrides, message in [
-        (["algorithm=grpo", "algorithm.upper_cap=10"], r"algorithm\.upper_cap does not apply to algorithm=grpo"),
+        (
+            ["algorithm=grpo", "algorithm.upper_cap=10"],
+            r"algorithm\.upper_cap does not apply to algorithm=grpo",
+        ),
         (["algorithm=bandpo", "algorithm.upper_cap=10"], r"bandpo's is algorithm\.band\.upper_cap"),
         (["algorithm=dcpo", "algorithm.upper_cap=1"], r"algorithm\.upper_cap must be > 1"),
         (["algorithm=dcpo", "algorithm.band.delta=0.1"], r"algorithm\.band"),

@@ -40,13 +40,20 @@ def test_stale_batch_loss_and_gradient_hand_computed():
     torch.testing.assert_close(logp.grad, EXPECTED_GRAD, rtol=1e-12, atol=1e-15)
     assert m["tis/weight_mean"].item() == pytest.approx((2 + 0.5 + 2 + 1) / 4, rel=1e-12)
     assert m["tis/truncated_frac"].item() == pytest.approx(1 / 4, rel=1e-12)  # c's 3 is capped at 2
-    assert m["clip_frac_up"].item() == pytest.approx(1 / 4) and m["clip_frac_down"].item() == pytest.approx(1 / 4)
+    assert m["clip_frac_up"].item() == pytest.approx(1 / 4) and m["clip_frac_down"].item() == pytest.approx(
+        1 / 4
+    )
 
 
 def test_interval_is_around_the_proximal_policy_not_the_behaviour_policy():
     # Clipping r against pi_b instead (pi_theta / pi_b: a 2.8, b 0.55, c 1.5, d 1.1) would give another loss.
-    behaviour_clipped, _ = policy_loss(torch.log(PI_THETA), torch.log(PI_B), ADV, MASK,
-                                       LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None))
+    behaviour_clipped, _ = policy_loss(
+        torch.log(PI_THETA),
+        torch.log(PI_B),
+        ADV,
+        MASK,
+        LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None),
+    )
     assert behaviour_clipped.item() == pytest.approx((-1.2 - 0.55 + 1.5 + 1.1) / 4, abs=1e-12)
     assert behaviour_clipped.item() != pytest.approx(EXPECTED_LOSS)
     # BandPO's per-token bounds are functions of pi_old's probabilities.
@@ -54,7 +61,9 @@ def test_interval_is_around_the_proximal_policy_not_the_behaviour_policy():
     lo_b, _ = ratio_interval(torch.log(PI_B), "bandpo", delta=0.05, upper_cap=10.0)
     assert not torch.allclose(lo, lo_b)
     band = LossOptions(algorithm="bandpo", agg="token-mean", dual_clip=None, upper_cap=10.0, tis_cap=2.0)
-    loss, _ = policy_loss(torch.log(PI_THETA), torch.log(PI_OLD), ADV, MASK, band, rollout_logprobs=torch.log(PI_B))
+    loss, _ = policy_loss(
+        torch.log(PI_THETA), torch.log(PI_OLD), ADV, MASK, band, rollout_logprobs=torch.log(PI_B)
+    )
     r = PI_THETA / PI_OLD
     w = (PI_OLD / PI_B).clamp(max=2.0)
     a = ADV.unsqueeze(-1)
@@ -64,6 +73,8 @@ def test_interval_is_around_the_proximal_policy_not_the_behaviour_policy():
 
 def test_first_optimizer_step_ratio_is_one():
     # At the first step pi_theta = pi_old: the loss is -A w per token, the interval inactive.
-    loss, m = policy_loss(torch.log(PI_OLD), torch.log(PI_OLD), ADV, MASK, OPTS, rollout_logprobs=torch.log(PI_B))
+    loss, m = policy_loss(
+        torch.log(PI_OLD), torch.log(PI_OLD), ADV, MASK, OPTS, rollout_logprobs=torch.log(PI_B)
+    )
     assert loss.item() == pytest.approx((-2 - 0.5 + 2 + 1) / 4, abs=1e-12)
     assert m["clip_frac_up"].item() == 0 and m["clip_frac_down"].item() == 0

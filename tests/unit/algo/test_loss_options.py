@@ -16,8 +16,20 @@ def test_options_are_every_policy_loss_option_and_nothing_else():
     # policy_loss takes tensors and global normalisers as arguments and everything else from the record.
     params = set(inspect.signature(policy_loss).parameters)
     fields = {f.name for f in dataclasses.fields(LossOptions)}
-    assert params == {"logprobs", "old_logprobs", "advantages", "mask", "options", "num_tokens", "num_seqs",
-                      "max_len", "ref_logprobs", "entropy", "old_entropy", "rollout_logprobs"}
+    assert params == {
+        "logprobs",
+        "old_logprobs",
+        "advantages",
+        "mask",
+        "options",
+        "num_tokens",
+        "num_seqs",
+        "max_len",
+        "ref_logprobs",
+        "entropy",
+        "old_entropy",
+        "rollout_logprobs",
+    }
     assert not fields & params
 
 
@@ -25,8 +37,12 @@ def test_from_config_bandpo_default():
     o = loss_options(compose([]))
     # configs/algorithm/bandpo.yaml + base.yaml + the tiny model's rollout.max_tokens.
     cfg = compose([])
-    assert (o.algorithm, o.divergence, o.delta, o.agg) == ("bandpo", cfg.algorithm.band.divergence,
-                                                           cfg.algorithm.band.delta, cfg.algorithm.loss_agg)
+    assert (o.algorithm, o.divergence, o.delta, o.agg) == (
+        "bandpo",
+        cfg.algorithm.band.divergence,
+        cfg.algorithm.band.delta,
+        cfg.algorithm.loss_agg,
+    )
     assert o.norm_len == float(cfg.rollout.max_tokens) and o.band_adaptive == "none" and o.tis_cap is None
 
 
@@ -42,15 +58,21 @@ def test_from_config_adaptive_band_resolves_the_radius_range():
     assert (o.band_adaptive, o.delta_min, o.delta_max, o.entropy_scale) == ("entropy", 0.01, 0.16, None)
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(algorithm="ppo2"), "algorithm must be one of grpo, clip_higher, bandpo, .*, got 'ppo2'"),
-    (dict(agg="mean"), "agg must be one of token-mean"),
-    (dict(kl_estimator="k4"), "kl_estimator must be one of k1, k2, k3"),
-    (dict(dual_clip=1.0), "dual_clip must be > 1"),
-    (dict(tis_cap=0.5), "tis_cap must be >= 1"),
-    (dict(band_adaptive="entropic"), "band_adaptive must be one of none, entropy"),
-    (dict(algorithm="grpo", band_adaptive="entropy"), "band_adaptive does not apply to algorithm=grpo .it applies to bandpo only"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(algorithm="ppo2"), "algorithm must be one of grpo, clip_higher, bandpo, .*, got 'ppo2'"),
+        (dict(agg="mean"), "agg must be one of token-mean"),
+        (dict(kl_estimator="k4"), "kl_estimator must be one of k1, k2, k3"),
+        (dict(dual_clip=1.0), "dual_clip must be > 1"),
+        (dict(tis_cap=0.5), "tis_cap must be >= 1"),
+        (dict(band_adaptive="entropic"), "band_adaptive must be one of none, entropy"),
+        (
+            dict(algorithm="grpo", band_adaptive="entropy"),
+            "band_adaptive does not apply to algorithm=grpo .it applies to bandpo only",
+        ),
+    ],
+)
 def test_bad_options_fail_when_built(kw, message):
     with pytest.raises(ValueError, match=message):
         LossOptions(**kw)

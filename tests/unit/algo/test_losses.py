@@ -29,22 +29,40 @@ def _inputs():
 # token-mean: sum/5; seq-mean-token-mean: (sum0/3 + sum1/2)/2; seq-mean-token-sum: sum/2;
 # seq-mean-token-sum-norm: sum/(2*3).
 EXPECTED = {
-    "grpo": {"token-mean": -0.4 / 5, "seq-mean-token-mean": (-2.7 / 3 + 2.3 / 2) / 2,
-             "seq-mean-token-sum": -0.4 / 2, "seq-mean-token-sum-norm": -0.4 / 6},
-    "clip_higher": {"token-mean": -0.48 / 5, "seq-mean-token-mean": (-2.78 / 3 + 2.3 / 2) / 2,
-                    "seq-mean-token-sum": -0.48 / 2, "seq-mean-token-sum-norm": -0.48 / 6},
-    "bandpo": {"token-mean": -0.2 / 5, "seq-mean-token-mean": (-2.6 / 3 + 2.4 / 2) / 2,
-               "seq-mean-token-sum": -0.2 / 2, "seq-mean-token-sum-norm": -0.2 / 6},
+    "grpo": {
+        "token-mean": -0.4 / 5,
+        "seq-mean-token-mean": (-2.7 / 3 + 2.3 / 2) / 2,
+        "seq-mean-token-sum": -0.4 / 2,
+        "seq-mean-token-sum-norm": -0.4 / 6,
+    },
+    "clip_higher": {
+        "token-mean": -0.48 / 5,
+        "seq-mean-token-mean": (-2.78 / 3 + 2.3 / 2) / 2,
+        "seq-mean-token-sum": -0.48 / 2,
+        "seq-mean-token-sum-norm": -0.48 / 6,
+    },
+    "bandpo": {
+        "token-mean": -0.2 / 5,
+        "seq-mean-token-mean": (-2.6 / 3 + 2.4 / 2) / 2,
+        "seq-mean-token-sum": -0.2 / 2,
+        "seq-mean-token-sum-norm": -0.2 / 6,
+    },
 }
 
 
 @pytest.mark.parametrize("algorithm", list(EXPECTED))
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_hand_computed(algorithm, agg):
     logp, old = _inputs()
-    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm=algorithm, divergence="tv", delta=0.05, agg=agg))
+    loss, m = policy_loss(
+        logp, old, ADV, MASK, LossOptions(algorithm=algorithm, divergence="tv", delta=0.05, agg=agg)
+    )
     assert loss.item() == pytest.approx(EXPECTED[algorithm][agg], abs=1e-12)
-    assert m["clip_frac_up"].item() == pytest.approx(1 / 5) and m["clip_frac_down"].item() == pytest.approx(1 / 5)
+    assert m["clip_frac_up"].item() == pytest.approx(1 / 5) and m["clip_frac_down"].item() == pytest.approx(
+        1 / 5
+    )
 
 
 def test_gradient_is_zero_exactly_where_clipped():
@@ -61,17 +79,31 @@ def test_gradient_is_zero_exactly_where_clipped():
 def test_dual_clip_engages_only_for_negative_advantage():
     old = torch.zeros(2, 1, dtype=torch.float64) + math.log(0.5)
     logp = (old + math.log(12.0)).requires_grad_()  # ratio 12 > c = 10
-    loss, m = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), LossOptions(algorithm="grpo", agg="token-mean", dual_clip=10.0))
+    loss, m = policy_loss(
+        logp,
+        old,
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 1),
+        LossOptions(algorithm="grpo", agg="token-mean", dual_clip=10.0),
+    )
     # A = +1: max(-12, -1.2) = -1.2 (clipped); A = -1: min(max(12, 1.2), 10) = 10 (dual clip).
     assert loss.item() == pytest.approx((-1.2 + 10.0) / 2)
     assert m["clip_frac_dual"].item() == pytest.approx(0.5)
     loss.backward()
     assert (logp.grad == 0).all()
-    loss_nodual, _ = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None))
+    loss_nodual, _ = policy_loss(
+        logp,
+        old,
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 1),
+        LossOptions(algorithm="grpo", agg="token-mean", dual_clip=None),
+    )
     assert loss_nodual.item() == pytest.approx((-1.2 + 12.0) / 2)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 @pytest.mark.parametrize("algorithm", ["grpo", "bandpo", "dcpo"])
 def test_micro_batches_sum_to_full_batch(agg, algorithm):
     gen = torch.Generator().manual_seed(0)
@@ -120,7 +152,14 @@ def test_kl_estimators_and_term():
     torch.testing.assert_close(kl_penalty(logp, ref, "k2"), 0.5 * d**2)
     torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.exp(d) - d - 1)
     lp = logp.clone().requires_grad_()
-    loss, m = policy_loss(lp, logp, torch.zeros(1), torch.ones(1, 2), LossOptions(algorithm="grpo", agg="token-mean", kl_coef=0.1), ref_logprobs=ref)
+    loss, m = policy_loss(
+        lp,
+        logp,
+        torch.zeros(1),
+        torch.ones(1, 2),
+        LossOptions(algorithm="grpo", agg="token-mean", kl_coef=0.1),
+        ref_logprobs=ref,
+    )
     assert loss.item() == pytest.approx(0.1 * (torch.exp(d) - d - 1).mean().item())
     assert m["kl_ref"].item() == pytest.approx((torch.exp(d) - d - 1).mean().item())
     with pytest.raises(ValueError, match="ref_logprobs"):
@@ -131,7 +170,9 @@ def test_entropy_bonus_and_metric():
     logp, old = _inputs()
     ent = torch.full((2, 3), 2.0, dtype=torch.float64)
     base, _ = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean"))
-    loss, m = policy_loss(logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean", entropy_coef=0.01), entropy=ent)
+    loss, m = policy_loss(
+        logp, old, ADV, MASK, LossOptions(algorithm="grpo", agg="token-mean", entropy_coef=0.01), entropy=ent
+    )
     assert loss.item() == pytest.approx(base.item() - 0.01 * 2.0)
     assert m["entropy"].item() == pytest.approx(2.0)
 

@@ -63,9 +63,17 @@ def test_loss_is_scaled_per_token_without_gradient_through_the_weight(mode):
 def test_tis_cap_is_token_tis():
     logp = OLD.clone().requires_grad_()
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
-    a, _ = policy_loss(logp, OLD, adv, MASK, LossOptions(algorithm="grpo", tis_cap=2.0), rollout_logprobs=ROLLOUT)
-    b, _ = policy_loss(logp, OLD, adv, MASK, LossOptions(algorithm="grpo", mismatch="token_tis", mismatch_cap=2.0),
-                       rollout_logprobs=ROLLOUT)
+    a, _ = policy_loss(
+        logp, OLD, adv, MASK, LossOptions(algorithm="grpo", tis_cap=2.0), rollout_logprobs=ROLLOUT
+    )
+    b, _ = policy_loss(
+        logp,
+        OLD,
+        adv,
+        MASK,
+        LossOptions(algorithm="grpo", mismatch="token_tis", mismatch_cap=2.0),
+        rollout_logprobs=ROLLOUT,
+    )
     assert a.item() == b.item()
 
 
@@ -81,11 +89,17 @@ def test_stats_hand_computed():
     assert mismatch_stats(OLD, ROLLOUT, torch.zeros_like(MASK)) == {}
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(mismatch="seq"), "mismatch must be one of none, token_tis, seq_tis, token_mis, seq_mis, icepop"),
-    (dict(mismatch="icepop", mismatch_cap=0.5), "mismatch_cap must be >= 1"),
-    (dict(mismatch="icepop", tis_cap=2.0), "cannot be combined"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            dict(mismatch="seq"),
+            "mismatch must be one of none, token_tis, seq_tis, token_mis, seq_mis, icepop",
+        ),
+        (dict(mismatch="icepop", mismatch_cap=0.5), "mismatch_cap must be >= 1"),
+        (dict(mismatch="icepop", tis_cap=2.0), "cannot be combined"),
+    ],
+)
 def test_bad_options(kw, message):
     with pytest.raises(ValueError, match=message):
         LossOptions(**kw)

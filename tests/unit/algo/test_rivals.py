@@ -38,13 +38,16 @@ DPPO_OLD = [[0.5, 0.5, 0.01], [0.5, 0.5, 0.5]]
 DPPO_NEW = [[0.7, 0.6, 0.1], [0.3, 0.45, 0.5]]
 
 
-@pytest.mark.parametrize("algorithm, kept, up, down", [
-    # kept tokens: (row, col, ratio); L = -A r there, 0 where masked; token-mean over 5 tokens.
-    ("dppo_tv", [(0, 1, 1.2), (0, 2, 10.0), (1, 1, 0.9)], 1, 1),
-    # KL: (0,0) D = -0.5 ln(4 .7 .3) = 0.0872 > 0.05 masked; (0,1) D = -0.5 ln .96 = 0.0204 kept;
-    # (1,0) D = 0.0872, fell with A < 0: masked; (1,1) D = -0.5 ln .99 = 0.0050 kept.
-    ("dppo_kl", [(0, 1, 1.2), (1, 1, 0.9)], 2, 1),
-])
+@pytest.mark.parametrize(
+    "algorithm, kept, up, down",
+    [
+        # kept tokens: (row, col, ratio); L = -A r there, 0 where masked; token-mean over 5 tokens.
+        ("dppo_tv", [(0, 1, 1.2), (0, 2, 10.0), (1, 1, 0.9)], 1, 1),
+        # KL: (0,0) D = -0.5 ln(4 .7 .3) = 0.0872 > 0.05 masked; (0,1) D = -0.5 ln .96 = 0.0204 kept;
+        # (1,0) D = 0.0872, fell with A < 0: masked; (1,1) D = -0.5 ln .99 = 0.0050 kept.
+        ("dppo_kl", [(0, 1, 1.2), (1, 1, 0.9)], 2, 1),
+    ],
+)
 def test_dppo_hand_computed(algorithm, kept, up, down):
     """Equal to verl's ``dppo_tv`` / ``dppo_kl`` (verl/trainer/ppo/core_algos.py) on these inputs:
     the same masks (checked against its source: A > 0 kept where p - p' <= eps_high, resp. binary
@@ -58,7 +61,9 @@ def test_dppo_hand_computed(algorithm, kept, up, down):
     for i, j, r in kept:
         expected[i, j] = -adv[i] * r / 5
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
-    assert m["clip_frac_up"].item() == pytest.approx(up / 5) and m["clip_frac_down"].item() == pytest.approx(down / 5)
+    assert m["clip_frac_up"].item() == pytest.approx(up / 5) and m["clip_frac_down"].item() == pytest.approx(
+        down / 5
+    )
     # verl's form: same gradient.
     lp2 = logp.detach().clone().requires_grad_()
     keep = (expected != 0).double()
@@ -146,16 +151,34 @@ def test_each_rival_is_one_override_away(name):
     assert torch.isfinite(loss) and bool(torch.isfinite(logp.grad).all())
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(algorithm="dppo_tv"), "dual_clip does not apply to algorithm=dppo_tv .the dual clip is the clipped surrogate"),
-    (dict(algorithm="grpo", ratio_cap=2.0), "ratio_cap does not apply to algorithm=grpo .it applies to dppo_tv and dppo_kl only"),
-    (dict(algorithm="cispo", dual_clip=None, tau_pos=1.0), "tau_pos does not apply to algorithm=cispo .it applies to sapo only"),
-    (dict(algorithm="sapo", dual_clip=None, eps_low=0.2), "eps_low does not apply to algorithm=sapo"),
-    (dict(algorithm="gspo", dual_clip=None, agg="token-mean"), "agg must be seq-mean-token-mean with algorithm=gspo"),
-    (dict(algorithm="dppo_kl", dual_clip=None, ratio_cap=0.0), "ratio_cap must be > 0"),
-    (dict(algorithm="sapo", dual_clip=None, tau_neg=-1.0), "tau_neg must be > 0"),
-    (dict(algorithm="dppo"), "algorithm must be one of grpo, clip_higher, bandpo, dppo_tv, dppo_kl, gspo, cispo, sapo"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            dict(algorithm="dppo_tv"),
+            "dual_clip does not apply to algorithm=dppo_tv .the dual clip is the clipped surrogate",
+        ),
+        (
+            dict(algorithm="grpo", ratio_cap=2.0),
+            "ratio_cap does not apply to algorithm=grpo .it applies to dppo_tv and dppo_kl only",
+        ),
+        (
+            dict(algorithm="cispo", dual_clip=None, tau_pos=1.0),
+            "tau_pos does not apply to algorithm=cispo .it applies to sapo only",
+        ),
+        (dict(algorithm="sapo", dual_clip=None, eps_low=0.2), "eps_low does not apply to algorithm=sapo"),
+        (
+            dict(algorithm="gspo", dual_clip=None, agg="token-mean"),
+            "agg must be seq-mean-token-mean with algorithm=gspo",
+        ),
+        (dict(algorithm="dppo_kl", dual_clip=None, ratio_cap=0.0), "ratio_cap must be > 0"),
+        (dict(algorithm="sapo", dual_clip=None, tau_neg=-1.0), "tau_neg must be > 0"),
+        (
+            dict(algorithm="dppo"),
+            "algorithm must be one of grpo, clip_higher, bandpo, dppo_tv, dppo_kl, gspo, cispo, sapo",
+        ),
+    ],
+)
 def test_inapplicable_options_are_refused_by_name(kw, message):
     with pytest.raises(ValueError, match=message):
         LossOptions(**kw)

@@ -20,7 +20,9 @@ MASK = torch.tensor([[1, 1], [1, 0]])
 def test_weights_hand_computed():
     w, mean, frac = tis_weights(OLD, ROLLOUT, 1.5, MASK.double())
     # The padded position gets weight 1 (log-ratio 0 there); the loss masks it anyway.
-    torch.testing.assert_close(w, torch.tensor([[1.5, 0.5], [1.0, 1.0]], dtype=torch.float64), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        w, torch.tensor([[1.5, 0.5], [1.0, 1.0]], dtype=torch.float64), rtol=1e-12, atol=0
+    )
     assert mean.item() == pytest.approx((1.5 + 0.5 + 1.0) / 3, rel=1e-12)
     assert frac.item() == pytest.approx(1 / 3, rel=1e-12)  # the padded 3 is not counted
     rollout = ROLLOUT.clone()
@@ -40,8 +42,12 @@ def test_loss_is_weighted_per_token_and_weights_carry_no_gradient(algorithm):
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -0.5], [2.0, 0.0]], dtype=torch.float64) / 3)
-    assert m["tis/weight_mean"].item() == pytest.approx(1.0) and m["tis/truncated_frac"].item() == pytest.approx(1 / 3)
-    off, m_off = policy_loss(OLD.clone(), OLD, adv, MASK, replace(opts, tis_cap=None), rollout_logprobs=ROLLOUT)
+    assert m["tis/weight_mean"].item() == pytest.approx(1.0) and m[
+        "tis/truncated_frac"
+    ].item() == pytest.approx(1 / 3)
+    off, m_off = policy_loss(
+        OLD.clone(), OLD, adv, MASK, replace(opts, tis_cap=None), rollout_logprobs=ROLLOUT
+    )
     assert off.item() == pytest.approx((-1 - 1 + 2) / 3) and "tis/weight_mean" not in m_off
 
 

@@ -126,8 +126,14 @@ def test_deepspeed_classes_load_only_where_allowed(tmp_path):
     from deepspeed.utils.tensor_fragment import fragment_address
 
     file = tmp_path / "optim_states.pt"
-    torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.gradients,
-                "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}]}, file)
+    torch.save(
+        {
+            "loss_scaler": LossScaler(1.0),
+            "zero_stage": ZeroStageEnum.gradients,
+            "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}],
+        },
+        file,
+    )
     state = safe_load.load(file, safe_load.deepspeed_globals())
     assert state["loss_scaler"].cur_scale == 1.0 and state["zero_stage"] == ZeroStageEnum.gradients
     assert state["param_slice_mappings"][0]["w"] == fragment_address(numel=4, start=0)
@@ -145,8 +151,12 @@ def test_rng_states_restore_exactly_from_tensors_and_plain_data(tmp_path):
     assert safe_load.unsafe_globals(tmp_path / "rng_rank0.pt") == []  # nothing beyond torch's safe types
 
     def draws():
-        return [random.random(), random.gauss(0, 1), *np.random.standard_normal(3).tolist(),
-                *torch.rand(3).tolist()]
+        return [
+            random.random(),
+            random.gauss(0, 1),
+            *np.random.standard_normal(3).tolist(),
+            *torch.rand(3).tolist(),
+        ]
 
     expected = draws()
     ckpt.load_rng(tmp_path, 0)
@@ -156,7 +166,9 @@ def test_rng_states_restore_exactly_from_tensors_and_plain_data(tmp_path):
 def test_rng_file_of_the_older_format_is_refused_as_such(tmp_path):
     """Older bandpo pickled numpy's state tuple (an ndarray inside): not loaded, and said why."""
     file = tmp_path / "rng_rank0.pt"
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, file)
+    torch.save(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, file
+    )
     with pytest.raises(RuntimeError, match=rf"old checkpoint format: {file} holds numpy's RNG state") as e:
         ckpt.load_rng(tmp_path, 0)
     assert len(str(e.value).splitlines()) == 1
@@ -171,8 +183,14 @@ def test_the_drivers_check_allows_deepspeeds_classes_by_name_and_refuses_older_r
 
     optim = tmp_path / "state" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     optim.parent.mkdir()
-    torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.weights,
-                "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}]}, optim)
+    torch.save(
+        {
+            "loss_scaler": LossScaler(1.0),
+            "zero_stage": ZeroStageEnum.weights,
+            "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}],
+        },
+        optim,
+    )
     ckpt.save_rng(tmp_path, 0)
     ckpt.check_files(tmp_path)
 

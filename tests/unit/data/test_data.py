@@ -27,7 +27,7 @@ PAPER_DAPO = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
     "What is 1+1?"
-    "\n\nRemember to put your answer on its own line after \"Answer:\"."
+    '\n\nRemember to put your answer on its own line after "Answer:".'
 )
 
 
@@ -90,7 +90,11 @@ def test_render_plain_text_without_chat_template(tokenizer):
 def test_encode_examples_filters_overlong(tokenizer, caplog):
     from bandpo.types import Example
 
-    exs = [Example("short", "1+1?", "2", "t"), Example("long", "7 * 8 " * 200, "56", "t"), Example("b", "2+2?", "4", "t")]
+    exs = [
+        Example("short", "1+1?", "2", "t"),
+        Example("long", "7 * 8 " * 200, "56", "t"),
+        Example("b", "2+2?", "4", "t"),
+    ]
     limit = len(render_prompt(tokenizer, "1+1?", "dapo")) + 5
     with caplog.at_level(logging.WARNING):
         enc = encode_examples(tokenizer, exs, "dapo", max_prompt_len=limit)
@@ -111,24 +115,32 @@ def test_strip_instruction_roundtrip():
 
 
 def test_local_jsonl_skips_and_counts_bad_rows(tmp_path, caplog):
-    path = write_jsonl(tmp_path / "set.jsonl", [
-        {"id": "ok1", "problem": "1+1?", "answer": "2"},
-        {"id": "no_answer", "problem": "2+2?"},
-        {"id": "empty_problem", "problem": "  ", "answer": "3"},
-        {"id": "null_answer", "problem": "3+3?", "answer": None},
-        {"problem": "", "answer": "5"},  # no id: reported by row index
-        {"id": "ok2", "problem": "4+4?", "answer": 8},
-    ])
+    path = write_jsonl(
+        tmp_path / "set.jsonl",
+        [
+            {"id": "ok1", "problem": "1+1?", "answer": "2"},
+            {"id": "no_answer", "problem": "2+2?"},
+            {"id": "empty_problem", "problem": "  ", "answer": "3"},
+            {"id": "null_answer", "problem": "3+3?", "answer": None},
+            {"problem": "", "answer": "5"},  # no id: reported by row index
+            {"id": "ok2", "problem": "4+4?", "answer": 8},
+        ],
+    )
     with caplog.at_level(logging.WARNING):
         exs = load_local(path)
-    assert [(e.id, e.problem, e.answer, e.source) for e in exs] == [("ok1", "1+1?", "2", "set"), ("ok2", "4+4?", "8", "set")]
+    assert [(e.id, e.problem, e.answer, e.source) for e in exs] == [
+        ("ok1", "1+1?", "2", "set"),
+        ("ok2", "4+4?", "8", "set"),
+    ]
     assert "skipped 4 row(s)" in caplog.text
     for bad in ("no_answer", "empty_problem", "null_answer", "set-4"):
         assert bad in caplog.text
 
 
 def test_skipped_ids_logged_are_capped(tmp_path, caplog):
-    rows = [{"id": f"bad{i}", "problem": "", "answer": "1"} for i in range(9)] + [{"id": "ok", "problem": "p", "answer": "1"}]
+    rows = [{"id": f"bad{i}", "problem": "", "answer": "1"} for i in range(9)] + [
+        {"id": "ok", "problem": "p", "answer": "1"}
+    ]
     with caplog.at_level(logging.WARNING):
         exs = load_local(write_jsonl(tmp_path / "x.jsonl", rows))
     assert len(exs) == 1 and "skipped 9 row(s)" in caplog.text
@@ -161,17 +173,31 @@ def test_parquet_with_nested_dapo_rows(tmp_path):
 
     wrapped = format_user_message("Compute 6*7.", "dapo")
     rows = [
-        {"prompt": [{"role": "user", "content": wrapped}], "reward_model": {"ground_truth": "42", "style": "rule"},
-         "extra_info": {"index": "a1"}},
-        {"prompt": [{"role": "user", "content": wrapped}], "reward_model": {"ground_truth": "42", "style": "rule"},
-         "extra_info": {"index": "a2"}},  # a duplicate, as in the raw DAPO set
-        {"prompt": [{"role": "user", "content": "Compute 2*3."}], "reward_model": {"ground_truth": "", "style": "rule"},
-         "extra_info": {"index": "a3"}},
+        {
+            "prompt": [{"role": "user", "content": wrapped}],
+            "reward_model": {"ground_truth": "42", "style": "rule"},
+            "extra_info": {"index": "a1"},
+        },
+        {
+            "prompt": [{"role": "user", "content": wrapped}],
+            "reward_model": {"ground_truth": "42", "style": "rule"},
+            "extra_info": {"index": "a2"},
+        },  # a duplicate, as in the raw DAPO set
+        {
+            "prompt": [{"role": "user", "content": "Compute 2*3."}],
+            "reward_model": {"ground_truth": "", "style": "rule"},
+            "extra_info": {"index": "a3"},
+        },
     ]
     path = tmp_path / "dapo.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    exs = load_local(path, problem_key="prompt", answer_key="reward_model.ground_truth", id_key="extra_info.index",
-                     dedup=True)
+    exs = load_local(
+        path,
+        problem_key="prompt",
+        answer_key="reward_model.ground_truth",
+        id_key="extra_info.index",
+        dedup=True,
+    )
     assert [(e.id, e.problem, e.answer) for e in exs] == [("a1", "Compute 6*7.", "42")]
 
 
@@ -184,7 +210,12 @@ def test_answer_normalisation_and_level_filter():
     ]
     exs = examples_from_rows(rows, source="s", where="mem", levels=(3, 4, 5))
     assert [(e.problem, e.answer) for e in exs] == [("p1", "27"), ("p2", "204")]
-    assert [e.answer for e in examples_from_rows(rows, source="s", where="mem")] == ["27", "204", "1/2", "025"]
+    assert [e.answer for e in examples_from_rows(rows, source="s", where="mem")] == [
+        "27",
+        "204",
+        "1/2",
+        "025",
+    ]
 
 
 def test_limit(tmp_path):
@@ -214,18 +245,33 @@ def test_hub_loader_on_a_local_dataset_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     amc = tmp_path / "amc23"
     amc.mkdir()
-    write_jsonl(amc / "test.jsonl", [{"id": 0, "question": "q0", "answer": 27.0, "url": "u"},
-                                     {"id": 1, "question": "", "answer": 3.0, "url": "u"}])
+    write_jsonl(
+        amc / "test.jsonl",
+        [
+            {"id": 0, "question": "q0", "answer": 27.0, "url": "u"},
+            {"id": 1, "question": "", "answer": 3.0, "url": "u"},
+        ],
+    )
     spec = dataclasses.replace(REGISTRY["amc23"], hub_id=str(amc))
     assert [(e.id, e.problem, e.answer) for e in load_hub(spec, cache_dir=str(tmp_path / "cache"))] == [
         ("0", "q0", "27")
     ]
     math = tmp_path / "math"
     math.mkdir()
-    write_jsonl(math / "train.jsonl", [
-        {"problem": f"p{lvl}", "solution": "s", "answer": str(lvl), "subject": "Algebra", "level": lvl,
-         "unique_id": f"train/algebra/{lvl}.json"} for lvl in range(1, 6)
-    ])
+    write_jsonl(
+        math / "train.jsonl",
+        [
+            {
+                "problem": f"p{lvl}",
+                "solution": "s",
+                "answer": str(lvl),
+                "subject": "Algebra",
+                "level": lvl,
+                "unique_id": f"train/algebra/{lvl}.json",
+            }
+            for lvl in range(1, 6)
+        ],
+    )
     spec = dataclasses.replace(REGISTRY["math_l3to5"], hub_id=str(math))
     exs = load_hub(spec, cache_dir=str(tmp_path / "cache"))
     assert [(e.id, e.answer) for e in exs] == [(f"train/algebra/{lvl}.json", str(lvl)) for lvl in (3, 4, 5)]
@@ -282,7 +328,9 @@ def test_load_source_entries(tmp_path):
         load_source({"name": "tiny_arith", "path": str(path)})
     with pytest.raises(InputError, match="give 'name', 'path' or both"):
         load_source({"problem_key": "q"})
-    mixed = load_many([{"name": "tiny_arith", "size": 3}, {"path": str(path), "problem_key": "q", "answer_key": "a"}])
+    mixed = load_many(
+        [{"name": "tiny_arith", "size": 3}, {"path": str(path), "problem_key": "q", "answer_key": "a"}]
+    )
     assert [e.source for e in mixed] == ["tiny_arith"] * 3 + ["t"] * 2
 
 

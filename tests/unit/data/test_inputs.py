@@ -42,8 +42,13 @@ def offline_cold_cache(tmp_path, monkeypatch) -> Path:
 
 
 def offline_env(home: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "HF_HOME": str(home)}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(home),
+    }
 
 
 def test_eval_set_offline_with_a_cold_cache_names_hub_id_and_local_option(offline_cold_cache):
@@ -94,25 +99,37 @@ def test_hub_errors_tell_a_connection_failure_from_other_failures(monkeypatch):
     except ConnectionError as e:
         unreachable = hub_error("dataset a/b", e)
     assert isinstance(unreachable, HubUnreachable)
-    assert str(unreachable).startswith("dataset a/b cannot be loaded: the Hub cannot be reached (Couldn't reach "
-                                       "'a/b' on the Hub (LocalEntryNotFoundError)) and it is not in the Hugging "
-                                       "Face cache (")
+    assert str(unreachable).startswith(
+        "dataset a/b cannot be loaded: the Hub cannot be reached (Couldn't reach "
+        "'a/b' on the Hub (LocalEntryNotFoundError)) and it is not in the Hugging "
+        "Face cache ("
+    )
     assert str(unreachable).endswith("; HF_HUB_OFFLINE=1 reads a warm one without trying the network)")
     # the library's lines joined, cut at 240 characters: 44 of text, 193 dots, "..."
-    missing = hub_error("dataset a/b", DatasetNotFoundError("Dataset 'a/b' doesn't exist on the Hub.\n  more" + "." * 300))
+    missing = hub_error(
+        "dataset a/b", DatasetNotFoundError("Dataset 'a/b' doesn't exist on the Hub.\n  more" + "." * 300)
+    )
     assert type(missing) is InputError
-    assert str(missing) == "dataset a/b cannot be loaded: Dataset 'a/b' doesn't exist on the Hub. more" + "." * 193 + "..."
+    assert (
+        str(missing)
+        == "dataset a/b cannot be loaded: Dataset 'a/b' doesn't exist on the Hub. more" + "." * 193 + "..."
+    )
 
 
 def test_a_local_copy_of_a_registered_set_reads_with_its_mapping(tmp_path):
     """``{name, path}``: the file is read as the hub set would be (MATH levels 3-5 kept, its id key)."""
-    rows = [{"problem": f"p{lvl}", "answer": str(lvl), "level": f"Level {lvl}", "unique_id": f"u{lvl}"}
-            for lvl in range(1, 6)]
+    rows = [
+        {"problem": f"p{lvl}", "answer": str(lvl), "level": f"Level {lvl}", "unique_id": f"u{lvl}"}
+        for lvl in range(1, 6)
+    ]
     path = tmp_path / "math.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     exs = load_source({"name": "math_l3to5", "path": str(path)})
-    assert [(e.id, e.answer, e.source) for e in exs] == [("u3", "3", "math_l3to5"), ("u4", "4", "math_l3to5"),
-                                                        ("u5", "5", "math_l3to5")]
+    assert [(e.id, e.answer, e.source) for e in exs] == [
+        ("u3", "3", "math_l3to5"),
+        ("u4", "4", "math_l3to5"),
+        ("u5", "5", "math_l3to5"),
+    ]
     assert [e.id for e in load_source({"name": "math_l3to5", "path": str(path), "limit": 1})] == ["u3"]
     with pytest.raises(InputError, match=r"\['split'\] do not apply to a local file"):
         load_source({"name": "math_l3to5", "path": str(path), "split": "test"})
@@ -121,11 +138,16 @@ def test_a_local_copy_of_a_registered_set_reads_with_its_mapping(tmp_path):
 def test_unreadable_files_are_input_errors_naming_the_file(tmp_path):
     from bandpo.data.datasets import load_local
 
-    cases = {"bad.parquet": (b"PAR1 not parquet", r"bad.parquet: cannot read it \(ArrowInvalid: "),
-             "rows.json": (b'{"problem": "p"}', r"rows.json: expected a JSON list of rows, got dict"),
-             "list.jsonl": (b'{"problem": "p", "answer": "1"}\n[1]\n', r"list.jsonl:2: expected a JSON object"),
-             "latin1.jsonl": ('{"problem": "\u00e9"}'.encode("latin-1"), r"latin1.jsonl: cannot read it "
-                                                                            r"\(UnicodeDecodeError: ")}
+    cases = {
+        "bad.parquet": (b"PAR1 not parquet", r"bad.parquet: cannot read it \(ArrowInvalid: "),
+        "rows.json": (b'{"problem": "p"}', r"rows.json: expected a JSON list of rows, got dict"),
+        "list.jsonl": (b'{"problem": "p", "answer": "1"}\n[1]\n', r"list.jsonl:2: expected a JSON object"),
+        "latin1.jsonl": (
+            '{"problem": "\u00e9"}'.encode("latin-1"),
+            r"latin1.jsonl: cannot read it "
+            r"\(UnicodeDecodeError: ",
+        ),
+    }
     for name, (content, match) in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(InputError, match=match):
@@ -136,7 +158,12 @@ def test_unreadable_files_are_input_errors_naming_the_file(tmp_path):
 
 
 def _train_args(tmp_path: Path, model_dir: str, *overrides: str) -> list[str]:
-    return [f"model.path={model_dir}", "model.build=null", f"trainer.output_dir={tmp_path / 'run'}", *overrides]
+    return [
+        f"model.path={model_dir}",
+        "model.build=null",
+        f"trainer.output_dir={tmp_path / 'run'}",
+        *overrides,
+    ]
 
 
 def test_train_input_errors_are_one_line_naming_the_key(tmp_path, tiny_model_dir, capsys):
@@ -145,12 +172,18 @@ def test_train_input_errors_are_one_line_naming_the_key(tmp_path, tiny_model_dir
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": broken\n')
     cases = [
-        (["data=jsonl", "data.train.0.path=/nonexistent.jsonl"],
-         "input error: data.train.0.path: dataset file not found: /nonexistent.jsonl"),
-        (["data=jsonl", f"data.train.0.path={broken}"],
-         f"input error: data.train.0.path: {broken}:2: invalid JSON (Expecting value)"),
-        ([f"model.path={tmp_path}"],  # a folder without a tokenizer
-         f"input error: model.path: model {tmp_path} cannot be loaded: "),
+        (
+            ["data=jsonl", "data.train.0.path=/nonexistent.jsonl"],
+            "input error: data.train.0.path: dataset file not found: /nonexistent.jsonl",
+        ),
+        (
+            ["data=jsonl", f"data.train.0.path={broken}"],
+            f"input error: data.train.0.path: {broken}:2: invalid JSON (Expecting value)",
+        ),
+        (
+            [f"model.path={tmp_path}"],  # a folder without a tokenizer
+            f"input error: model.path: model {tmp_path} cannot be loaded: ",
+        ),
     ]
     for overrides, expected in cases:
         assert main(_train_args(tmp_path, tiny_model_dir, *overrides)) == 2, overrides
@@ -160,9 +193,14 @@ def test_train_input_errors_are_one_line_naming_the_key(tmp_path, tiny_model_dir
 
 def test_train_hub_data_offline_is_one_line_and_exit_2(tmp_path, tiny_model_dir):
     """The real command (``python -m bandpo.train data=dapo_math``) on a machine without the Hub."""
-    proc = subprocess.run([sys.executable, "-m", "bandpo.train", "data=dapo_math",
-                           *_train_args(tmp_path, tiny_model_dir)], cwd=tmp_path, env=offline_env(tmp_path / "hf"),
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bandpo.train", "data=dapo_math", *_train_args(tmp_path, tiny_model_dir)],
+        cwd=tmp_path,
+        env=offline_env(tmp_path / "hf"),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         "input error: data.train.0: dataset dapo17k (hub id BytedTsinghua-SIA/DAPO-Math-17k, split train) cannot be "
@@ -178,13 +216,20 @@ def test_eval_hub_set_offline_is_one_error_line_and_exit_2(tmp_path):
     model = tmp_path / "runs" / "x" / "hf"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")  # the datasets are read before the model
-    proc = subprocess.run([sys.executable, "-m", "bandpo.eval", "checkpoint=runs/x/hf", "eval.datasets=[amc23]"],
-                          cwd=tmp_path, env=offline_env(tmp_path / "hf"), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bandpo.eval", "checkpoint=runs/x/hf", "eval.datasets=[amc23]"],
+        cwd=tmp_path,
+        env=offline_env(tmp_path / "hf"),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
     *logs, last = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert last.startswith("eval: error: eval.datasets: dataset amc23 (hub id math-ai/amc23, split test) cannot be "
-                           "loaded: offline mode is on") and last.endswith("eval.paths.amc23=<file.jsonl> (rows with "
-                                                                          "problem and answer)"), last
+    assert last.startswith(
+        "eval: error: eval.datasets: dataset amc23 (hub id math-ai/amc23, split test) cannot be "
+        "loaded: offline mode is on"
+    ) and last.endswith("eval.paths.amc23=<file.jsonl> (rows with problem and answer)"), last
     assert [line.split(" ", 3)[2] for line in logs] == ["INFO"], logs
 
 
@@ -197,13 +242,41 @@ def test_dapo_math_from_local_copies_keeps_each_sets_mapping(tmp_path, tiny_mode
     from bandpo.trainer.launch import load_training_prompts
 
     dapo, math = tmp_path / "dapo.jsonl", tmp_path / "math.jsonl"
-    dapo.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],
-                                        "reward_model": {"ground_truth": a}, "extra_info": {"index": i}}) + "\n"
-                            for i, (p, a) in enumerate([("1+1?", "2"), ("1+1?", "2"), ("2+2?", "4")])))
-    math.write_text("".join(json.dumps({"problem": f"p{lvl}", "answer": str(lvl), "level": f"Level {lvl}",
-                                        "unique_id": f"u{lvl}"}) + "\n" for lvl in (1, 3, 5)))
-    cfg = compose(["data=dapo_math", f"data.train.0.path={dapo}", f"data.train.1.path={math}",
-                   f"model.path={tiny_model_dir}", "model.build=null"])
+    dapo.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt": [{"role": "user", "content": DAPO_PREFIX + p + DAPO_SUFFIX}],
+                    "reward_model": {"ground_truth": a},
+                    "extra_info": {"index": i},
+                }
+            )
+            + "\n"
+            for i, (p, a) in enumerate([("1+1?", "2"), ("1+1?", "2"), ("2+2?", "4")])
+        )
+    )
+    math.write_text(
+        "".join(
+            json.dumps(
+                {"problem": f"p{lvl}", "answer": str(lvl), "level": f"Level {lvl}", "unique_id": f"u{lvl}"}
+            )
+            + "\n"
+            for lvl in (1, 3, 5)
+        )
+    )
+    cfg = compose(
+        [
+            "data=dapo_math",
+            f"data.train.0.path={dapo}",
+            f"data.train.1.path={math}",
+            f"model.path={tiny_model_dir}",
+            "model.build=null",
+        ]
+    )
     encoded = load_training_prompts(cfg, load_tokenizer(tiny_model_dir, "model.path"))
     assert [(e.id, e.problem, e.answer) for e in encoded.examples] == [
-        ("0", "1+1?", "2"), ("2", "2+2?", "4"), ("u3", "p3", "3"), ("u5", "p5", "5")]
+        ("0", "1+1?", "2"),
+        ("2", "2+2?", "4"),
+        ("u3", "p3", "3"),
+        ("u5", "p5", "5"),
+    ]

@@ -19,10 +19,18 @@ def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str) -> float:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
-    config_cls, layer_cls, rotary_cls = {"qwen2": (Qwen2Config, Qwen2DecoderLayer, Qwen2RotaryEmbedding),
-                                         "llama": (LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding)}[kind]
-    cfg = config_cls(hidden_size=H, intermediate_size=I, num_attention_heads=HEADS, num_key_value_heads=KV,
-                     num_hidden_layers=1, vocab_size=100)
+    config_cls, layer_cls, rotary_cls = {
+        "qwen2": (Qwen2Config, Qwen2DecoderLayer, Qwen2RotaryEmbedding),
+        "llama": (LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding),
+    }[kind]
+    cfg = config_cls(
+        hidden_size=H,
+        intermediate_size=I,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        num_hidden_layers=1,
+        vocab_size=100,
+    )
     extra = {}
     if attn == "packed":
         from transformers import AttentionInterface
@@ -64,8 +72,15 @@ def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str) -> float:
 @pytest.mark.parametrize("attn", ["sdpa", "packed"])
 def test_layer_saves_what_the_formula_counts(kind, dtype, attn):
     lp = 4 if dtype == torch.float32 else 2
-    shape = ModelShape(num_params=0, hidden_size=H, intermediate_size=I, num_layers=1, num_heads=HEADS,
-                       num_kv_heads=KV, vocab_size=100)
+    shape = ModelShape(
+        num_params=0,
+        hidden_size=H,
+        intermediate_size=I,
+        num_layers=1,
+        num_heads=HEADS,
+        num_kv_heads=KV,
+        vocab_size=100,
+    )
     want = layer_activation_bytes(shape, lp, packed=attn == "packed")
     # by hand, native fp32: 8H + 24H + 8K + 16I + 4n + 8 = 2048 + 6144 + 1024 + 11264 + 24 = 20504
     assert {(4, False): 20504, (2, False): 11288}.get((lp, attn == "packed"), want) == want

@@ -22,10 +22,24 @@ def packed_bf16_activations(H, I, n, L):
     (2 H x L) + one recomputed layer (8H + 9 lp H + 4 lp I + 4n + 8 = 26H + 8I + 4n + 8) + the
     final norm and head (4H + 4 + 2 lp H + 12 = 8H + 16); bandpo.distributed.footprint."""
     return 2 * H * L + (26 * H + 8 * I + 4 * n + 8) + (8 * H + 16)
-SMALL = ["model=qwen2.5-3b", "model.num_params=1073741824", "model.hidden_size=1024", "model.num_layers=4",
-         "model.vocab_size=32768", "model.intermediate_size=2816", "model.num_heads=8", "model.num_kv_heads=2",
-         "actor.num_workers=2", "rollout.num_workers=2", "algorithm.kl_coef=0",
-         "actor.max_tokens_per_micro_batch=8192", "actor.logits_chunk_tokens=256", "actor.zero_stage=2"]
+
+
+SMALL = [
+    "model=qwen2.5-3b",
+    "model.num_params=1073741824",
+    "model.hidden_size=1024",
+    "model.num_layers=4",
+    "model.vocab_size=32768",
+    "model.intermediate_size=2816",
+    "model.num_heads=8",
+    "model.num_kv_heads=2",
+    "actor.num_workers=2",
+    "rollout.num_workers=2",
+    "algorithm.kl_coef=0",
+    "actor.max_tokens_per_micro_batch=8192",
+    "actor.logits_chunk_tokens=256",
+    "actor.zero_stage=2",
+]
 
 
 def _estimate(overrides, capacity):
@@ -39,8 +53,15 @@ def test_small_zero2_shape_by_hand():
     # tokens, chunk 256, checkpointing (the qwen2.5-3b file's).
     est = _estimate(SMALL, 16.0)
     P, W, H, I, n, L, V, T, C = 2**30, 2, 1024, 2816, 8, 4, 32768, 8192, 256
-    want = {"weights": 2 * P, "master": 4 * P / W, "optimizer": 8 * P / W, "grads": 4 * P / W, "bucket": 2 * 5e8,
-            "head": 12 * C * V + 6 * V * H, "activations": T * packed_bf16_activations(H, I, n, L)}
+    want = {
+        "weights": 2 * P,
+        "master": 4 * P / W,
+        "optimizer": 8 * P / W,
+        "grads": 4 * P / W,
+        "bucket": 2 * 5e8,
+        "head": 12 * C * V + 6 * V * H,
+        "activations": T * packed_bf16_activations(H, I, n, L),
+    }
     for key, nbytes in want.items():
         assert est.parts[key] == pytest.approx(nbytes / GIB, rel=1e-12), key
     # The optimizer step's fp32 temporary (4 P / W = 2 GiB) outgrows the head and activations (0.78 GiB),
@@ -51,7 +72,9 @@ def test_small_zero2_shape_by_hand():
     peak = (sum(v for k, v in want.items() if k not in ("head", "activations")) + 4 * P / W) / GIB
     assert est.train == pytest.approx(peak + VLLM_ASLEEP_GIB + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
     # Offload on (colocated default): ZeRO-2 keeps only its reduce bucket during the rollout.
-    assert est.offload and est.rollout == pytest.approx(1e9 / GIB + 0.5 * 16 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
+    assert est.offload and est.rollout == pytest.approx(
+        1e9 / GIB + 0.5 * 16 + 2 * CUDA_CONTEXT_GIB, rel=1e-12
+    )
     assert est.peak == max(est.rollout, est.train) and memory_errors(est) == []
 
 
@@ -72,9 +95,17 @@ def test_qwen25_7b_on_8_gpus_by_hand():
     # ZeRO-3 over 8 ranks, ref model (kl_coef 0.001), 16384 packed tokens, chunk 512, checkpointing.
     est = _estimate(["model=qwen2.5-7b"], 80.0)
     P, W, H, I, n, L, V, T, C = 7615616512, 8, 3584, 18944, 28, 28, 152064, 16384, 512
-    want = {"weights": 2 * P / W, "ref_weights": 2 * P / W, "master": 4 * P / W, "optimizer": 8 * P / W,
-            "grads": 4 * P / W, "bucket": 2 * 5e8, "live_params": 2 * (V * H + 5e7),
-            "head": 12 * C * V + 6 * V * H, "activations": T * packed_bf16_activations(H, I, n, L)}
+    want = {
+        "weights": 2 * P / W,
+        "ref_weights": 2 * P / W,
+        "master": 4 * P / W,
+        "optimizer": 8 * P / W,
+        "grads": 4 * P / W,
+        "bucket": 2 * 5e8,
+        "live_params": 2 * (V * H + 5e7),
+        "head": 12 * C * V + 6 * V * H,
+        "activations": T * packed_bf16_activations(H, I, n, L),
+    }
     for key, nbytes in want.items():
         assert est.parts[key] == pytest.approx(nbytes / GIB, rel=1e-12), key
     peak = sum(want.values()) / GIB
@@ -84,12 +115,19 @@ def test_qwen25_7b_on_8_gpus_by_hand():
     assert est.rollout == pytest.approx(2 * P / W / GIB + 40.0 + 1.2, rel=1e-12)  # 42.97 GiB
     resident = peak - (want["live_params"] + want["head"] + want["activations"]) / GIB  # 18.66 GiB
     assert est.phase("startup") == pytest.approx(resident + 1.0 + 1.2, rel=1e-12)
-    assert est.as_json() == {"rollout": 42.97, "train": 33.12, "startup": 20.86, "peak": 42.97, "capacity": 80.0}
+    assert est.as_json() == {
+        "rollout": 42.97,
+        "train": 33.12,
+        "startup": 20.86,
+        "peak": 42.97,
+        "capacity": 80.0,
+    }
 
 
 def test_split_layout_reports_actor_and_engine_gpus():
-    cfg = compose(["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4",
-                   "rollout.num_workers=2"])
+    cfg = compose(
+        ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]
+    )
     est = memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 8), "cuda"), 80.0)
     assert set(est.gpus) == {"actor", "engine"} and not est.offload  # auto: off outside the colocated layout
     assert est.on("engine", "rollout") == est.on("engine", "train") == pytest.approx(40.0 + CUDA_CONTEXT_GIB)
@@ -100,7 +138,13 @@ def test_command_json_carries_memory_gib_and_exits_2_when_a_phase_does_not_fit(c
     args = ["--json", "--nodes", "1", "--gpus-per-node", "8", "model=qwen2.5-7b"]
     assert plan_main(args + ["trainer.gpu_memory_gib=80"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["memory_gib"] == {"rollout": 42.97, "train": 33.12, "startup": 20.86, "peak": 42.97, "capacity": 80.0}
+    assert out["memory_gib"] == {
+        "rollout": 42.97,
+        "train": 33.12,
+        "startup": 20.86,
+        "peak": 42.97,
+        "capacity": 80.0,
+    }
     assert plan_main(args[1:] + ["--gpu-gib", "40", "rollout.gpu_memory_utilization=0.95"]) == 2
     captured = capsys.readouterr()
     assert "rollout phase needs" in captured.err and "(--gpu-gib)" in captured.err

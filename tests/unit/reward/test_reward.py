@@ -256,8 +256,13 @@ def test_reward_metrics():
     ]
     m = reward_metrics(scores)
     # Hand: rewards 1 - 1 - 1 + 1 = 0 over 4; 2 of 4 correct; one each of incorrect and timeout.
-    assert m == {"reward/mean": 0.0, "reward/accuracy": 0.5, "reward/frac_correct": 0.5,
-                 "reward/frac_incorrect": 0.25, "reward/frac_timeout": 0.25}
+    assert m == {
+        "reward/mean": 0.0,
+        "reward/accuracy": 0.5,
+        "reward/frac_correct": 0.5,
+        "reward/frac_incorrect": 0.25,
+        "reward/frac_timeout": 0.25,
+    }
     empty = reward_metrics([])
     assert empty == {"reward/mean": 0.0, "reward/accuracy": 0.0}
 

@@ -247,7 +247,9 @@ def test_weight_sync_is_exact(engine, tiny_model_dir):
     assert _max_gap(_gather(_forward_logits(original, restored).log_softmax(-1), restored), restored) < 1e-3
 
 
-def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipped_tensor(engine, tiny_model_dir):
+def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipped_tensor(
+    engine, tiny_model_dir
+):
     """The checksums the engine reports (``weight_checksums``: on vLLM read inside its workers, fused
     qkv / gate-up cut back into checkpoint tensors, CPU-packed linears and the tied head's packed GEMM
     copy read through their GEMMs) against the tensors sent through /dev/shm (the CPU transport)."""
@@ -278,14 +280,19 @@ def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipp
         corrupt["model.layers.1.mlp.up_proj.weight"][5, 7] += 0.5  # one element of one half of gate_up_proj
         # vLLM names the fused tensor it holds, and the checkpoint tensor inside it.
         fused = r"model\.layers\.1\.mlp\.gate_up_proj\.weight \(checkpoint tensor model\.layers\.1\.mlp\.up_proj\.weight\)"
-        with pytest.raises(WeightSyncMismatch, match=rf"engine 0 tensor ({fused}|model\.layers\.1\.mlp\.up_proj\.weight), "
-                                                     r"TP rank 0 differs from the actor's"):
+        with pytest.raises(
+            WeightSyncMismatch,
+            match=rf"engine 0 tensor ({fused}|model\.layers\.1\.mlp\.up_proj\.weight), "
+            r"TP rank 0 differs from the actor's",
+        ):
             sync_then_verify(corrupt.items())
 
         engine.update_weights(original.named_parameters())
         # the engine keeps the original's
         skipped = [(n, t) for n, t in sent.items() if n != "model.norm.weight"]
-        with pytest.raises(WeightSyncMismatch, match=r"engine 0 tensor model\.norm\.weight, TP rank 0 differs"):
+        with pytest.raises(
+            WeightSyncMismatch, match=r"engine 0 tensor model\.norm\.weight, TP rank 0 differs"
+        ):
             sync_then_verify(skipped)
     finally:
         engine.update_weights(original.named_parameters())

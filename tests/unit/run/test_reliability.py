@@ -133,7 +133,11 @@ def test_metrics_truncation_drops_what_a_resume_writes_again(tmp_path):
     with open(log.path, "a") as fh:
         fh.write('{"step": 4, "reward/me')  # torn by a kill mid-write
     log.truncate_after(2)
-    assert [(r["step"], r.get("final", False)) for r in _lines(log.path)] == [(0, False), (1, False), (2, False)]
+    assert [(r["step"], r.get("final", False)) for r in _lines(log.path)] == [
+        (0, False),
+        (1, False),
+        (2, False),
+    ]
     log.truncate_after(-1)  # a fresh start (no checkpoint to resume from)
     assert log.path.read_text() == ""
 
@@ -146,13 +150,26 @@ def test_nonfinite_metrics_are_logged_as_strings(tmp_path):
 
 # ---------------------------------------------------------------- NaN/inf guards
 def _batch() -> TrainBatch:
-    rb = RolloutBatch.from_lists([[5, 6], [7]], [[1, 2, 3], [4]], [[-1.0] * 3, [-1.0]], [0, 0], ["stop"] * 2, 0)
-    return TrainBatch.from_rollout(rb, rewards=torch.tensor([1.0, -1.0]), advantages=torch.tensor([1.0, -1.0]),
-                                   old_logprobs=torch.tensor([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]]))
+    rb = RolloutBatch.from_lists(
+        [[5, 6], [7]], [[1, 2, 3], [4]], [[-1.0] * 3, [-1.0]], [0, 0], ["stop"] * 2, 0
+    )
+    return TrainBatch.from_rollout(
+        rb,
+        rewards=torch.tensor([1.0, -1.0]),
+        advantages=torch.tensor([1.0, -1.0]),
+        old_logprobs=torch.tensor([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]]),
+    )
 
 
-@pytest.mark.parametrize("name,value", [("rewards", float("nan")), ("old_logprobs", float("-inf")),
-                                        ("ref_logprobs", float("nan")), ("advantages", float("inf"))])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("rewards", float("nan")),
+        ("old_logprobs", float("-inf")),
+        ("ref_logprobs", float("nan")),
+        ("advantages", float("inf")),
+    ],
+)
 def test_first_nonfinite_names_the_tensor(name, value):
     batch = _batch()
     assert first_nonfinite(batch) == ""
@@ -175,7 +192,9 @@ def test_guard_skips_and_counts_then_stops(capsys):
     assert guard.check(2, "rewards") is True and guard.skipped == 1
     assert "step 2: non-finite values (NaN/inf) in rewards; update skipped" in capsys.readouterr().out
     assert guard.check(3, "loss") is True
-    with pytest.raises(FloatingPointError, match=r"step 4: .* in old_logprobs; stopping after 3 skipped steps"):
+    with pytest.raises(
+        FloatingPointError, match=r"step 4: .* in old_logprobs; stopping after 3 skipped steps"
+    ):
         guard.check(4, "old_logprobs")
     with pytest.raises(FloatingPointError, match=r"in loss; stopping \(trainer.on_nonfinite=stop\)"):
         NonfiniteGuard("stop").check(1, "loss")
@@ -186,8 +205,9 @@ def test_guard_skips_and_counts_then_stops(capsys):
 def test_stale_weight_buffers_of_dead_drivers_are_removed():
     from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     # One file per Ray node: <pid>-<node id>.bin (and the single-file name of earlier versions).
     dead_pid = dead.stdout.strip()
     stale, stale_node = f"{SHM_PREFIX}{dead_pid}.bin", f"{SHM_PREFIX}{dead_pid}-0f3a9c.bin"
@@ -210,8 +230,9 @@ def _run_dir(root, steps, loss=0.5, weights=1.0):
 
     (root / "hf").mkdir(parents=True)
     save_file({"w": torch.full((3,), weights)}, root / "hf" / "model.safetensors")
-    root.joinpath("metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "reward/mean": -1.0, "actor/loss": loss * s}) + "\n" for s in steps))
+    root.joinpath("metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/mean": -1.0, "actor/loss": loss * s}) + "\n" for s in steps)
+    )
     mgr = CheckpointManager(root / "checkpoints")
     mgr.save(max(steps), lambda folder: (folder / "state").mkdir(parents=True), {"step": max(steps)})
     return root
@@ -232,7 +253,9 @@ def test_fault_checks_pass_on_equal_runs_and_name_each_violation(tmp_path):
     dup = _run_dir(tmp_path / "dup", [1, 2, 2, 3], loss=0.6, weights=1.1)
     rows = checks.read_metrics(dup)
     assert "training steps are [1, 2, 2, 3]" in checks.check_steps(rows, ref_rows, 3)[0]
-    assert "step 1: actor/loss = 0.6 after kills, 0.5 uninterrupted" in checks.check_step_metrics(rows, ref_rows)
+    assert "step 1: actor/loss = 0.6 after kills, 0.5 uninterrupted" in checks.check_step_metrics(
+        rows, ref_rows
+    )
     problems, diff = checks.check_weights(dup, ref)
     assert diff == pytest.approx(0.1) and "differ" in problems[0]
     (dup / "checkpoints" / ".tmp-step_000004-1").mkdir()
@@ -247,10 +270,12 @@ def test_session_kill_reaches_processes_that_left_the_process_group(tmp_path):
     from bandpo.tools.fault_test.process import Session
 
     moved = "import os, time; os.setpgid(0, 0); print('moved', flush=True); time.sleep(300)"
-    script = ("import subprocess, sys, time\n"
-              f"subprocess.Popen([sys.executable, '-c', {moved!r}])\n"
-              "subprocess.Popen(['sleep', '300'])\n"
-              "time.sleep(300)\n")
+    script = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {moved!r}])\n"
+        "subprocess.Popen(['sleep', '300'])\n"
+        "time.sleep(300)\n"
+    )
     session = Session([sys.executable, "-c", script], tmp_path / "log", tmp_path, dict(os.environ))
     while "moved" not in (tmp_path / "log").read_text() or len(session.members()) < 3:
         assert session.poll() is None

@@ -44,7 +44,9 @@ def test_unknown_group_is_refused():
 def test_env_is_absolute_and_an_unwritable_folder_falls_back_to_the_nodes_temp_dir(tmp_path, monkeypatch):
     # The driver resolves the folder: a worker on a node with another working directory opens the same path.
     monkeypatch.chdir(tmp_path)
-    assert worker_logs.worker_log_env("runs/r/logs") == {worker_logs.LOG_ENV: str(tmp_path / "runs/r/logs/ray-workers.log")}
+    assert worker_logs.worker_log_env("runs/r/logs") == {
+        worker_logs.LOG_ENV: str(tmp_path / "runs/r/logs/ray-workers.log")
+    }
     # A node where that folder cannot be made (here: a file sits where a folder must go): the worker
     # keeps running, writes to <temp>/bandpo-logs/<run>/ and says so there and on its original stderr.
     (tmp_path / "runs").write_text("not a folder")
@@ -61,5 +63,7 @@ def test_env_is_absolute_and_an_unwritable_folder_falls_back_to_the_nodes_temp_d
     fallback = tmp_path / "tmp" / "bandpo-logs" / "r"
     assert "cannot write the worker log" in proc.stderr and str(fallback / "ray-workers.log") in proc.stderr
     worker = (fallback / "ray-workers.log").read_text()
-    assert worker.startswith("[bandpo] WARNING: cannot write the worker log") and worker.endswith("before-group\n")
+    assert worker.startswith("[bandpo] WARNING: cannot write the worker log") and worker.endswith(
+        "before-group\n"
+    )
     assert (fallback / "actor.log").read_text() == "after-group\n"

@@ -67,8 +67,13 @@ def test_sampler_state_and_seeds_resume_identically_after_filtered_steps():
 def _round(prompt_ids: list[int], n: int, rewards: list[float]) -> Round:
     rows = len(prompt_ids) * n
     batch = TrainBatch.from_lists(
-        [[1, 2]] * rows, [[10 + r] * (1 + r % 3) for r in range(rows)], [[-0.5] * (1 + r % 3) for r in range(rows)],
-        [g for g in range(len(prompt_ids)) for _ in range(n)], ["stop"] * rows, pad_id=0)
+        [[1, 2]] * rows,
+        [[10 + r] * (1 + r % 3) for r in range(rows)],
+        [[-0.5] * (1 + r % 3) for r in range(rows)],
+        [g for g in range(len(prompt_ids)) for _ in range(n)],
+        ["stop"] * rows,
+        pad_id=0,
+    )
     batch.rewards = torch.tensor(rewards)
     scores = [SimpleNamespace(reward=x) for x in rewards]
     return Round(list(prompt_ids), batch, [f"t{r}" for r in range(rows)], scores)

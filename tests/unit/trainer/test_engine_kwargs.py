@@ -15,8 +15,13 @@ from bandpo.errors import ConfigError
 from bandpo.rollout.hf_engine import VLLM_ONLY, HfEngine
 from bandpo.trainer.launch import rollout_engine_kwargs
 
-SPLIT = ["actor.gpus=4", "rollout.gpus=4", "actor.num_workers=4", "rollout.num_workers=4",
-         "rollout.tensor_parallel_size=1"]
+SPLIT = [
+    "actor.gpus=4",
+    "rollout.gpus=4",
+    "actor.num_workers=4",
+    "rollout.num_workers=4",
+    "rollout.tensor_parallel_size=1",
+]
 
 
 def _kwargs(overrides, device):
@@ -42,15 +47,22 @@ def test_vllm_tp1_leaves_the_executor_to_vllm_and_split_does_not_sleep():
 def test_vllm_on_cpu_runs_in_process_with_unsplit_prefills():
     kw, sleeps = _kwargs(["model=tiny"], "cpu")
     assert not sleeps
-    assert (kw["distributed_executor_backend"], kw["enable_chunked_prefill"], kw["enforce_eager"]) == ("uni", False, True)
+    assert (kw["distributed_executor_backend"], kw["enable_chunked_prefill"], kw["enforce_eager"]) == (
+        "uni",
+        False,
+        True,
+    )
     assert "enable_sleep_mode" not in kw and "tensor_parallel_size" not in kw
 
 
-@pytest.mark.parametrize("overrides, device, sleeps", [
-    (["model=qwen2.5-3b", "rollout=hf"], "cuda", True),  # colocated: parks its weights like vLLM level 1
-    (["model=qwen2.5-7b", "rollout=hf", *SPLIT], "cuda", False),
-    (["model=tiny", "rollout=hf"], "cpu", False),
-])
+@pytest.mark.parametrize(
+    "overrides, device, sleeps",
+    [
+        (["model=qwen2.5-3b", "rollout=hf"], "cuda", True),  # colocated: parks its weights like vLLM level 1
+        (["model=qwen2.5-7b", "rollout=hf", *SPLIT], "cuda", False),
+        (["model=tiny", "rollout=hf"], "cpu", False),
+    ],
+)
 def test_hf_gets_only_its_own_options(overrides, device, sleeps):
     kw, asleep = _kwargs(overrides, device)
     assert asleep == sleeps and kw["device"] == device
@@ -60,7 +72,10 @@ def test_hf_gets_only_its_own_options(overrides, device, sleeps):
 
 
 def test_hf_with_tensor_parallel_is_a_config_error_naming_the_key():
-    with pytest.raises(ConfigError, match="rollout.tensor_parallel_size must be 1 with rollout.backend=hf.*rollout.num_workers=8"):
+    with pytest.raises(
+        ConfigError,
+        match="rollout.tensor_parallel_size must be 1 with rollout.backend=hf.*rollout.num_workers=8",
+    ):
         compose(["model=qwen2.5-7b", "rollout=hf"])
 
 
@@ -74,18 +89,21 @@ def test_hf_wake_up_takes_vllms_tags(tiny_model_dir):
         engine.wake_up(["kv"])
 
 
-@pytest.mark.parametrize("overrides, device, fast_cpu_bf16, dtype", [
-    (["model=tiny"], "cpu", False, "float32"),  # this machine's kind: bf16 would be emulated
-    # AVX512-BF16 / AMX: the actor computes in bf16, so do the engines
-    (["model=tiny"], "cpu", True, "bfloat16"),
-    (["model=tiny", "actor.bf16=false"], "cpu", True, "float32"),
-    (["model=tiny", "actor.bf16=true"], "cpu", False, "bfloat16"),
-    # named: used as given
-    (["model=tiny", "actor.bf16=true", "model.dtype=float32"], "cpu", False, "float32"),
-    (["model=tiny", "rollout=hf"], "cpu", True, "bfloat16"),
-    (["model=qwen2.5-3b"], "cuda", False, "bfloat16"),
-    (["model=qwen2.5-3b", "actor.bf16=false"], "cuda", False, "float32"),
-])
+@pytest.mark.parametrize(
+    "overrides, device, fast_cpu_bf16, dtype",
+    [
+        (["model=tiny"], "cpu", False, "float32"),  # this machine's kind: bf16 would be emulated
+        # AVX512-BF16 / AMX: the actor computes in bf16, so do the engines
+        (["model=tiny"], "cpu", True, "bfloat16"),
+        (["model=tiny", "actor.bf16=false"], "cpu", True, "float32"),
+        (["model=tiny", "actor.bf16=true"], "cpu", False, "bfloat16"),
+        # named: used as given
+        (["model=tiny", "actor.bf16=true", "model.dtype=float32"], "cpu", False, "float32"),
+        (["model=tiny", "rollout=hf"], "cpu", True, "bfloat16"),
+        (["model=qwen2.5-3b"], "cuda", False, "bfloat16"),
+        (["model=qwen2.5-3b", "actor.bf16=false"], "cuda", False, "float32"),
+    ],
+)
 def test_engine_dtype_follows_the_actors_precision(monkeypatch, overrides, device, fast_cpu_bf16, dtype):
     from bandpo.distributed import precision
 

@@ -48,13 +48,21 @@ class Draws:
         self.log.append((step, self.engines.version, threading.current_thread() is threading.main_thread()))
         with self.trainer.timed("rollout"):
             time.sleep(0.05)
-        batch = TrainBatch.from_rollout(RolloutBatch(
-            prompt_ids=torch.ones(N, 2, dtype=torch.long), prompt_mask=torch.ones(N, 2, dtype=torch.long),
-            response_ids=torch.full((N, R), step, dtype=torch.long), response_mask=torch.ones(N, R, dtype=torch.long),
-            rollout_logprobs=torch.full((N, R), -float(step)), prompt_index=torch.zeros(N, dtype=torch.long),
-            finish_reasons=["stop"] * N))
+        batch = TrainBatch.from_rollout(
+            RolloutBatch(
+                prompt_ids=torch.ones(N, 2, dtype=torch.long),
+                prompt_mask=torch.ones(N, 2, dtype=torch.long),
+                response_ids=torch.full((N, R), step, dtype=torch.long),
+                response_mask=torch.ones(N, R, dtype=torch.long),
+                rollout_logprobs=torch.full((N, R), -float(step)),
+                prompt_index=torch.zeros(N, dtype=torch.long),
+                finish_reasons=["stop"] * N,
+            )
+        )
         batch.rewards = torch.tensor([1.0, -1.0] * (N // 2))  # [N]
-        scores = [Score(float(r), "correct" if r > 0 else "incorrect", None, r > 0) for r in batch.rewards.tolist()]
+        scores = [
+            Score(float(r), "correct" if r > 0 else "incorrect", None, r > 0) for r in batch.rewards.tolist()
+        ]
         return Drawn(Round([step], batch, [""] * N, scores), {}, scores, N * R)
 
 
@@ -100,8 +108,16 @@ class Log:
 def make_trainer(tmp_path, staleness, steps=3):
     from bandpo.data import EpochSampler
 
-    cfg = compose([f"trainer.max_staleness={staleness}", f"trainer.total_steps={steps}", "trainer.save_every=2",
-                   "trainer.eval_before_train=false", "trainer.export_hf=false", f"trainer.output_dir={tmp_path}"])
+    cfg = compose(
+        [
+            f"trainer.max_staleness={staleness}",
+            f"trainer.total_steps={steps}",
+            "trainer.save_every=2",
+            "trainer.eval_before_train=false",
+            "trainer.export_hf=false",
+            f"trainer.output_dir={tmp_path}",
+        ]
+    )
     t = Trainer(cfg)
     engines, actor = Engines(), Actor()
     t.workers.rollout, t.workers.actor, t.drawer = engines, actor, Draws(t, engines)
@@ -158,7 +174,9 @@ def test_the_batch_drawn_ahead_is_checkpointed_and_resumed(tmp_path):
     resumed._resume()
     assert (resumed.step, resumed.engine_version, resumed.workers.actor.version) == (2, 2, 2)
     assert (resumed.in_flight.step, resumed.in_flight.version) == (3, 1)
-    assert torch.equal(resumed.in_flight.drawn.round.batch.response_ids, pending.drawn.round.batch.response_ids)
+    assert torch.equal(
+        resumed.in_flight.drawn.round.batch.response_ids, pending.drawn.round.batch.response_ids
+    )
     rows = run(resumed, 2)
     assert resumed.drawer.log == [(4, 2, False)]  # batch 3 is not regenerated
     assert resumed.workers.actor.trained == [(3, 2), (4, 3)]
@@ -189,7 +207,9 @@ def test_resume_refuses_a_checkpoint_file_holding_code_before_any_worker_reads_i
     crafted.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"module": {"w": torch.ones(2)}, "extra": MakeDir(tmp_path / "pwned")}, crafted)
     resumed = make_trainer(tmp_path, 1, steps=4)
-    with pytest.raises(UnsafeCheckpoint, match=rf"^unsafe checkpoint: {crafted} holds pickled code \(posix.mkdir\)"):
+    with pytest.raises(
+        UnsafeCheckpoint, match=rf"^unsafe checkpoint: {crafted} holds pickled code \(posix.mkdir\)"
+    ):
         resumed._resume()
     assert not (tmp_path / "pwned").exists()
     if file != "in_flight.pt":

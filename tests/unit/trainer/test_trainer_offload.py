@@ -91,8 +91,18 @@ def test_states_leave_the_gpu_before_the_engines_wake_and_return_once_they_sleep
     metrics = trainer.train_step()
     moves = ["actor.reload", "actor.offload"] if offloads else []
     weights = ["actor.offload_weights"] if offloads else []  # the IPC / NCCL transports read them on the GPU
-    assert log == ["engines.generate", "engines.sleep", *moves[:1], "actor.old_logprobs", "actor.train", *moves[1:],
-                   "engines.wake_up(weights)", "actor->engines weight sync", *weights, "engines.wake_up(kv_cache)"]
+    assert log == [
+        "engines.generate",
+        "engines.sleep",
+        *moves[:1],
+        "actor.old_logprobs",
+        "actor.train",
+        *moves[1:],
+        "engines.wake_up(weights)",
+        "actor->engines weight sync",
+        *weights,
+        "engines.wake_up(kv_cache)",
+    ]
     assert ("time/reload" in metrics and "time/offload" in metrics) is offloads
 
 
@@ -106,21 +116,35 @@ def test_a_skipped_step_syncs_only_when_the_engines_slept_without_their_weights(
     metrics = trainer.train_step()
     assert metrics["trainer/skipped_steps"] == 1 and "actor.train" not in log
     sync = ["actor->engines weight sync"] if drops_weights else []
-    assert log[log.index("actor.offload"):] == ["actor.offload", "engines.wake_up(weights)", *sync,
-                                                "actor.offload_weights", "engines.wake_up(kv_cache)"]
+    assert log[log.index("actor.offload") :] == [
+        "actor.offload",
+        "engines.wake_up(weights)",
+        *sync,
+        "actor.offload_weights",
+        "engines.wake_up(kv_cache)",
+    ]
 
 
 def test_resume_loads_the_states_while_the_engines_sleep(tmp_path):
     trainer, log = _trainer(offloads=True)
     trainer.workers.actor.call = lambda method, *args: log.append(f"actor.{method}")
-    trainer.ckpt = SimpleNamespace(remove_stale=lambda: None, latest=lambda: tmp_path,
-                                   load_state=lambda folder, required: {"step": 3, "sampler": {}})
+    trainer.ckpt = SimpleNamespace(
+        remove_stale=lambda: None,
+        latest=lambda: tmp_path,
+        load_state=lambda folder, required: {"step": 3, "sampler": {}},
+    )
     trainer.sampler = SimpleNamespace(load_state_dict=lambda state: None)
     trainer.logger = SimpleNamespace(truncate_after=lambda step: None)
     trainer.guard = NonfiniteGuard("skip", 5)
     trainer._resume()
     # load_checkpoint brings an offloaded rank's states back, loads, and offloads them again (Actor),
     # all but the weights, which leave once the engines have them.
-    assert log == ["engines.sleep", "actor.load_checkpoint", "engines.wake_up(weights)",
-                   "actor->engines weight sync", "actor.offload_weights", "engines.wake_up(kv_cache)"]
+    assert log == [
+        "engines.sleep",
+        "actor.load_checkpoint",
+        "engines.wake_up(weights)",
+        "actor->engines weight sync",
+        "actor.offload_weights",
+        "engines.wake_up(kv_cache)",
+    ]
     assert trainer.step == 3

@@ -27,10 +27,13 @@ def test_colocated_sleep_then_wake_weights_sync_kv_cache():
     g.sleep()
     g.wake(_sync(g))
     assert g.log == [
-        ("engine0", "sleep"), ("engine1", "sleep"),
-        ("engine0", "wake_up", ("weights",)), ("engine1", "wake_up", ("weights",)),
+        ("engine0", "sleep"),
+        ("engine1", "sleep"),
+        ("engine0", "wake_up", ("weights",)),
+        ("engine1", "wake_up", ("weights",)),
         ("actor", "sync"),
-        ("engine0", "wake_up", ("kv_cache",)), ("engine1", "wake_up", ("kv_cache",)),
+        ("engine0", "wake_up", ("kv_cache",)),
+        ("engine1", "wake_up", ("kv_cache",)),
     ]
 
 
@@ -53,7 +56,9 @@ def test_engines_that_dropped_their_weights_refuse_to_wake_without_a_load():
 
 
 @pytest.mark.parametrize("level", [1, 2])
-def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_the_weights(monkeypatch, level):
+def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_the_weights(
+    monkeypatch, level
+):
     from types import SimpleNamespace
 
     from bandpo.config import compose
@@ -82,7 +87,9 @@ def test_without_sleep_mode_only_the_sync_runs(sync):
 def test_trainer_plans_from_the_configured_shape_and_spreads_verifiers():
     from bandpo.config import compose
 
-    cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "trainer.verifier_actors=2"])
+    cfg = compose(
+        ["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "trainer.verifier_actors=2"]
+    )
     plan = placement_plan(cfg, "cuda")
     assert (plan.layout, plan.tp, [len(b) for b in plan.bundles]) == ("colocated", 2, [8])
     assert verifier_strategies(cfg, plan) == ["SPREAD", "SPREAD"]
@@ -96,13 +103,17 @@ def test_spawn_rollout_workers_refuses_options_of_the_wrong_length():
         spawn_rollout_workers(2, "hf", "unused", options_per_worker=[{}])
 
 
-@pytest.mark.parametrize("overrides, transport", [
-    ([], "ipc"),  # colocated
-    (["actor.gpus=4", "actor.num_workers=4", "rollout.gpus=4", "rollout.num_workers=2"], "nccl"),  # split
-    (["rollout.weight_sync=shm"], "shm"),
-])
+@pytest.mark.parametrize(
+    "overrides, transport",
+    [
+        ([], "ipc"),  # colocated
+        (["actor.gpus=4", "actor.num_workers=4", "rollout.gpus=4", "rollout.num_workers=2"], "nccl"),  # split
+        (["rollout.weight_sync=shm"], "shm"),
+    ],
+)
 def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the_kv_cache_wake(
-        monkeypatch, overrides, transport):
+    monkeypatch, overrides, transport
+):
     from types import SimpleNamespace
 
     from bandpo.config import compose
@@ -127,10 +138,16 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
     g.wake(trainer.sync_weights)
     g.wake(trainer.sync_weights)  # the sync object is made once per run
     assert made == [transport]
-    assert g.log[:8] == [("engine0", "sleep"), ("engine1", "sleep"),
-                         ("engine0", "wake_up", ("weights",)), ("engine1", "wake_up", ("weights",)),
-                         # the run's first sync is verified
-                         ("actor", f"sync:{transport}"), ("actor", "verify"),
-                         ("engine0", "wake_up", ("kv_cache",)), ("engine1", "wake_up", ("kv_cache",))]
+    assert g.log[:8] == [
+        ("engine0", "sleep"),
+        ("engine1", "sleep"),
+        ("engine0", "wake_up", ("weights",)),
+        ("engine1", "wake_up", ("weights",)),
+        # the run's first sync is verified
+        ("actor", f"sync:{transport}"),
+        ("actor", "verify"),
+        ("engine0", "wake_up", ("kv_cache",)),
+        ("engine1", "wake_up", ("kv_cache",)),
+    ]
     assert g.log.count(("actor", "verify")) == 1  # rollout.verify_sync=false: the later syncs are not
     assert "verify_sync" in trainer.timings

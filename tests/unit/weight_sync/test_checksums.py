@@ -23,8 +23,11 @@ from bandpo.weight_sync.checksums import (
 
 def _weights() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"embed.weight": torch.randn(8, 4, generator=g), "layer.up.weight": torch.randn(6, 4, generator=g),
-            "norm.weight": torch.ones(4)}
+    return {
+        "embed.weight": torch.randn(8, 4, generator=g),
+        "layer.up.weight": torch.randn(6, 4, generator=g),
+        "norm.weight": torch.ones(4),
+    }
 
 
 def _check(sent: dict[str, torch.Tensor], reports: list[list[list[EngineEntry]]]) -> int:
@@ -52,7 +55,9 @@ def test_a_faithful_engine_passes_and_a_one_element_corruption_is_named():
     bad = {k: v.clone() for k, v in sent.items()}
     bad["layer.up.weight"][3, 1] = torch.nextafter(bad["layer.up.weight"][3, 1], torch.tensor(9.0))  # one ulp
     reports = [[entries_of(sent.items())], [entries_of(bad.items())]]
-    with pytest.raises(WeightSyncMismatch, match=r"engine 1 tensor layer\.up\.weight, TP rank 0 differs") as e:
+    with pytest.raises(
+        WeightSyncMismatch, match=r"engine 1 tensor layer\.up\.weight, TP rank 0 differs"
+    ) as e:
         _check(sent, reports)
     assert "\n" not in str(e.value)
 
@@ -72,7 +77,9 @@ def test_the_actor_side_is_cast_to_the_engines_dtype():
     bf16 = {k: v.to(torch.bfloat16) for k, v in sent.items()}  # a bf16 engine fed fp32 weights
     assert _check(sent, [[entries_of(bf16.items())]]) == 3
     # A load that truncated instead of rounding to nearest holds other bf16 values.
-    truncated = {k: (v.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16) for k, v in sent.items()}
+    truncated = {
+        k: (v.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16) for k, v in sent.items()
+    }
     with pytest.raises(WeightSyncMismatch, match=r"embed\.weight.*bfloat16"):
         _check(sent, [[entries_of(truncated.items())]])
 
@@ -85,8 +92,10 @@ def test_tensor_parallel_shards_add_up_and_replicas_are_checked_rank_by_rank():
         return EngineEntry(name, name, "float32", t.numel(), checksum(t), copies)
 
     def ranks(up0, norm1):
-        return [[entry("embed.weight", embed[:4]), entry("layer.up.weight", up0), entry("norm.weight", norm)],
-                [entry("embed.weight", embed[4:]), entry("layer.up.weight", up[3:]), entry("norm.weight", norm1)]]
+        return [
+            [entry("embed.weight", embed[:4]), entry("layer.up.weight", up0), entry("norm.weight", norm)],
+            [entry("embed.weight", embed[4:]), entry("layer.up.weight", up[3:]), entry("norm.weight", norm1)],
+        ]
 
     assert _check(w, [ranks(up[:3], norm)]) == 6  # sharded rows sum, the replicated norm matches on each rank
     with pytest.raises(WeightSyncMismatch, match=r"layer\.up\.weight, summed over its TP ranks"):
@@ -121,8 +130,9 @@ class _Head(torch.nn.Module):
 
     def __init__(self, table: torch.Tensor):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.cat([table, torch.zeros(8 - len(table), table.shape[1])]),
-                                         requires_grad=False)
+        self.weight = torch.nn.Parameter(
+            torch.cat([table, torch.zeros(8 - len(table), table.shape[1])]), requires_grad=False
+        )
         self.embedding_dim = table.shape[1]
         self.shard_indices = type("Indices", (), {"num_org_elements": len(table)})()
         self.cpu_linear, self.quant_method = True, self
@@ -137,24 +147,40 @@ def test_fused_packed_and_tied_vllm_tensors_map_back_to_checkpoint_names(packed)
     q, k, v, gate, up = (torch.randn(r, 4, generator=g) for r in (4, 2, 2, 3, 3))
     table = torch.randn(6, 4, generator=g)
     model = torch.nn.Module()
-    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    model.packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
     model.embed = _Head(table)
     model.qkv_proj = _Linear(torch.cat([q, k, v]), [4, 2, 2], packed, kv_replicas=1)
     model.gate_up_proj = _Linear(torch.cat([gate, up]), [3, 3], packed)
-    sent = {"embed.weight": table, "q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v,
-            "q_proj.bias": torch.arange(4.0), "k_proj.bias": torch.arange(4.0, 6), "v_proj.bias": torch.arange(6.0, 8),
-            "gate_proj.weight": gate, "up_proj.weight": up, "gate_proj.bias": torch.arange(3.0),
-            "up_proj.bias": torch.arange(3.0, 6)}
+    sent = {
+        "embed.weight": table,
+        "q_proj.weight": q,
+        "k_proj.weight": k,
+        "v_proj.weight": v,
+        "q_proj.bias": torch.arange(4.0),
+        "k_proj.bias": torch.arange(4.0, 6),
+        "v_proj.bias": torch.arange(6.0, 8),
+        "gate_proj.weight": gate,
+        "up_proj.weight": up,
+        "gate_proj.bias": torch.arange(3.0),
+        "up_proj.bias": torch.arange(3.0, 6),
+    }
     entries = module_entries(model, head=model.embed)
     assert {e.name for e in entries} == set(sent)
-    assert [e.label for e in entries if e.name == "embed.weight"] == ["embed.weight",
-                                                                      "lm_head GEMM copy (tied to embed.weight)"]
+    assert [e.label for e in entries if e.name == "embed.weight"] == [
+        "embed.weight",
+        "lm_head GEMM copy (tied to embed.weight)",
+    ]
     assert _check(sent, [[entries]]) == len(sent) + 1
 
     model.gate_up_proj._hidden[4, 0] += 1.0  # a row of up_proj, the second part of the fused tensor
     if not packed:
         model.gate_up_proj.weight.data[4, 0] += 1.0
-    with pytest.raises(WeightSyncMismatch, match=r"gate_up_proj\.weight \(checkpoint tensor up_proj\.weight\)"):
+    with pytest.raises(
+        WeightSyncMismatch, match=r"gate_up_proj\.weight \(checkpoint tensor up_proj\.weight\)"
+    ):
         _check(sent, [[module_entries(model, head=model.embed)]])
 
 

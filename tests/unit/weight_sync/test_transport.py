@@ -14,28 +14,34 @@ from bandpo.errors import ConfigError, SharedMemoryFull
 from bandpo.weight_sync.transport import DeviceWeightSync, choose_transport, make_weight_sync
 
 
-@pytest.mark.parametrize("choice, layout, backend, want", [
-    ("auto", "cpu", "vllm", "shm"),
-    ("auto", "colocated", "vllm", "ipc"),
-    ("auto", "split", "vllm", "nccl"),
-    ("auto", "colocated", "hf", "shm"),  # the HF engine loads from /dev/shm only
-    ("shm", "colocated", "vllm", "shm"),
-    ("shm", "split", "vllm", "shm"),
-    ("ipc", "colocated", "vllm", "ipc"),
-    ("nccl", "split", "vllm", "nccl"),
-])
+@pytest.mark.parametrize(
+    "choice, layout, backend, want",
+    [
+        ("auto", "cpu", "vllm", "shm"),
+        ("auto", "colocated", "vllm", "ipc"),
+        ("auto", "split", "vllm", "nccl"),
+        ("auto", "colocated", "hf", "shm"),  # the HF engine loads from /dev/shm only
+        ("shm", "colocated", "vllm", "shm"),
+        ("shm", "split", "vllm", "shm"),
+        ("ipc", "colocated", "vllm", "ipc"),
+        ("nccl", "split", "vllm", "nccl"),
+    ],
+)
 def test_transport_per_layout(choice, layout, backend, want):
     assert choose_transport(choice, layout, backend) == want
 
 
-@pytest.mark.parametrize("choice, layout, backend, why", [
-    ("ipc", "cpu", "vllm", "on CPU"),
-    ("nccl", "cpu", "vllm", "on CPU"),
-    ("ipc", "split", "vllm", "colocated"),
-    ("nccl", "colocated", "vllm", "split"),
-    ("ipc", "colocated", "hf", "rollout.backend=vllm"),
-    ("grpc", "colocated", "vllm", "one of auto, ipc, nccl, shm"),
-])
+@pytest.mark.parametrize(
+    "choice, layout, backend, why",
+    [
+        ("ipc", "cpu", "vllm", "on CPU"),
+        ("nccl", "cpu", "vllm", "on CPU"),
+        ("ipc", "split", "vllm", "colocated"),
+        ("nccl", "colocated", "vllm", "split"),
+        ("ipc", "colocated", "hf", "rollout.backend=vllm"),
+        ("grpc", "colocated", "vllm", "one of auto, ipc, nccl, shm"),
+    ],
+)
 def test_a_transport_the_layout_cannot_carry_is_a_config_error_naming_the_key(choice, layout, backend, why):
     with pytest.raises(ConfigError, match="rollout.weight_sync") as e:
         choose_transport(choice, layout, backend)
@@ -49,10 +55,21 @@ def test_the_trainer_resolves_the_transport_from_config_and_plan():
     colocated = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8"])
     assert weight_transport(colocated, placement_plan(colocated, "cuda")) == "ipc"
     assert weight_transport(colocated, None) == "shm"  # CPU: no plan
-    split = compose(["model=qwen2.5-7b", "trainer.nnodes=2", "trainer.gpus_per_node=8", "actor.gpus=8",
-                     "actor.num_workers=8", "rollout.gpus=8", "rollout.num_workers=4"])
+    split = compose(
+        [
+            "model=qwen2.5-7b",
+            "trainer.nnodes=2",
+            "trainer.gpus_per_node=8",
+            "actor.gpus=8",
+            "actor.num_workers=8",
+            "rollout.gpus=8",
+            "rollout.num_workers=4",
+        ]
+    )
     assert weight_transport(split, placement_plan(split, "cuda")) == "nccl"
-    bad = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "rollout.weight_sync=nccl"])
+    bad = compose(
+        ["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "rollout.weight_sync=nccl"]
+    )
     with pytest.raises(ConfigError, match="rollout.weight_sync=nccl"):
         weight_transport(bad, placement_plan(bad, "cuda"))
 
@@ -76,8 +93,11 @@ def test_nccl_group_ranks_and_update_info():
     assert [i["rank_offset"] for i in infos] == [1, 3, 5]
     assert {i["world_size"] for i in infos} == {7} and all(i["packed"] for i in infos)
     metas, _ = plan_layout([("a", torch.bfloat16, (2, 3)), ("b", torch.float32, (4,))])
-    assert update_info(metas) == {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"],
-                                  "shapes": [[2, 3], [4]]}
+    assert update_info(metas) == {
+        "names": ["a", "b"],
+        "dtype_names": ["bfloat16", "float32"],
+        "shapes": [[2, 3], [4]],
+    }
 
 
 class _Engine:
@@ -102,8 +122,13 @@ def _fake_ray(monkeypatch):
                 raise r
         return refs
 
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
-        get=get, wait=lambda pending, num_returns, timeout: (pending[:num_returns], pending[num_returns:])))
+    monkeypatch.setitem(
+        sys.modules,
+        "ray",
+        types.SimpleNamespace(
+            get=get, wait=lambda pending, num_returns, timeout: (pending[:num_returns], pending[num_returns:])
+        ),
+    )
 
 
 @pytest.mark.parametrize("driver", [True, False])
@@ -123,14 +148,24 @@ def test_ipc_driver_begins_loads_each_bucket_with_every_rank_s_handle_then_finis
 
     n = ipc.send_ipc(buckets, engines, driver=driver, all_gather=all_gather)
     assert n == 2
-    loads = [("exchange", "ok"),
-             ("e0", "load", {"gpu0": "a,b", "gpu1": "other"}), ("e1", "load", {"gpu0": "a,b", "gpu1": "other"}),
-             ("exchange", "ok"), ("exchange", "ok"),
-             ("e0", "load", {"gpu0": "c", "gpu1": "other"}), ("e1", "load", {"gpu0": "c", "gpu1": "other"}),
-             ("exchange", "ok")]
+    loads = [
+        ("exchange", "ok"),
+        ("e0", "load", {"gpu0": "a,b", "gpu1": "other"}),
+        ("e1", "load", {"gpu0": "a,b", "gpu1": "other"}),
+        ("exchange", "ok"),
+        ("exchange", "ok"),
+        ("e0", "load", {"gpu0": "c", "gpu1": "other"}),
+        ("e1", "load", {"gpu0": "c", "gpu1": "other"}),
+        ("exchange", "ok"),
+    ]
     if driver:
-        assert log == [("e0", "begin", None), ("e1", "begin", None), *loads,
-                       ("e0", "finish", None), ("e1", "finish", None)]
+        assert log == [
+            ("e0", "begin", None),
+            ("e1", "begin", None),
+            *loads,
+            ("e0", "finish", None),
+            ("e1", "finish", None),
+        ]
     else:  # other ranks only pack and exchange: rank 0 drives the engines
         assert log == [("exchange", "ok")] * 4
 
@@ -195,7 +230,9 @@ def test_a_rank_0_that_fails_packing_ends_every_rank_at_the_next_exchange(monkey
 def test_an_engine_that_fails_loading_ends_every_rank(monkeypatch):
     errors, log, _ = _two_ranks(monkeypatch, engine_fails="load")
     assert str(errors[0]) == "e0 cannot load"
-    assert "actor rank 0 failed loading bucket 0 into the engines: RuntimeError: e0 cannot load" in str(errors[1])
+    assert "actor rank 0 failed loading bucket 0 into the engines: RuntimeError: e0 cannot load" in str(
+        errors[1]
+    )
     assert [op for _, op, _ in log] == ["begin", "load", "finish"]
 
 
@@ -214,8 +251,14 @@ def test_shm_space_shortfall_is_one_error_naming_size_bytes_and_fix(tmp_path):
     with pytest.raises(SharedMemoryFull) as e:
         check_shm_space(path, 10 * mb, reserve=10 * mb, free_total=(15 * mb, 64 * mb))
     msg = str(e.value)
-    for part in (f"holds {64 * mb} bytes", f"with {15 * mb} free", f"needs {20 * mb} more",
-                 "Ray's object-store copy", "--shm-size=1g", "--ipc=host"):
+    for part in (
+        f"holds {64 * mb} bytes",
+        f"with {15 * mb} free",
+        f"needs {20 * mb} more",
+        "Ray's object-store copy",
+        "--shm-size=1g",
+        "--ipc=host",
+    ):
         assert part in msg, part
     path_obj = tmp_path / "w.bin"
     path_obj.write_bytes(b"\0" * (4 * mb))  # rewritten in place: its 4 MB already count as used
@@ -245,8 +288,14 @@ class _CpuActor:
 def _bind_actor_methods():
     from bandpo.actor.worker import Actor
 
-    for name in ("gathered_buckets", "_gathered_bucket", "_gathered", "weight_specs", "named_weights",
-                 "publish_weights_shm"):
+    for name in (
+        "gathered_buckets",
+        "_gathered_bucket",
+        "_gathered",
+        "weight_specs",
+        "named_weights",
+        "publish_weights_shm",
+    ):
         setattr(_CpuActor, name, getattr(Actor, name))
 
 

@@ -18,20 +18,26 @@ def _never_ready_ray(monkeypatch, seen=None):
         threading.Event().wait(timeout)  # nothing arrives within the time asked for
         return [], pending
 
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(wait=wait, get=lambda refs, timeout=None: refs))
+    monkeypatch.setitem(
+        sys.modules, "ray", types.SimpleNamespace(wait=wait, get=lambda refs, timeout=None: refs)
+    )
 
 
 def test_a_get_that_never_returns_is_an_error_naming_the_stage(monkeypatch):
     _never_ready_ray(monkeypatch)
     with pytest.raises(WeightSyncTimeout) as e:
         get_within(["ref"], 0.05, "NCCL rendezvous", "check NCCL_SOCKET_IFNAME")
-    assert str(e.value) == "weight sync: NCCL rendezvous did not finish within 0.05 s (check NCCL_SOCKET_IFNAME)"
+    assert (
+        str(e.value) == "weight sync: NCCL rendezvous did not finish within 0.05 s (check NCCL_SOCKET_IFNAME)"
+    )
     assert isinstance(e.value, WorkerFailure)  # the trainer's stage handling reports it like a dead worker
 
 
 def test_a_blocking_call_of_this_process_is_bounded_too():
     stuck = threading.Event()  # never set: a NCCL init waiting for peers that never come
-    with pytest.raises(WeightSyncTimeout, match="NCCL rendezvous \\(actor rank 0\\) did not finish within 0.05 s"):
+    with pytest.raises(
+        WeightSyncTimeout, match="NCCL rendezvous \\(actor rank 0\\) did not finish within 0.05 s"
+    ):
         run_within(stuck.wait, 0.05, "NCCL rendezvous (actor rank 0)")
     assert run_within(lambda: 7, 5, "x") == 7
     with pytest.raises(ZeroDivisionError):
@@ -50,8 +56,14 @@ def test_this_process_s_side_failing_ends_the_wait_on_the_engines_at_once(monkey
 
 
 def test_the_engines_and_this_process_s_side_both_done_returns_both(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
-        wait=lambda pending, num_returns, timeout: (pending[:1], pending[1:]), get=lambda refs, timeout=None: refs))
+    monkeypatch.setitem(
+        sys.modules,
+        "ray",
+        types.SimpleNamespace(
+            wait=lambda pending, num_returns, timeout: (pending[:1], pending[1:]),
+            get=lambda refs, timeout=None: refs,
+        ),
+    )
     assert get_within(["a", "b"], 5, "x", alongside=InThread(lambda: "group", "x")) == ["a", "b", "group"]
     with pytest.raises(WeightSyncTimeout, match="x did not finish within 0.05 s"):
         get_within([], 0.05, "x", alongside=InThread(threading.Event().wait, "x"))

@@ -24,7 +24,11 @@ def _imported_modules(path: Path) -> set[str]:
 def test_weight_sync_imports_neither_rollout_nor_actor():
     # bandpo.shm's weight file is the shm transport's: held to the same rule.
     for path in sorted([*PACKAGE.glob("*.py"), *(PACKAGE.parent / "shm").glob("*.py")]):
-        bad = {m for m in _imported_modules(path) if m.split(".")[:2] in (["bandpo", "rollout"], ["bandpo", "actor"])}
+        bad = {
+            m
+            for m in _imported_modules(path)
+            if m.split(".")[:2] in (["bandpo", "rollout"], ["bandpo", "actor"])
+        }
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
