@@ -100,7 +100,8 @@ def _in(name: str, packages: tuple[str, ...]) -> bool:
 def test_graph_sees_the_package():
     graph = import_graph()
     assert "bandpo.config" in graph and "bandpo.distributed.plan" in graph
-    assert "bandpo.errors" in graph["bandpo.config"]
+    assert "bandpo.config.rules" in graph["bandpo.config"]
+    assert "bandpo.errors" in graph["bandpo.config.keys"]
 
 
 def test_find_cycle_reports_the_loop():

@@ -1,0 +1,141 @@
+"""``algorithm.*``: its validation, and the run's ``LossOptions`` built from it."""
+
+from __future__ import annotations
+
+from bandpo.config.keys import _check, _choice, _get, _number, _rule
+from bandpo.errors import ConfigError
+
+
+def band_delta_range(band) -> tuple[float, float]:
+    """(delta_min, delta_max) of the adaptive band, nulls resolved to delta / 4 and 4 delta."""
+    lo = band.delta / 4 if band.get("delta_min") is None else band.delta_min
+    hi = band.delta * 4 if band.get("delta_max") is None else band.delta_max
+    return float(lo), float(hi)
+
+
+def loss_options(cfg):
+    """The run's ``LossOptions`` (``bandpo.algo.options``), built once from ``algorithm.*`` and
+    ``rollout.max_tokens`` (Dr. GRPO's constant length). The adaptive band's ``entropy_scale`` is
+    left None: it is known only per step (``batch``) or once the model is loaded (``logv``)."""
+    from dataclasses import replace
+
+    from bandpo.algo.options import LossOptions
+
+    a = cfg.algorithm
+    tis_cap = a.get("tis_cap")
+    if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.get("max_staleness", 0) > 0:
+        from bandpo.trainer.overlap import STALE_TIS_CAP
+
+        tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
+    opts = LossOptions(
+        algorithm=a.name,
+        eps_low=_float(a.eps_low),
+        eps_high=_float(a.eps_high),
+        dual_clip=a.dual_clip,
+        agg=a.loss_agg,
+        norm_len=float(cfg.rollout.max_tokens),
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        tis_cap=_float(tis_cap),
+        mismatch=a.mismatch.mode,
+        mismatch_cap=float(a.mismatch.cap),
+        ratio_cap=_float(a.get("ratio_cap")),
+        tau_pos=_float(a.get("tau_pos")),
+        tau_neg=_float(a.get("tau_neg")),
+        upper_cap=_float(a.get("upper_cap")),
+    )
+    if a.name != "bandpo":
+        return opts
+    band = a.band
+    opts = replace(
+        opts,
+        divergence=band.divergence,
+        delta=band.delta,
+        upper_cap=band.upper_cap,
+        relax_high_p=band.relax_high_p,
+    )
+    if band.get("adaptive", "none") == "entropy":
+        lo, hi = band_delta_range(band)
+        opts = replace(
+            opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm
+        )
+    return opts
+
+
+def _float(x):
+    return None if x is None else float(x)
+
+
+def validate_algorithm(cfg) -> None:
+    """``algorithm.*``: the name, the options the chosen algorithm reads, and those it does not."""
+    from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
+    from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
+    from bandpo.algo.band import DIVERGENCES, check_eps, check_threshold, check_upper_cap
+    from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
+    from bandpo.algo.options import ALGORITHMS, KL_ESTIMATORS, check_agg, check_applies, check_dual_clip
+    from bandpo.algo.rivals import check_ratio_cap, check_tau
+
+    name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
+    algo = ALGORITHMS[name]
+    # Options another algorithm reads are refused by name when set, never ignored (bandpo.algo.options.OPTION_SCOPES).
+    for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
+        key = f"algorithm.{option}"
+        if _get(cfg, key) is not None:
+            if option == "upper_cap" and algo.band:
+                raise ConfigError(
+                    f"config error: {key} does not apply to algorithm={name}: bandpo's is "
+                    f"algorithm.band.upper_cap; set it to null"
+                )
+            _rule(check_applies, name, option, key)
+    if algo.surrogate != "sapo":  # numbers (a null is refused), in the interval's range
+        _rule(
+            check_eps,
+            _number(cfg, "algorithm.eps_low"),
+            _number(cfg, "algorithm.eps_high"),
+            ("algorithm.eps_low", "algorithm.eps_high"),
+        )
+    _rule(check_dual_clip, _get(cfg, "algorithm.dual_clip"), "algorithm.dual_clip")
+    _rule(check_ratio_cap, _get(cfg, "algorithm.ratio_cap"), "algorithm.ratio_cap")
+    _rule(check_upper_cap, _get(cfg, "algorithm.upper_cap"), "algorithm.upper_cap")
+    if algo.surrogate == "sapo":  # numbers (a null is refused)
+        for key in ("algorithm.tau_pos", "algorithm.tau_neg"):
+            _rule(check_tau, _number(cfg, key), key)
+    _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
+    mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
+    _rule(
+        check_one_correction,
+        _get(cfg, "algorithm.tis_cap"),
+        mode,
+        ("algorithm.tis_cap", "algorithm.mismatch.mode"),
+    )
+    _rule(check_cap, _get(cfg, "algorithm.mismatch.cap"), "algorithm.mismatch.cap")
+    _number(cfg, "algorithm.kl_coef", low=0)
+    _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
+    _choice(cfg, "algorithm.advantage", ADVANTAGE_ESTIMATORS)
+    if name == "bandpo":
+        _choice(cfg, "algorithm.band.divergence", DIVERGENCES)
+        _rule(check_threshold, _get(cfg, "algorithm.band.delta"), "algorithm.band.delta")
+        _rule(check_upper_cap, _get(cfg, "algorithm.band.upper_cap"), "algorithm.band.upper_cap")
+        if _choice(cfg, "algorithm.band.adaptive", ADAPTIVE_MODES) != "none":
+            _choice(cfg, "algorithm.band.adaptive_norm", ENTROPY_NORMS)
+            keys = ("algorithm.band.delta_min", "algorithm.band.delta_max")
+            for key in keys:
+                if _get(cfg, key) is not None:
+                    _number(cfg, key)  # a number; its range below, nulls resolved (band_delta_range)
+            _rule(check_delta_range, *band_delta_range(cfg.algorithm.band), keys)
+    elif _get(cfg, "algorithm.band") is not None:
+        raise ConfigError(
+            f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
+            f"remove the algorithm.band.* overrides or pick algorithm=bandpo"
+        )
+    if _get(cfg, "algorithm.tis_cap") is not None:
+        _rule(check_cap, _get(cfg, "algorithm.tis_cap"), "algorithm.tis_cap")
+    _check(
+        isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool),
+        "algorithm.filter_groups.enable",
+        "must be true or false",
+        _get(cfg, "algorithm.filter_groups.enable"),
+    )
+    _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
+    _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
