@@ -10,7 +10,7 @@ places stand-ins with the real workers' Ray options on a simulated cluster of th
 else ``trainer.gpu_memory_gib``, else what this machine's GPU reports; unknown, the fit is not
 checked. Exit codes: 0 fits (and with ``--check`` every invariant holds), 1 an invariant failed,
 2 a config error or a phase that does not fit the GPU's memory (``--json``: ``"memory_gib"``,
-and with LoRA on ``"lora"``: its rank, targets, adapter and base parameters).
+and ``"lora"``: with LoRA on its rank, targets, adapter and base parameters, else null).
 """
 
 from __future__ import annotations

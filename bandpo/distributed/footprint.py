@@ -50,7 +50,7 @@ parameter it steps. Under DeepSpeed ZeRO-2 it steps the rank's flat fp32 partiti
 built just before from the gradients (a flat copy of them while the per-parameter ones are still
 held, then freed): one fp32 partition's size more than the gradients at either moment. ZeRO-3
 steps its partition in sub-groups of at most ``ZERO3_SUB_GROUP_ELEMENTS`` at a time. With LoRA
-only the adapter's A parameters are stepped: the same temporary for A / W.
+only the adapter's parameters are stepped: the same temporary, for their number / W.
 
 A LoRA adapter (``bandpo.actor.lora``: PEFT, ``bias="none"``) on a target ``nn.Linear`` of in
 and out features trains A [rank, in] and B [out, rank]: ``rank x (in + out)`` parameters per
