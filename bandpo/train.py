@@ -110,10 +110,10 @@ def dry_run(cfg) -> int:
     shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
     try:
         plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
+        est = estimate_for(cfg, plan, shape)
     except ConfigError as e:
         print(f"[bandpo] dry run: the plan does not fit: {e}", file=sys.stderr)
         return 2
-    est = estimate_for(cfg, plan, shape)
     print(table(plan) + "\n" + memory_table(est, plan))
     too_big = memory_errors(est)
     if too_big:

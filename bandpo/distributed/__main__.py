@@ -9,7 +9,8 @@ places stand-ins with the real workers' Ray options on a simulated cluster of th
 (``bandpo.distributed.check``). The GPU's memory is ``--gpu-gib``,
 else ``trainer.gpu_memory_gib``, else what this machine's GPU reports; unknown, the fit is not
 checked. Exit codes: 0 fits (and with ``--check`` every invariant holds), 1 an invariant failed,
-2 a config error or a phase that does not fit the GPU's memory (``--json``: ``"memory_gib"``).
+2 a config error or a phase that does not fit the GPU's memory (``--json``: ``"memory_gib"``,
+and ``"lora"``: with LoRA on its rank, targets, adapter and base parameters, else null).
 """
 
 from __future__ import annotations
@@ -60,17 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         if shape is None:
             shape = detect_shape(cfg.trainer.get("ray_address"))
         plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
+        est = estimate_for(cfg, plan, shape, args.gpu_gib)
     except ConfigError as e:
         print(
             json.dumps({"workers": [], "ok": False, "error": str(e)}) if args.json else e,
             file=sys.stdout if args.json else sys.stderr,
         )
         return 2
-    est = estimate_for(cfg, plan, shape, args.gpu_gib)
     too_big = memory_errors(est)
     memory = {
         "memory": None if est is None else est.parts,
         "memory_gib": None if est is None else est.as_json(),
+        "lora": None if est is None else est.lora,
     }
     if too_big:  # a phase does not fit the GPU's memory: the plan, then what is missing
         if args.json:

@@ -49,7 +49,18 @@ temporary, ``sqrt(v)``, for all the tensors of a device/dtype group at once: 4 b
 parameter it steps. Under DeepSpeed ZeRO-2 it steps the rank's flat fp32 partition (P / W),
 built just before from the gradients (a flat copy of them while the per-parameter ones are still
 held, then freed): one fp32 partition's size more than the gradients at either moment. ZeRO-3
-steps its partition in sub-groups of at most ``ZERO3_SUB_GROUP_ELEMENTS`` at a time.
+steps its partition in sub-groups of at most ``ZERO3_SUB_GROUP_ELEMENTS`` at a time. With LoRA
+only the adapter's parameters are stepped: the same temporary, for their number / W.
+
+A LoRA adapter (``bandpo.actor.lora``: PEFT, ``bias="none"``) on a target ``nn.Linear`` of in
+and out features trains A [rank, in] and B [out, rank]: ``rank x (in + out)`` parameters per
+layer. The targets of a Qwen2/Llama decoder layer (``linear_features``), with H the hidden size,
+I the intermediate size and K = kv_heads x head_dim (head_dim = H / heads)::
+
+    q_proj  H -> H      k_proj, v_proj  H -> K      o_proj  H -> H
+    gate_proj, up_proj  H -> I                      down_proj  I -> H
+
+so the adapter holds ``L x rank x sum over targets (in + out)`` parameters (``adapter_params``).
 """
 
 from __future__ import annotations
@@ -136,10 +147,44 @@ def head_transient_bytes(shape: ModelShape, lp: int, chunk: int) -> int:
     return 3 * 4 * chunk * V + (4 + (lp if lp != 4 else 0)) * V * H
 
 
-def optimizer_step_bytes(shape: ModelShape, world: int, zero_stage: int) -> float:
+def linear_features(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """``{name: (in, out)}`` of every ``nn.Linear`` in a Qwen2/Llama decoder layer that can take a LoRA
+    adapter, under the module names ``actor.lora.target_modules`` uses (module docstring)."""
+    H, I, K = shape.hidden_size, shape.intermediate_size, shape.kv_size
+    Q = shape.num_heads * (H // shape.num_heads)  # heads x head_dim: H whenever heads divide H
+    return {
+        "q_proj": (H, Q),
+        "k_proj": (H, K),
+        "v_proj": (H, K),
+        "o_proj": (Q, H),
+        "gate_proj": (H, I),
+        "up_proj": (H, I),
+        "down_proj": (I, H),
+    }
+
+
+def adapter_params(shape: ModelShape, rank: int, targets) -> int:
+    """The LoRA adapter's parameters: ``rank x (in + out)`` per target linear and layer (A [rank, in]
+    and B [out, rank]). A name listed twice counts once (PEFT matches each module once). Raises a
+    ``ConfigError`` naming ``actor.lora.target_modules`` for a name ``linear_features`` does not know."""
+    features = linear_features(shape)
+    unknown = [t for t in targets if t not in features]
+    if unknown:
+        raise ConfigError(
+            f"config error: actor.lora.target_modules has {unknown}, which the memory estimate cannot "
+            f"size: it knows the Qwen2/Llama linears {', '.join(features)}"
+        )
+    per_layer = sum(rank * sum(features[t]) for t in dict.fromkeys(targets))
+    return shape.num_layers * per_layer
+
+
+def optimizer_step_bytes(
+    shape: ModelShape, world: int, zero_stage: int, trainable: float | None = None
+) -> float:
     """The optimizer step's temporaries on one of ``world`` ranks beyond the states and gradients:
-    one fp32 tensor the size of the stepped partition (module docstring)."""
-    partition = shape.num_params / max(1, world)
+    one fp32 tensor the size of the stepped partition (module docstring); ``trainable``: the
+    parameters the optimizer steps (None: all the model's, ``shape.num_params``)."""
+    partition = (shape.num_params if trainable is None else trainable) / max(1, world)
     if zero_stage == 3:
         partition = min(partition, ZERO3_SUB_GROUP_ELEMENTS)
     return 4 * partition

@@ -15,29 +15,49 @@ engines start (``bandpo.trainer.launch``), and a resume loads while they sleep; 
 engines hold their share meanwhile.
 Every GPU also holds one CUDA context per process on it (``CUDA_CONTEXT_GIB``).
 
-The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master copy):
-    weights      2P (ZeRO-2) or 2P/W (ZeRO-3)     bf16
-    ref_weights  as the weights, when algorithm.kl_coef > 0 (frozen reference model)
-    master       4P/W    fp32 master weights
-    optimizer    8P/W    Adam's m and v in fp32
-    grads        4P/W    the gradient partition, accumulated in fp32 (bandpo.actor.ds_config)
+The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master copy), with T the
+parameters that train: T = P in full fine-tuning, T = A, the LoRA adapter's, with
+``actor.lora.rank > 0`` (``footprint.adapter_params``):
+    weights      2P (ZeRO-2) or 2P/W (ZeRO-3)     bf16 (with LoRA the frozen base model)
+    adapter      LoRA: 2A, the adapter factors in bf16 (ZeRO-2 keeps whole parameters on every rank)
+    ref_weights  as the weights, when algorithm.kl_coef > 0 and LoRA is off (frozen reference model)
+    master       4T/W    fp32 master weights
+    optimizer    8T/W    Adam's m and v in fp32
+    grads        4T/W    the gradient partition, accumulated in fp32 (bandpo.actor.ds_config)
     bucket       2 x 5e8  ZeRO's reduce bucket (DeepSpeed's default reduce_bucket_size, bf16 staging)
     live_params  ZeRO-3: the largest gathered module (the [V, H] lm_head) + the 5e7-element prefetch bucket
     activations  what autograd keeps per token (``bandpo.distributed.footprint``, from the hidden and
                  intermediate sizes and the heads): every layer's, or with gradient checkpointing each
                  layer's input plus one layer recomputed in backward; and the final norm and head's
-    optimizer_step  the optimizer step's temporary: one fp32 tensor the size of the rank's partition
-                 (footprint); activations are freed by then, so the peak holds the larger of the two
+    optimizer_step  the optimizer step's temporary: one fp32 tensor the size of the rank's partition,
+                 4T/W (footprint); activations are freed by then, so the peak holds the larger of the two
     head         padding-free: the chunked lm_head's fp32 [chunk, V] logits, probabilities and gradient
-                 (3 x 4 x chunk x V) and its weight gradient: an fp32 [V, H] accumulator and its bf16
-                 copy (6 V H, bandpo.actor.chunked); padded: fp32 logits and softmax per token (8 V)
+                 (3 x 4 x chunk x V) and, when the lm_head trains (not with LoRA), its weight gradient:
+                 an fp32 [V, H] accumulator and its bf16 copy (6 V H, bandpo.actor.chunked); padded:
+                 fp32 logits and softmax per token (8 V)
+
+LoRA (``bandpo.actor.lora``, ZeRO-2 only: config validation refuses ZeRO-3) departs from full
+fine-tuning in these terms only: the base weights are frozen (no gradient, master copy or Adam
+state: those are the adapter's, T = A) and, being outside the optimizer, not partitioned by ZeRO-2,
+which partitions the optimizer's states and gradients only; the adapter's own bf16 factors are
+whole on every rank too; no reference model is loaded (the reference is the same model with the
+adapters off); the lm_head never takes an adapter, so the chunked head computes no weight
+gradient. The activations are counted as in full fine-tuning, which the frozen weights make an
+upper bound at ``actor.lora.dropout`` 0 (measured with saved-tensor hooks on a tiny Qwen2 and
+Llama layer): a frozen RMSNorm weight keeps no normalised input (lp H less per norm, 2 a layer),
+a linear without an adapter keeps no input of its own, and each adapter keeps its [tokens, rank] ``x A^T``
+(lp x rank more), so with the seven targets at rank < 2H / 7 a layer is counted high by less than
+2 lp H a token (5.9% of a Qwen2.5-7B layer's 244,856 bytes in bf16; with gradient checkpointing
+only the recomputed layer is). Adapter dropout (> 0) is not counted: each target then keeps its
+dropped input and the mask, (6H + I) elements of each a layer and token for the seven targets
+(the mask 1 byte an element on CUDA's fused dropout, lp bytes on CPU).
 Tokens per update forward: ``actor.max_tokens_per_micro_batch`` packed (padding-free), else
 ``actor.micro_batch_size`` x ``model.max_model_len``.
 
 What stays on the GPU while vLLM generates (the residue): with ``actor.offload_during_rollout``
 (``bandpo.actor.offload``) the master weights, Adam's state, the gradients, the reference
-model and, under ZeRO-2, the bf16 weights go to host memory; ZeRO-2 keeps its reduce bucket,
-ZeRO-3 its bf16 weight partition (the weight sync gathers it on the GPU). Without, every state
+model and, under ZeRO-2, the bf16 weights (with LoRA the frozen base and the adapter) go to host
+memory; ZeRO-2 keeps its reduce bucket, ZeRO-3 its bf16 weight partition (the weight sync gathers it on the GPU). Without, every state
 but the transient ones (live_params, activations, head) stays. The actor empties PyTorch's cache after each stage, so no reserved peak blocks
 stay behind either way.
 
@@ -52,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bandpo.distributed.footprint import (
+    adapter_params,
     head_activation_bytes,
     layers_activation_bytes,
     model_shape,
@@ -80,6 +101,7 @@ class MemoryEstimate:
 
     A phase's figure is its worst GPU; a phase with vLLM's share in it (and ``peak``) is None when
     the GPU's memory is unknown (the share is a fraction of it). ``capacity_from`` says where the capacity came from.
+    ``lora``: with LoRA on, its rank, target modules and parameter counts (``lora_summary``), else None.
     """
 
     parts: dict[str, float]
@@ -87,6 +109,7 @@ class MemoryEstimate:
     capacity: float | None
     gpus: dict[str, dict[str, Terms]]
     capacity_from: str = "trainer.gpu_memory_gib"
+    lora: dict | None = None
 
     def on(self, gpu: str, phase: str) -> float | None:
         terms = self.gpus[gpu][phase]
@@ -130,24 +153,44 @@ def offload_during_rollout(cfg, layout: str) -> bool:
     return layout == "colocated" if value is None else bool(value)
 
 
+def lora_of(cfg) -> tuple[int, tuple[str, ...]] | None:
+    """``(actor.lora.rank, actor.lora.target_modules)`` when LoRA is on (rank > 0), else None."""
+    lora = cfg.actor.get("lora") or {}
+    rank = int(lora.get("rank") or 0)
+    return (rank, tuple(lora.get("target_modules") or ())) if rank > 0 else None
+
+
+def trainable_params(cfg, shape) -> int:
+    """T: the parameters the optimizer steps, the model's or with LoRA the adapter's
+    (``footprint.adapter_params``: a ``ConfigError`` naming ``actor.lora.target_modules`` for a
+    target it cannot size)."""
+    lora = lora_of(cfg)
+    return shape.num_params if lora is None else adapter_params(shape, *lora)
+
+
 def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
-    """The actor's memory in GiB on one of ``world`` ranks; None without model sizes in the config."""
+    """The actor's memory in GiB on one of ``world`` ranks (module docstring: full fine-tuning, or
+    LoRA's frozen base and trainable adapter); None without model sizes in the config."""
     m, a = cfg.model, cfg.actor
     shape = model_shape(m)
     if shape is None:
         return None
     P, H, V = float(shape.num_params), shape.hidden_size, shape.vocab_size
+    lora = lora_of(cfg) is not None
+    T = float(trainable_params(cfg, shape))  # = P without LoRA
     W = max(1, world)
     z3 = int(a.zero_stage) == 3
     lp = 2 if bf16 else 4  # bytes per weight as the model computes
     parts = {
         "weights": lp * P / (W if z3 else 1),
-        "master": 4 * P / W,
-        "optimizer": 8 * P / W,
-        "grads": 4 * P / W,
+        "master": 4 * T / W,
+        "optimizer": 8 * T / W,
+        "grads": 4 * T / W,
         "bucket": lp * ZERO_BUCKET_ELEMENTS,
     }
-    if float(cfg.algorithm.kl_coef) > 0:
+    if lora:
+        parts["adapter"] = lp * T / (W if z3 else 1)
+    elif float(cfg.algorithm.kl_coef) > 0:
         parts["ref_weights"] = parts["weights"]
     if z3:
         parts["live_params"] = lp * (V * H + ZERO3_PREFETCH_ELEMENTS)
@@ -156,17 +199,41 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     if padding_free:
         tokens = int(a.max_tokens_per_micro_batch)
         chunk = int(a.get("logits_chunk_tokens") or 512)
-        parts["head"] = 3 * 4 * chunk * V + (4 + (lp if lp != 4 else 0)) * V * H
+        head_weight_grad = 0 if lora else (4 + (lp if lp != 4 else 0)) * V * H
+        parts["head"] = 3 * 4 * chunk * V + head_weight_grad
     else:
         tokens = int(a.micro_batch_size) * int(m.max_model_len)
         parts["head"] = 0.0
     per_token = layers_activation_bytes(shape, lp, ckpt, packed=padding_free)
     parts["activations"] = tokens * (per_token + head_activation_bytes(shape, lp, padding_free))
-    parts["optimizer_step"] = optimizer_step_bytes(shape, W, int(a.zero_stage))
+    parts["optimizer_step"] = optimizer_step_bytes(shape, W, int(a.zero_stage), T)
     return {k: v / GIB for k, v in parts.items()}
 
 
-RESIDENT = ("weights", "ref_weights", "master", "optimizer", "grads", "bucket")  # between the actor's stages
+def lora_summary(cfg) -> dict | None:
+    """With LoRA on: ``{"rank", "target_modules", "adapter_params", "base_params"}`` (the adapter's
+    parameters train, the base model's ``model.num_params`` are frozen); None when off or without
+    model sizes."""
+    lora, shape = lora_of(cfg), model_shape(cfg.model)
+    if lora is None or shape is None:
+        return None
+    return {
+        "rank": lora[0],
+        "target_modules": list(lora[1]),
+        "adapter_params": adapter_params(shape, *lora),
+        "base_params": shape.num_params,
+    }
+
+
+RESIDENT = (
+    "weights",
+    "adapter",
+    "ref_weights",
+    "master",
+    "optimizer",
+    "grads",
+    "bucket",
+)  # between the actor's stages
 TRANSIENT = ("live_params", "activations", "head")  # during a forward/backward only
 STEP = ("optimizer_step",)  # during the optimizer step only, after the activations are freed
 
@@ -219,10 +286,11 @@ def memory_estimate(
             },
             "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]},
         }
-    return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from)
+    return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from, lora_summary(cfg))
 
 
-# What shrinks each phase, named in the message when it does not fit.
+# What shrinks each phase, named in the message when it does not fit. With LoRA (ZeRO-2 only) the
+# base weights are whole on every rank: neither ZeRO-3 nor more ranks shard them (``NOT_WITH_LORA``).
 REMEDIES = {
     "startup": (
         "rollout.gpu_memory_utilization (vLLM's share)",
@@ -244,6 +312,9 @@ REMEDIES = {
 }
 
 
+NOT_WITH_LORA = ("actor.zero_stage=3", "actor.num_workers")
+
+
 def memory_errors(est: MemoryEstimate | None) -> list[str]:
     """One line per GPU kind and phase that does not fit ``est.capacity`` (none when it is unknown)."""
     if est is None or est.capacity is None:
@@ -254,10 +325,11 @@ def memory_errors(est: MemoryEstimate | None) -> list[str]:
             need = est.on(gpu, phase)
             if need is not None and need > est.capacity:
                 sums = " + ".join(f"{name} {v:.1f}" for name, v in terms)
+                remedies = [r for r in REMEDIES[phase] if not (est.lora and r.startswith(NOT_WITH_LORA))]
                 out.append(
                     f"memory: the {phase} phase needs {need:.1f} GiB on a{'n' if gpu[0] in 'aeiou' else ''} "
                     f"{gpu} GPU, more than its {est.capacity:.1f} GiB ({est.capacity_from}): {sums}; "
-                    f"shrink it with {', '.join(REMEDIES[phase])}"
+                    f"shrink it with {', '.join(remedies)}"
                 )
     return out
 
@@ -276,6 +348,7 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
         k
         for k in (
             "weights",
+            "adapter",
             "ref_weights",
             "master",
             "optimizer",
@@ -296,6 +369,14 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
         f"memory per GPU (GiB of {cap}; offload during rollout: {'on' if est.offload else 'off'}): "
         + "  ".join(f"{k} {p[k]:.1f}" for k in keys)
     ]
+    if est.lora:
+        lo = est.lora
+        lines.append(
+            f"  LoRA rank {lo['rank']} on {', '.join(lo['target_modules'])}: {lo['adapter_params']:,} adapter "
+            f"parameters train ({100 * lo['adapter_params'] / lo['base_params']:.2f}% of the base's "
+            f"{lo['base_params']:,}, frozen in weights, whole on every rank); master, optimizer and grads "
+            "are the adapter's; no reference model; the head computes no weight gradient"
+        )
     for gpu in est.gpus:
         shown = [(ph, est.on(gpu, ph)) for ph in PHASES]
         lines.append(

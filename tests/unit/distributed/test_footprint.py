@@ -14,7 +14,9 @@ from bandpo.distributed.footprint import ModelShape, layer_activation_bytes
 H, I, HEADS, KV, T = 256, 704, 4, 2, 64
 
 
-def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str) -> float:
+def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str, lora: tuple | None = None) -> float:
+    """Bytes per token the layer saves; ``lora``: (rank, targets), PEFT's adapters injected, the
+    base frozen as the actor's LoRA leaves it (dropout 0)."""
     from transformers import LlamaConfig, Qwen2Config
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
@@ -49,7 +51,15 @@ def _saved_bytes_per_token(kind: str, dtype: torch.dtype, attn: str) -> float:
         cfg._attn_implementation = "sdpa"
         shared = []
     torch.manual_seed(0)
-    layer = layer_cls(cfg, 0).to(dtype).train()
+    layer = layer_cls(cfg, 0)
+    if lora is not None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        config = LoraConfig(r=lora[0], target_modules=list(lora[1]), bias="none")
+        layer = inject_adapter_in_model(config, layer)
+        for name, p in layer.named_parameters():
+            p.requires_grad_("lora_" in name)
+    layer = layer.to(dtype).train()
     x = torch.randn(1, T, H, dtype=dtype, requires_grad=True)
     pos = torch.cat([torch.arange(T // 2), torch.arange(T // 2)])[None]
     cos, sin = rotary_cls(cfg)(x, pos)
@@ -85,3 +95,22 @@ def test_layer_saves_what_the_formula_counts(kind, dtype, attn):
     # by hand, native fp32: 8H + 24H + 8K + 16I + 4n + 8 = 2048 + 6144 + 1024 + 11264 + 24 = 20504
     assert {(4, False): 20504, (2, False): 11288}.get((lp, attn == "packed"), want) == want
     assert _saved_bytes_per_token(kind, dtype, attn) == want
+
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "packed"])
+@pytest.mark.parametrize("targets", [ALL, ("q_proj", "v_proj")])
+def test_lora_layer_saves_less_than_the_full_fine_tuning_count(kind, attn, targets):
+    # The plan counts LoRA's activations as full fine-tuning's (bandpo.distributed.memory): an upper
+    # bound at dropout 0. Every target: the two frozen norms keep no normalised input (2 lp H less)
+    # and each adapter keeps x A^T (lp r more), exactly; fewer targets keep less still.
+    lp, rank = 2, 8
+    shape = ModelShape(0, H, I, 1, HEADS, KV, 100)
+    full = layer_activation_bytes(shape, lp, packed=attn == "packed")
+    saved = _saved_bytes_per_token(kind, torch.bfloat16, attn, (rank, targets))
+    if targets == ALL:
+        assert saved == full - 2 * lp * H + 7 * lp * rank
+    assert saved < full
