@@ -117,3 +117,32 @@ def test_adapter_folder_whose_base_is_missing_or_another_model(tiny_model_dir, t
     with pytest.raises(EvalUsageError, match=rf"does not fit the base model {other}"):
         materialize(target, base_model=str(other), cache="beside", temp_root=None)
     assert (folder / "merged" / "config.json").is_file()  # the cache of the right base is left as it was
+
+
+def test_adapter_export_is_rank0s_and_replaces_a_merged_export_of_before(tiny_model_dir, tmp_path):
+    """``actor.lora.export=adapter`` on two ranks of a stand-in actor (a real PEFT model, no DeepSpeed):
+    rank 1 writes nothing (it holds the same adapter under ZeRO-2), rank 0 writes and publishes the
+    folder, and removes the merged ``hf/`` an earlier export left, so no older model lies beside it."""
+    import dataclasses
+    import types
+
+    from bandpo.actor.worker import Actor
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    model = _trained(tiny_model_dir)
+    for rank in (1, 0):
+        actor = types.SimpleNamespace(
+            rank=rank,
+            world_size=2,
+            model_path=tiny_model_dir,
+            lora=dataclasses.replace(LORA, export="adapter"),
+            engine=types.SimpleNamespace(module=model),
+            _barrier=lambda: None,
+        )
+        Actor.export_hf(actor, str(hf))
+        if rank == 1:
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_adapter"]
+    assert sorted(p.name for p in (tmp_path / "hf_adapter").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
