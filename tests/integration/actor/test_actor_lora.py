@@ -124,9 +124,9 @@ def _check_adapter_export(actor, tmp_path, base_dir, exported, ids) -> None:
     assert loaded.peft_config["default"].base_model_name_or_path == base_dir
     with torch.no_grad():
         want = actor.engine.module(input_ids=ids).logits
-        # The actor's own modules and weights: the same fp32 operations, but the actor's attention may be
-        # another kernel than the loaded model's (both SDPA math on CPU), so the bound is the merged
-        # export's above: fp32 rounding of O(1) logits summed in another order.
+        # The same weights and adapter operations in fp32, but the actor attends through bandpo's packed
+        # attention (bandpo.actor.attention) and the loaded model through transformers' SDPA: the same
+        # sums in another order, so the bound is the merged export's above (fp32 rounding, O(1) logits).
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=0)
     # The eval's merge (PEFT's merge_and_unload in fp32) forms W + (B @ A) * s as the export's
     # merged_weight does: the weights are equal bit for bit, so every eval input is the same.
