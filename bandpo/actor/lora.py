@@ -39,7 +39,8 @@ ADAPTER = "default"  # get_peft_model's adapter name
 @dataclass(frozen=True)
 class LoraSettings:
     """``actor.lora.*``: rank (0 = off), alpha (the scale is alpha / rank), dropout on the adapter's
-    input while training, and the names of the ``nn.Linear`` modules that get adapters."""
+    input while training, the names of the ``nn.Linear`` modules that get adapters, and what the final
+    HF export writes (``bandpo.checkpoint.lora_adapter.EXPORTS``)."""
 
     rank: int = 0
     alpha: float = 16.0
@@ -53,6 +54,7 @@ class LoraSettings:
         "up_proj",
         "down_proj",
     )
+    export: str = "both"
 
     @classmethod
     def of(cls, value) -> LoraSettings | None:

@@ -2,7 +2,8 @@
 
 ``ActorCheckpoints`` is a base of ``bandpo.actor.worker.Actor`` (Ray calls its methods on every rank):
 ``save_checkpoint`` / ``load_checkpoint`` write and restore ``<step>/actor`` (``bandpo.checkpoint.run_folders``
-holds the step folder around it), ``export_hf`` the run's ``hf/`` folder (``bandpo.checkpoint.hf_export``).
+holds the step folder around it), ``export_hf`` the run's ``hf/`` folder (``bandpo.checkpoint.hf_export``)
+and, with LoRA, its ``hf_adapter/`` (``bandpo.checkpoint.lora_adapter``).
 
 A checkpoint is a directory written by every rank (DeepSpeed shards optimizer state per
 rank) into ``<path>.tmp``; rank 0 renames it to ``<path>`` only after all ranks finished
@@ -119,8 +120,8 @@ def raise_naming_unreadable_file(folder: str | os.PathLike, error: BaseException
 class ActorCheckpoints:
     """Checkpoints and the HF export of one actor rank (see the module docstring).
 
-    Reads the actor's ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``model_path``, ``offloader``, its
-    ``offload`` / ``reload``, ``named_weights`` and ``_barrier`` (``bandpo.actor.state_io.ActorStateIO``).
+    Reads the actor's ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``model_path``, ``lora``, ``offloader``,
+    its ``offload`` / ``reload``, ``named_weights`` and ``_barrier`` (``bandpo.actor.state_io.ActorStateIO``).
     Every method is collective: all ranks call it.
     """
 
@@ -170,30 +171,48 @@ class ActorCheckpoints:
         return dict((client or {}).get("bandpo", {}))
 
     def export_hf(self, path: str) -> None:
-        """Write a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM.
+        """Write the run's final Hugging Face export (``bandpo.checkpoint.lora_adapter``).
 
-        Weights are in the training dtype; with LoRA the adapters are merged into the base model's
-        weights (a plain HF model of the base architecture; writing the adapter alone, in PEFT's
-        format, is not done yet). The ranks write their share of the weight files and
-        fsync them; the folder appears atomically.
+        ``path``: a HF folder (config, safetensors weights, tokenizer) loadable by transformers and vLLM,
+        in the training dtype, with a LoRA run's adapters merged into the base model's weights; the
+        ranks write their share of the weight files and fsync them. With LoRA, ``actor.lora.export``
+        chooses that merged model, the adapter in PEFT's format at ``<path>_adapter`` (written by rank
+        0 alone: under ZeRO-2 every rank holds the whole adapter), or both; a previous export of the
+        kind not chosen is removed, so no older model lies beside this one. Each folder appears
+        atomically.
         """
-        tmp = atomic.staging_dir(path)
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        self._barrier()
         from bandpo.actor.lora import base_model  # not at the top: bandpo.actor imports this module
+        from bandpo.checkpoint.lora_adapter import adapter_path, save_adapter_folder, writes
 
-        written = save_hf_folder(
-            base_model(self.engine.module),
-            self.named_weights(),
-            tmp,
-            self.model_path,
-            self.rank,
-            self.world_size,
-        )
-        atomic.fsync_files(written)
-        self._barrier()
+        lora = getattr(self, "lora", None)
+        merged, adapter = writes(lora.export) if lora is not None else (True, False)
+        if merged:
+            tmp = atomic.staging_dir(path)
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            self._barrier()
+            written = save_hf_folder(
+                base_model(self.engine.module),
+                self.named_weights(),
+                tmp,
+                self.model_path,
+                self.rank,
+                self.world_size,
+            )
+            atomic.fsync_files(written)
+            self._barrier()
         if self.rank == 0:
-            atomic.publish(tmp, path)
+            if merged:
+                atomic.publish(tmp, path)
+            if adapter:
+                tmp_adapter = atomic.staging_dir(adapter_path(path))
+                shutil.rmtree(tmp_adapter, ignore_errors=True)
+                os.makedirs(tmp_adapter)
+                atomic.fsync_files(save_adapter_folder(self.engine.module, tmp_adapter, self.model_path))
+                atomic.publish(tmp_adapter, adapter_path(path))
+            if not merged:  # a previous export's merged model
+                shutil.rmtree(path, ignore_errors=True)
+            if lora is not None and not adapter:
+                shutil.rmtree(adapter_path(path), ignore_errors=True)
         self._barrier()

@@ -188,6 +188,9 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
         "must be a non-empty list of module names",
         targets,
     )
+    from bandpo.checkpoint.lora_adapter import check_export
+
+    _rule(check_export, _get(cfg, "actor.lora.export"))
     if rank == 0:
         return
     from bandpo.actor.lora import check_zero_stage

@@ -71,13 +71,16 @@ class EvalConfig:
 class EvalCLIConfig:
     """Top level of ``python -m bandpo.eval``."""
 
-    # A HF model folder or hub id, a training checkpoint runs/<name>/checkpoints/step_N, or a run folder
-    # runs/<name> (its latest checkpoint; see bandpo.eval.targets).
+    # A HF model folder or hub id, a LoRA adapter folder (PEFT's format), a training checkpoint
+    # runs/<name>/checkpoints/step_N, or a run folder runs/<name> (its latest checkpoint; see bandpo.eval.targets).
     checkpoint: str = "???"
     step: int | None = None  # with a run folder: this step
     steps: Any = None  # with a run folder: "all" kept checkpoints, or a list of steps
-    base_model: str | None = None  # config + tokenizer for a training checkpoint; None: the run's model.path
-    cache: str = "beside"  # consolidated weights: "beside" (step_N/hf, reused) | "temp" (removed after)
+    # config + tokenizer for a training checkpoint, the base an adapter merges into; None: the run's
+    # model.path, the adapter config's base_model_name_or_path
+    base_model: str | None = None
+    # consolidated / merged weights: "beside" (step_N/hf, <adapter>/merged, reused) | "temp" (removed after)
+    cache: str = "beside"
     tokenizer: str | None = None  # defaults to the checkpoint's own
     eval: EvalConfig = field(default_factory=EvalConfig)
 

@@ -7,10 +7,16 @@ checkpoint consolidated into one first: ``bandpo.checkpoint.hf_export.consolidat
     ZeRO-2 or ZeRO-3 with any number of ranks: its weights are consolidated with DeepSpeed's own
     ``zero_to_fp32`` utilities, config and tokenizer come from the run's model (``model.path`` in
     ``runs/<name>/config.yaml``, or ``base_model=``);
+  - a LoRA adapter folder in PEFT's format (``adapter_config.json``: a LoRA run's ``hf_adapter/``, or a
+    folder holding one and no ``hf/``): merged into its base model (``base_model_name_or_path`` of its
+    config, or ``base_model=`` when the base has moved) with PEFT's ``merge_and_unload``
+    (``bandpo.checkpoint.lora_adapter.merge_adapter_folder``);
   - a run folder ``runs/<name>``: its latest checkpoint, or ``step=N``, or every kept one (``steps=all``).
 
 The consolidated folder is cached as ``step_N/hf`` (removed with the checkpoint when it is
-pruned) or, with ``cache=temp``, in a temporary folder removed after the evaluation.
+pruned), a merged adapter as ``<adapter>/merged`` (rebuilt when the adapter file or the base
+changes, replaced with the adapter folder when it is exported again), or, with ``cache=temp``, in a
+temporary folder removed after the evaluation.
 User mistakes raise ``EvalUsageError`` (the CLI prints its one line and exits 2).
 """
 
@@ -22,10 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bandpo.checkpoint.hf_export import consolidate
+from bandpo.checkpoint.lora_adapter import (
+    adapter_base,
+    is_adapter_folder,
+    merge_adapter_folder,
+    merged_is_current,
+)
 from bandpo.checkpoint.run_folders import ACTOR_DIR, CKPT_TAG, STEP_RE, CheckpointManager
 from bandpo.errors import EvalUsageError
 
 HF_NAMES = ("", "hf", "huggingface")
+ADAPTER_NAMES = ("", "hf_adapter")  # a LoRA run's adapter export (bandpo.checkpoint.lora_adapter)
+MERGED_CACHE = "merged"  # an adapter folder's merged model, cached inside it
 CACHE_CHOICES = ("beside", "temp")
 
 
@@ -36,6 +50,7 @@ class Target:
     label: str  # what the user named (shown in outputs)
     hf_path: str | None = None  # ready-made HF folder or hub id
     step_dir: Path | None = None  # a training checkpoint folder (consolidated on demand)
+    adapter_dir: Path | None = None  # a PEFT LoRA adapter folder (merged into its base on demand)
     step: int | None = None
     run_dir: Path | None = None
 
@@ -45,6 +60,15 @@ def find_hf_folder(path: Path) -> Path | None:
     for name in HF_NAMES:
         candidate = path / name if name else path
         if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def find_adapter_folder(path: Path) -> Path | None:
+    """``path`` itself or ``path/hf_adapter`` when it holds ``adapter_config.json`` (PEFT's adapter folder)."""
+    for name in ADAPTER_NAMES:
+        candidate = path / name if name else path
+        if is_adapter_folder(candidate):
             return candidate
     return None
 
@@ -93,12 +117,18 @@ def resolve_targets(checkpoint: str, step: int | None = None, steps: object = No
     if is_step_dir(path):
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
         return [Target(label=str(path), step_dir=path, step=_maybe_step(path), run_dir=run_dir)]
+    if is_adapter_folder(path):  # before config.json: an adapter folder may hold the base's config too
+        return [Target(label=checkpoint, adapter_dir=path)]
     hf = find_hf_folder(path)
     if hf is not None:
         return [Target(label=checkpoint, hf_path=str(hf))]
+    adapter = find_adapter_folder(path)
+    if adapter is not None:
+        return [Target(label=checkpoint, adapter_dir=adapter)]
     raise EvalUsageError(
-        f"{path} holds neither Hugging Face weights (config.json in it, hf/ or huggingface/) nor a training "
-        f"checkpoint ({ACTOR_DIR}/{CKPT_TAG}/) nor a run (checkpoints/)"
+        f"{path} holds neither Hugging Face weights (config.json in it, hf/ or huggingface/) nor a LoRA adapter "
+        f"(adapter_config.json in it or hf_adapter/) nor a training checkpoint ({ACTOR_DIR}/{CKPT_TAG}/) "
+        "nor a run (checkpoints/)"
     )
 
 
@@ -139,9 +169,12 @@ def run_lora(run_dir: Path | None) -> tuple[int, float] | None:
 
 
 def materialize(target: Target, *, base_model: str | None, cache: str, temp_root: Path | None) -> str:
-    """The HF folder (or hub id) of ``target``, consolidating (and caching) a training checkpoint first."""
+    """The HF folder (or hub id) of ``target``, consolidating (and caching) a training checkpoint or merging
+    (and caching) an adapter folder into its base first."""
     if target.hf_path is not None:
         return target.hf_path
+    if target.adapter_dir is not None:
+        return _merged_adapter(target.adapter_dir, base_model, cache, temp_root)
     assert target.step_dir is not None
     cached = target.step_dir / "hf"
     if (cached / "config.json").is_file():
@@ -153,6 +186,17 @@ def materialize(target: Target, *, base_model: str | None, cache: str, temp_root
     else:
         out = cached
     return str(consolidate(target.step_dir, source, out, lora=run_lora(target.run_dir)))
+
+
+def _merged_adapter(adapter_dir: Path, base_model: str | None, cache: str, temp_root: Path | None) -> str:
+    base = adapter_base(adapter_dir, base_model)
+    if cache == "temp":
+        root = temp_root or Path(tempfile.mkdtemp(prefix="bandpo-eval-"))
+        return str(merge_adapter_folder(adapter_dir, base, root / f"{adapter_dir.name}-merged"))
+    cached = adapter_dir / MERGED_CACHE
+    if merged_is_current(cached, adapter_dir, base):
+        return str(cached)
+    return str(merge_adapter_folder(adapter_dir, base, cached))
 
 
 def _run_targets(run_dir: Path, step: int | None, steps: object) -> list[Target]:

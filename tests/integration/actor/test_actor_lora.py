@@ -3,7 +3,7 @@
 One rank in this process: only the adapter factors move in an update; the reference log-probs (adapters
 off) are the base model's bit for bit before and after it; the sync's merged tensors are PEFT's own
 merge_and_unload's; a checkpoint resumes the adapter and its optimizer state; the HF export is the
-merged model.
+merged model and the adapter in PEFT's format, which the eval merges into the same weights.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def test_lora_update_reference_and_merged_sync(tiny_model_dir):
     assert all(torch.equal(p, after[n]) for n, p in _params(actor).items())  # the sync wrote nothing
 
 
-def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_model_dir, tmp_path):
+def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model_and_the_adapter(
+    tiny_model_dir, tmp_path
+):
     from transformers import AutoModelForCausalLM
 
     from bandpo.checkpoint.hf_export import consolidate
@@ -94,6 +96,7 @@ def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_m
     )
     from_ckpt = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     assert max_diff(from_ckpt.state_dict(), exported.state_dict()) == 0.0
+    _check_adapter_export(a, tmp_path, tiny_model_dir, exported, ids)
 
     m_a = a.update(b2, BANDPO)
     uninterrupted = _params(a)
@@ -103,6 +106,40 @@ def test_lora_checkpoint_resumes_exactly_and_exports_are_the_merged_model(tiny_m
     assert m_b["lr"] == pytest.approx(m_a["lr"])
     # Same process, same order of operations: Adam's moments and the adapter come back exactly.
     assert max_diff(uninterrupted, _params(b)) == 0.0
+
+
+def _check_adapter_export(actor, tmp_path, base_dir, exported, ids) -> None:
+    """``actor.lora.export=both`` (the default) also wrote ``hf_adapter/``: PEFT loads it onto the base model
+    and computes the actor's logits; the eval merges it into the weights of the merged export ``hf/``."""
+    import dataclasses
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from bandpo.eval.targets import materialize, resolve_targets
+
+    adapter = tmp_path / "hf_adapter"
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, str(adapter)).eval()
+    assert loaded.peft_config["default"].base_model_name_or_path == base_dir
+    with torch.no_grad():
+        want = actor.engine.module(input_ids=ids).logits
+        # The same weights and adapter operations in fp32, but the actor attends through bandpo's packed
+        # attention (bandpo.actor.attention) and the loaded model through transformers' SDPA: the same
+        # sums in another order, so the bound is the merged export's above (fp32 rounding, O(1) logits).
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=0)
+    # The eval's merge (PEFT's merge_and_unload in fp32) forms W + (B @ A) * s as the export's
+    # merged_weight does: the weights are equal bit for bit, so every eval input is the same.
+    merged = materialize(resolve_targets(str(adapter))[0], base_model=None, cache="temp", temp_root=tmp_path)
+    from_adapter = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    assert max_diff(from_adapter.state_dict(), exported.state_dict()) == 0.0
+
+    # One kind only: the other kind's folder of the previous export is removed, not left stale beside it.
+    for export, kept, gone in (("adapter", adapter, "hf"), ("merged", "hf", adapter)):
+        actor.lora = dataclasses.replace(actor.lora, export=export)
+        actor.export_hf(str(tmp_path / "hf"))
+        assert (tmp_path / kept).is_dir() and not (tmp_path / gone).exists(), export
+    actor.lora = dataclasses.replace(actor.lora, export="both")
 
 
 def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):

@@ -62,6 +62,7 @@ def _lora_model(settings: LoraSettings, **kw):
         ("actor.lora.dropout=1.0", "actor.lora.dropout"),
         ("actor.lora.dropout=-0.1", "actor.lora.dropout"),
         ("actor.lora.target_modules=[]", "actor.lora.target_modules"),
+        ("actor.lora.export=peft", "actor.lora.export"),
     ],
 )
 def test_config_refuses_bad_lora_values_naming_the_key(override, key):
@@ -85,7 +86,8 @@ def test_config_refuses_lora_with_zero3_and_dropout_with_reused_old_logprobs_nam
 def test_settings_from_a_config_block():
     assert LoraSettings.of(None) is None and LoraSettings.of({"rank": 0}) is None
     s = LoraSettings.of({"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
-    assert s.target_modules == ("q_proj",) and s.scaling == 2.0
+    assert s.target_modules == ("q_proj",) and s.scaling == 2.0 and s.export == "both"
+    assert LoraSettings.of(compose(["model=tiny", "actor.lora.rank=4"]).actor.lora).export == "both"
 
 
 # ---------------------------------------------------------------- names

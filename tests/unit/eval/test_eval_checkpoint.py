@@ -73,6 +73,11 @@ def _cases(tmp_path: Path):
     hf = tmp_path / "model"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
+    adapter = tmp_path / "adapter"  # a PEFT LoRA folder whose base has moved
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/gone/base"}))
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "a", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
     return [
         (["checkpoint=runs/nope", "eval.datasets=[amc23]"], "checkpoint not found: runs/nope"),
         ([f"checkpoint={tmp_path / 'empty'}"], "neither Hugging Face weights"),
@@ -80,6 +85,7 @@ def _cases(tmp_path: Path):
         ([f"checkpoint={hf}", "eval.nope=1"], "bad override"),
         ([f"checkpoint={run}", "step=5"], "kept steps: 4, 8, 12"),
         ([f"checkpoint={run / 'checkpoints' / 'step_9'}"], "kept steps there: 4, 8, 12"),
+        ([f"checkpoint={adapter}", f"eval.paths=[{data}]"], "base model /gone/base (base_model_name_or_path"),
     ]
 
 
