@@ -146,6 +146,22 @@ def sync_transport(cfg, plan) -> str:
     return "adapter" if mode_of(cfg) == "adapter" else weight_transport(cfg, plan)
 
 
+def make_sync(cfg, plan, workers: Workers):
+    """The run's weight sync (``bandpo.weight_sync.transport.make_weight_sync``) of ``sync_transport``,
+    its files and folders named after the driver's pid."""
+    from bandpo.shm.weight_files import SHM_PREFIX
+    from bandpo.weight_sync.transport import make_weight_sync
+
+    return make_weight_sync(
+        sync_transport(cfg, plan),
+        workers.actor.workers,
+        workers.rollout.workers,
+        prefix=f"{SHM_PREFIX}{os.getpid()}",
+        engine_tp=int(cfg.rollout.tensor_parallel_size),
+        timeout_s=float(cfg.rollout.weight_sync_timeout),
+    )
+
+
 def verifier_strategies(cfg, plan) -> list | None:
     """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
     if plan is None or cfg.trainer.verifier_actors == "per_node":

@@ -73,7 +73,7 @@ from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
-from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
+from bandpo.shm.weight_files import remove_stale_weight_files
 from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.launch import (
     Workers,
@@ -91,6 +91,9 @@ from bandpo.types import TrainBatch
 
 
 class Trainer:
+    sync_tol: float | None = None  # the stale-weights check's tolerance (None: off); set by setup
+    synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
+
     def __init__(self, cfg):
         from omegaconf import OmegaConf
 
@@ -223,8 +226,8 @@ class Trainer:
             generated += self.in_flight.drawn.gen_tokens
         self.enter_rollout_phase(updated=result is not None)  # 7: the engines wake with the new weights
         metrics["trainer/skipped_steps"] = self.guard.skipped
-        if "weight_sync" in self.timings and self.weight_sync is not None:
-            metrics["weight_sync/bytes"] = self.weight_sync.last_bytes  # per engine node
+        if self.synced_bytes is not None:  # this step's sync, per engine node
+            metrics["weight_sync/bytes"], self.synced_bytes = self.synced_bytes, None
         return {
             **metrics,
             **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint),
@@ -379,21 +382,15 @@ class Trainer:
         """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
         CUDA IPC buckets (colocated GPU), NCCL broadcast (split GPU), or node-local /dev/shm files
         (CPU; ``bandpo.weight_sync.node``: they stay between syncs, rewritten in place through the
-        actor's kept mapping, and ``close`` removes them). The first sync of a run, and every one
-        with ``rollout.verify_sync``, is then verified (``verify_sync``)."""
-        from bandpo.trainer.launch import sync_transport
-        from bandpo.weight_sync.transport import make_weight_sync
+        actor's kept mapping, and ``close`` removes them); with LoRA on vLLM the adapter alone
+        (``rollout.lora_sync``). The first sync of a run, and every one with ``rollout.verify_sync``,
+        is then verified (``verify_sync``)."""
+        from bandpo.trainer.launch import make_sync
 
         if self.weight_sync is None:
-            self.weight_sync = make_weight_sync(
-                sync_transport(self.cfg, self.plan),
-                self.workers.actor.workers,
-                self.workers.rollout.workers,
-                prefix=f"{SHM_PREFIX}{os.getpid()}",
-                engine_tp=int(self.cfg.rollout.tensor_parallel_size),
-                timeout_s=float(self.cfg.rollout.weight_sync_timeout),
-            )
+            self.weight_sync = make_sync(self.cfg, self.plan, self.workers)
         self.weight_sync.sync()
+        self.synced_bytes = self.weight_sync.last_bytes  # logged as weight_sync/bytes
         # an adapter sync: the stale-weights check (bandpo.trainer.sync_check) stands for this one
         if (not self.synced or self.cfg.rollout.verify_sync) and not self.weight_sync.adapter_only:
             with self.timed("verify_sync"):  # within time/weight_sync too: it runs inside that stage
