@@ -15,7 +15,9 @@ The reference policy is the base model: the same module with the adapters disabl
 The rollout engines hold the base architecture (no adapters): a sync sends every parameter
 under its base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live
 factors without writing into the training weights (``merged_weight``). PEFT's own
-``merge_and_unload`` on a deep copy is the slow, obvious reference (``merged_by_peft``).
+``merge_and_unload`` on a deep copy is the slow, obvious reference (``merged_by_peft``). That is
+``rollout.lora_sync=merged``; with ``adapter`` (auto's choice with vLLM) the engines run vLLM's LoRA
+and a sync sends the factors alone (``bandpo.actor.lora_files``, ``bandpo.weight_sync.lora_adapter``).
 
 PEFT is imported only here and only when LoRA is on: ``bandpo.algo`` and ``bandpo.reward`` do not
 depend on it.

@@ -134,6 +134,16 @@ class ActorStateIO:
                 copy_into(buf, [by_name[n] for n, _ in bucket], [t for _, t in bucket])
         return metas if path is not None else []
 
+    def publish_adapter(self, folder: str, with_files: bool = False) -> tuple[int, dict | None]:
+        """Write this rank's LoRA adapter into ``folder`` (PEFT format, ``bandpo.actor.lora_files``) for the
+        engines of ``rollout.lora_sync=adapter``; returns the weights file's bytes and, with
+        ``with_files``, the files' bytes for the engines' other nodes. Rank 0 is called alone: under
+        ZeRO-2 every rank holds the whole adapter."""
+        from bandpo.actor.lora_files import read_adapter_files, write_adapter
+
+        nbytes = write_adapter(folder, self.engine.module, self.lora, self.model_path)
+        return nbytes, read_adapter_files(folder) if with_files else None
+
     def send_weights(
         self, transport: str, engines: list, engine_tp: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> None:

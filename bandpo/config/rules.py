@@ -104,6 +104,7 @@ def validate(cfg) -> None:
 
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _validate_staleness(cfg)
+    _validate_lora_sync(cfg)  # after actor.lora.* and trainer.max_staleness
     _number(cfg, "trainer.save_every", low=0, integer=True)
     _number(cfg, "trainer.eval_every", low=0, integer=True)
     _number(cfg, "trainer.keep_last", low=1, integer=True)
@@ -204,6 +205,47 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
             f"{_get(cfg, 'actor.reuse_old_logprobs')} (the first step's old log-probs would come "
             "from a forward with adapter dropout); set actor.reuse_old_logprobs=false or dropout=0"
         )
+
+
+def _validate_lora_sync(cfg) -> None:
+    """``rollout.lora_sync`` (``bandpo.weight_sync.lora_adapter``), ``rollout.sync_check_tol``
+    (``bandpo.trainer.sync_check``) and the stale-adapter test hook."""
+    from bandpo.trainer.sync_check import check_sync_check_tol
+    from bandpo.weight_sync.lora_adapter import check_lora_sync, lora_sync_mode
+
+    rank, backend = _get(cfg, "actor.lora.rank"), _get(cfg, "rollout.backend")
+    choice, level = _get(cfg, "rollout.lora_sync"), _get(cfg, "rollout.sleep_level")
+    _rule(check_lora_sync, choice, rank, backend, level)
+    # the first sync's tensor-by-tensor check compares full weights; an adapter engine holds base + adapter
+    # (the stale-weights check covers it)
+    _check(
+        not (_get(cfg, "rollout.verify_sync") and lora_sync_mode(choice, rank, backend, level) == "adapter"),
+        "rollout.verify_sync",
+        "cannot be true with rollout.lora_sync=adapter (auto picks it for LoRA on vLLM; the engines hold "
+        "the base weights + the adapter, checked by rollout.sync_check_tol); set rollout.lora_sync=merged "
+        "or verify_sync=false",
+        True,
+    )
+    _rule(
+        check_sync_check_tol,
+        _get(cfg, "rollout.sync_check_tol"),
+        _get(cfg, "trainer.max_staleness"),
+        _get(cfg, "rollout.top_p"),
+        _get(cfg, "rollout.top_k"),
+    )
+    hook = _get(cfg, "rollout.inject_stale_adapter")
+    _check(
+        isinstance(hook, int) and not isinstance(hook, bool) and hook >= 0,
+        "rollout.inject_stale_adapter",
+        "must be an adapter load number >= 1, or 0 (off)",
+        hook,
+    )
+    _check(
+        not hook or lora_sync_mode(choice, rank, backend, level) == "adapter",
+        "rollout.inject_stale_adapter",
+        "needs rollout.lora_sync=adapter (and actor.lora.rank > 0)",
+        hook,
+    )
 
 
 def _validate_staleness(cfg) -> None:

@@ -49,6 +49,12 @@ class VllmEngine:
         enable_prefix_caching: share the KV of a prompt across its n samples; default on.
         overlong_prompt: "error" (default) or "truncate" (keep the last max_model_len - 1 tokens).
         sync_dir: folder for the temporary weight file of ``update_weights``.
+        lora_rank: > 0: LoRA enabled with one adapter slot of at least this rank
+            (``rollout.lora_sync=adapter``; ``bandpo.weight_sync.lora_adapter``); the engine samples
+            through the adapter once ``load_adapter`` has loaded one, and from the base model before.
+        stale_adapter_from: test hook (``rollout.inject_stale_adapter``): from this adapter load on
+            (1 = the first; 0 = never) ``load_adapter`` reuses the adapter's id without
+            ``load_inplace``, so vLLM keeps serving the adapter it loaded before.
         **llm_kwargs_extra: passed to ``vllm.LLM`` unchanged (e.g. ``weight_transfer_config``, which
             the nccl weight sync needs: ``bandpo.weight_sync.nccl.ENGINE_KWARGS``).
 
@@ -71,6 +77,8 @@ class VllmEngine:
         enable_prefix_caching: bool = True,
         overlong_prompt: OverlongPolicy = "error",
         sync_dir: str = "/dev/shm",
+        lora_rank: int = 0,
+        stale_adapter_from: int = 0,
         **llm_kwargs_extra,
     ) -> None:
         from bandpo.run.worker_logs import redirect_group_output
@@ -80,6 +88,12 @@ class VllmEngine:
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
+        if lora_rank > 0:
+            from bandpo.weight_sync.lora_adapter import vllm_lora_kwargs
+
+            llm_kwargs_extra.update(vllm_lora_kwargs(lora_rank))
+        self.lora_request = None  # the adapter every request carries, once one is loaded
+        self.stale_adapter_from, self.adapter_loads = stale_adapter_from, 0
         kwargs = llm_kwargs(
             model_path,
             on_cpu=self.on_cpu,
@@ -119,7 +133,9 @@ class VllmEngine:
             return empty_batch(self.pad_id)
         prompts = check_prompts(prompt_token_ids, self.max_model_len, self.overlong_prompt)
         params = [self._params(sampling, len(p), i) for i, p in enumerate(prompts)]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
+        )
         rows_p, rows_r, rows_lp, rows_i, rows_f = [], [], [], [], []
         for i, (prompt, out) in enumerate(zip(prompts, outputs)):
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -157,6 +173,26 @@ class VllmEngine:
     def update_weights_from_shm(self, path: str, metas: list[TensorMeta]) -> None:
         """Reload every worker's weights from the flat file ``path`` and drop the now-stale prefix cache."""
         self.llm.collective_rpc("bandpo_load_shm", args=(path, metas_to_wire(metas)))
+        self.llm.reset_prefix_cache()
+
+    def load_adapter(self, folder: str) -> None:
+        """Load (again) the PEFT adapter folder ``folder`` as the one every later request samples with.
+
+        The adapter keeps one id (``ADAPTER_ID``) and is loaded here with ``load_inplace=True``: vLLM
+        replaces the cached adapter of that id. Reusing the id without it is the stale-adapter bug:
+        vLLM sees the id cached and keeps serving the old factors. The requests themselves carry it
+        without ``load_inplace`` (vLLM applies a request's adapter at every scheduler step, and with
+        the flag it would re-read the folder at every step). The prefix cache is reset: its blocks
+        were computed through the old adapter under the same id.
+        """
+        from vllm.lora.request import LoRARequest
+
+        from bandpo.weight_sync.lora_adapter import ADAPTER_ID, ADAPTER_NAME
+
+        self.adapter_loads += 1
+        inplace = not (0 < self.stale_adapter_from <= self.adapter_loads)
+        self.llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, folder, load_inplace=inplace))
+        self.lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, folder)
         self.llm.reset_prefix_cache()
 
     def weight_checksums(self) -> list[list[tuple]]:

@@ -62,6 +62,19 @@ class RolloutWorker:
         self.engine.update_weights_from_shm(path, metas)
         return self.node_id(), path
 
+    def load_adapter(self, folder: str) -> str:
+        """Reload the LoRA adapter from this node's ``folder`` (``VllmEngine.load_adapter``); returns this
+        worker's Ray node id."""
+        self.engine.load_adapter(folder)
+        return self.node_id()
+
+    def write_adapter_files(self, folder: str, files: dict[str, bytes]) -> int:
+        """Write the adapter's files (actor rank 0's, from another node) into ``folder`` on this node;
+        returns the bytes written (``bandpo.weight_sync.lora_adapter``)."""
+        from bandpo.actor.lora_files import write_adapter_files
+
+        return write_adapter_files(folder, files)
+
     def weight_checksums(self) -> list[list[tuple]]:
         """The engine's per-worker weight checksums (``bandpo.weight_sync.checksums``)."""
         return self.engine.weight_checksums()

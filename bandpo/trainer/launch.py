@@ -138,6 +138,30 @@ def weight_transport(cfg, plan) -> str:
     )
 
 
+def sync_transport(cfg, plan) -> str:
+    """What the trainer's syncs use: "adapter" when ``rollout.lora_sync`` resolves to it
+    (``bandpo.weight_sync.lora_adapter``), else ``weight_transport``'s."""
+    from bandpo.weight_sync.lora_adapter import mode_of
+
+    return "adapter" if mode_of(cfg) == "adapter" else weight_transport(cfg, plan)
+
+
+def make_sync(cfg, plan, workers: Workers):
+    """The run's weight sync (``bandpo.weight_sync.transport.make_weight_sync``) of ``sync_transport``,
+    its files and folders named after the driver's pid."""
+    from bandpo.shm.weight_files import SHM_PREFIX
+    from bandpo.weight_sync.transport import make_weight_sync
+
+    return make_weight_sync(
+        sync_transport(cfg, plan),
+        workers.actor.workers,
+        workers.rollout.workers,
+        prefix=f"{SHM_PREFIX}{os.getpid()}",
+        engine_tp=int(cfg.rollout.tensor_parallel_size),
+        timeout_s=float(cfg.rollout.weight_sync_timeout),
+    )
+
+
 def verifier_strategies(cfg, plan) -> list | None:
     """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
     if plan is None or cfg.trainer.verifier_actors == "per_node":
@@ -190,6 +214,10 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
                 distributed_executor_backend="uni",
                 max_num_batched_tokens=max(8192, cfg.model.max_model_len),
             )
+        if sync_transport(cfg, plan) == "adapter":
+            kw["lora_rank"] = int(cfg.actor.lora.rank)
+            if ro.inject_stale_adapter:  # test hook: from that load on the engines keep the adapter they had
+                kw["stale_adapter_from"] = int(ro.inject_stale_adapter)
     elif ro.backend == "hf":
         kw["device"] = "cuda" if gpu else "cpu"
     return kw, sleeps

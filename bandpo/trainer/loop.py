@@ -20,7 +20,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
                    (``RolloutGroup.wake``, ``bandpo.weight_sync``); the first sync of a run, and
                    every one with rollout.verify_sync, is checked tensor by tensor against the
-                   actor's weights (``bandpo.weight_sync.checksums``; ``time/verify_sync``)
+                   actor's weights (``bandpo.weight_sync.checksums``; ``time/verify_sync``); LoRA on
+                   vLLM: the adapter alone (rollout.lora_sync), checked by the next batch's log-probs
+                   (``bandpo.trainer.sync_check``, after stage 6 of every synchronous LoRA step)
     8. log / eval / checkpoint
 
 With ``trainer.max_staleness=1`` (one-step off-policy) stages 1-3 of step t+1 run in the
@@ -71,7 +73,7 @@ from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
-from bandpo.shm.weight_files import SHM_PREFIX, remove_stale_weight_files
+from bandpo.shm.weight_files import remove_stale_weight_files
 from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.launch import (
     Workers,
@@ -84,10 +86,14 @@ from bandpo.trainer.launch import (
 )
 from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
+from bandpo.trainer.sync_check import check_sync, sync_check_tol_of
 from bandpo.types import TrainBatch
 
 
 class Trainer:
+    sync_tol: float | None = None  # the stale-weights check's tolerance (None: off); set by setup
+    synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
+
     def __init__(self, cfg):
         from omegaconf import OmegaConf
 
@@ -165,6 +171,7 @@ class Trainer:
             self.tokenizer,
             self.timed,
         )
+        self.sync_tol = sync_check_tol_of(cfg, self.device)  # the stale-weights check's (None: off)
         record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
         report_startup(self.out, self.startup, time.perf_counter() - t_setup)
         self.logger = MetricsLogger(
@@ -211,6 +218,7 @@ class Trainer:
         metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
+        check_sync(metrics, self.sync_tol, self.step)  # the engines sampled from the actor's weights
         # updates between the batch's weights and pi_old's
         metrics["health/staleness"] = self.step - 1 - made_by
         if background is not None:  # the next step's batch, generated on the weights before this update
@@ -218,6 +226,8 @@ class Trainer:
             generated += self.in_flight.drawn.gen_tokens
         self.enter_rollout_phase(updated=result is not None)  # 7: the engines wake with the new weights
         metrics["trainer/skipped_steps"] = self.guard.skipped
+        if self.synced_bytes is not None:  # this step's sync, per engine node
+            metrics["weight_sync/bytes"], self.synced_bytes = self.synced_bytes, None
         return {
             **metrics,
             **timing_metrics(self.timings, time.perf_counter() - t_step, generated, last_checkpoint),
@@ -372,22 +382,17 @@ class Trainer:
         """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
         CUDA IPC buckets (colocated GPU), NCCL broadcast (split GPU), or node-local /dev/shm files
         (CPU; ``bandpo.weight_sync.node``: they stay between syncs, rewritten in place through the
-        actor's kept mapping, and ``close`` removes them). The first sync of a run, and every one
-        with ``rollout.verify_sync``, is then verified (``verify_sync``)."""
-        from bandpo.trainer.launch import weight_transport
-        from bandpo.weight_sync.transport import make_weight_sync
+        actor's kept mapping, and ``close`` removes them); with LoRA on vLLM the adapter alone
+        (``rollout.lora_sync``). The first sync of a run, and every one with ``rollout.verify_sync``,
+        is then verified (``verify_sync``)."""
+        from bandpo.trainer.launch import make_sync
 
         if self.weight_sync is None:
-            self.weight_sync = make_weight_sync(
-                weight_transport(self.cfg, self.plan),
-                self.workers.actor.workers,
-                self.workers.rollout.workers,
-                prefix=f"{SHM_PREFIX}{os.getpid()}",
-                engine_tp=int(self.cfg.rollout.tensor_parallel_size),
-                timeout_s=float(self.cfg.rollout.weight_sync_timeout),
-            )
+            self.weight_sync = make_sync(self.cfg, self.plan, self.workers)
         self.weight_sync.sync()
-        if not self.synced or self.cfg.rollout.verify_sync:
+        self.synced_bytes = self.weight_sync.last_bytes  # logged as weight_sync/bytes
+        # an adapter sync: the stale-weights check (bandpo.trainer.sync_check) stands for this one
+        if (not self.synced or self.cfg.rollout.verify_sync) and not self.weight_sync.adapter_only:
             with self.timed("verify_sync"):  # within time/weight_sync too: it runs inside that stage
                 self.verify_sync()
             self.synced = True

@@ -65,11 +65,14 @@ class NodeWeightSync:
         prefix: file name prefix, e.g. ``/dev/shm/bandpo-weights-<driver pid>``.
     """
 
+    adapter_only = False  # full weights: the checksums verify them (bandpo.weight_sync.checksums)
+
     def __init__(self, actors: list[ActorHandle], engines: list[ActorHandle], prefix: str) -> None:
         self.actors, self.engines, self.prefix = actors, engines, prefix
         self.actor_nodes: list[str] | None = None  # node of each rank
         self.engine_nodes: list[str] | None = None  # node of each engine
         self.last_loads: list[tuple[str, str]] = []  # (node, path) each engine reported at the last sync
+        self.last_bytes = 0  # the weight file's tensor bytes at the last sync
 
     def _locate(self) -> None:
         import ray
@@ -133,6 +136,7 @@ class NodeWeightSync:
             if got_node != node:  # an engine restarted elsewhere would read a file its node lacks
                 raise RuntimeError(f"rollout worker expected on node {node} runs on {got_node} (read {path})")
         self.last_loads = loads
+        self.last_bytes = sum(m.nbytes for m in metas)
 
     def close(self) -> None:
         """Remove the weight files on every node they were written on (best effort: nodes may be gone)."""

@@ -16,6 +16,7 @@ actor does not use (NCCL refuses two ranks of one communicator on one GPU).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from bandpo.errors import ConfigError, check_choice
@@ -75,8 +76,17 @@ def make_weight_sync(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ):
     """The sync object of a resolved ``transport``: ``sync()`` loads the actor's weights into every
-    engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``).
-    ``timeout_s`` bounds each wait of the ipc and nccl transports (``DeviceWeightSync``)."""
+    engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``),
+    ``last_bytes`` is what the last sync moved to each engine node. ``timeout_s`` bounds each wait of
+    the ipc and nccl transports (``DeviceWeightSync``). ``adapter``: the LoRA adapter alone
+    (``rollout.lora_sync``, ``bandpo.weight_sync.lora_adapter``), in folders named after the driver's pid."""
+    if transport == "adapter":
+        import os
+
+        from bandpo.shm.adapter_dirs import ADAPTER_PREFIX
+        from bandpo.weight_sync.lora_adapter import AdapterWeightSync
+
+        return AdapterWeightSync(actors, engines, f"{ADAPTER_PREFIX}{os.getpid()}")
     if transport == "shm":
         from bandpo.weight_sync.node import NodeWeightSync
 
@@ -100,6 +110,8 @@ class DeviceWeightSync:
             one whose many waits add up past it.
     """
 
+    adapter_only = False  # full weights: the checksums verify them (bandpo.weight_sync.checksums)
+
     def __init__(
         self,
         transport: str,
@@ -112,8 +124,14 @@ class DeviceWeightSync:
             raise ValueError(f"DeviceWeightSync: transport must be ipc or nccl, got {transport!r}")
         self.transport, self.actors, self.engines, self.engine_tp = transport, actors, engines, engine_tp
         self.timeout_s = timeout_s
+        self.last_bytes = 0
 
     def sync(self) -> None:
+        if not self.last_bytes:  # the tensors' sizes never change
+            import ray
+
+            specs = ray.get(self.actors[0].weight_specs.remote())
+            self.last_bytes = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
         refs = [
             a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s)
             for a in self.actors

@@ -109,6 +109,21 @@ def test_contract_llm_kwargs_on_cpu(vllm):
     assert _llm_kwarg_errors(vllm, llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw)) == []
 
 
+def test_contract_lora_kwargs_and_ranks(vllm):
+    """rollout.lora_sync=adapter's engine arguments are vLLM's, and its rank list is vLLM's own."""
+    from vllm.config.lora import MaxLoRARanks
+
+    from bandpo.weight_sync.lora_adapter import VLLM_MAX_LORA_RANKS, vllm_lora_kwargs
+
+    assert typing.get_args(MaxLoRARanks) == VLLM_MAX_LORA_RANKS
+    cfg = compose(["model=tiny", "actor.lora.rank=64"])
+    engine_kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
+    inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
+    rank = engine_kw.pop("lora_rank")  # VllmEngine's own: it adds vllm_lora_kwargs(rank)
+    kwargs = llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw, **vllm_lora_kwargs(rank))
+    assert _llm_kwarg_errors(vllm, kwargs) == []
+
+
 def test_contract_vllm_functions_called_in_bandpo(vllm):
     calls = library_calls("vllm")
     errors, bound = bind_errors(calls)

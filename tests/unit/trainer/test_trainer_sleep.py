@@ -125,7 +125,9 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
 
     def fake_make(name, actors, engines, **kw):  # the real sync needs Ray and engines; the order does not
         made.append(name)
-        return SimpleNamespace(sync=lambda: g.log.append(("actor", f"sync:{name}")))
+        sync = SimpleNamespace(sync=lambda: g.log.append(("actor", f"sync:{name}")))
+        sync.adapter_only, sync.last_bytes = False, 0  # full weights: checksummed
+        return sync
 
     monkeypatch.setattr(transports, "make_weight_sync", fake_make)
     trainer = Trainer.__new__(Trainer)  # no run folder, no Ray: only what sync_weights reads

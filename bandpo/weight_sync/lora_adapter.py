@@ -1,0 +1,169 @@
+"""``rollout.lora_sync``: with LoRA on, what a sync sends the engines: the adapter alone, or merged weights.
+
+    adapter  the vLLM engines are built with LoRA enabled and keep the base weights they started
+             with; a sync writes only the adapter (``bandpo.actor.lora_files``: PEFT-format
+             safetensors + adapter_config.json, from actor rank 0) into a folder on each node
+             (``bandpo.shm.adapter_dirs``), and every engine reloads it in place
+             (``VllmEngine.load_adapter``). Bytes per sync: rank x (in + out) per target, not the model.
+    merged   every parameter under its base name, each target merged (W + s B A:
+             ``bandpo.actor.lora.sync_entries``), through ``rollout.weight_sync``'s transport.
+    auto     adapter with the vLLM engines, merged with the HF engine (which cannot apply one), with
+             ``rollout.sleep_level=2`` (sleeping engines drop their weights: every wake must reload
+             the base weights, which the adapter sync never sends) and above vLLM's largest
+             ``max_lora_rank`` (512). So with vLLM: CPU (colocated), GPU colocated at sleep level 1,
+             GPU split and multi-node: adapter.
+
+With LoRA off there is no adapter: ``adapter`` is a config error naming ``actor.lora.rank``; ``merged``
+is accepted (a full-weight sync is a merge with B = 0, today's behaviour).
+
+Multi-node: the folder is per node (/dev/shm is per machine). Actor rank 0 writes its node's copy and,
+when engines run on other nodes, returns the files' bytes (an adapter is small: megabytes), which one
+engine on each such node writes there before every engine loads its own node's copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+LORA_SYNCS = ("auto", "adapter", "merged")
+KEY = "rollout.lora_sync"
+# vLLM's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py, MaxLoRARanks)
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_NAME = "bandpo"  # the LoRARequest's name; its int id is ADAPTER_ID (vLLM needs ids >= 1)
+ADAPTER_ID = 1
+
+
+def check_lora_sync(choice, rank: int, backend: str, sleep_level: int) -> None:
+    """``rollout.lora_sync`` against the settings it needs (ValueError naming both keys).
+
+    ``sleep_level`` is refused for ``adapter`` whatever the layout: at level 2 a sleeping engine drops
+    its base weights, and an adapter sync never sends them back.
+    """
+    from bandpo.errors import check_choice
+
+    check_choice(choice, LORA_SYNCS, KEY)
+    if choice != "adapter":
+        return
+    if rank == 0:
+        raise ValueError(
+            f"{KEY}=adapter needs LoRA on (actor.lora.rank > 0; it is 0): there is no adapter to "
+            "send; use auto or merged"
+        )
+    if backend != "vllm":
+        raise ValueError(
+            f"{KEY}=adapter needs rollout.backend=vllm (the {backend} engine cannot apply an adapter); "
+            "use auto or merged"
+        )
+    if rank > VLLM_MAX_LORA_RANKS[-1]:
+        raise ValueError(
+            f"{KEY}=adapter: actor.lora.rank={rank} is above vLLM's largest max_lora_rank "
+            f"{VLLM_MAX_LORA_RANKS[-1]}; use merged"
+        )
+    if sleep_level == 2:
+        raise ValueError(
+            f"{KEY}=adapter cannot be used with rollout.sleep_level=2 (sleeping engines drop their "
+            "base weights, and the adapter sync never sends them); use sleep_level=1 or merged"
+        )
+
+
+def lora_sync_mode(choice: str, rank: int, backend: str, sleep_level: int) -> str | None:
+    """The resolved mode: "adapter" or "merged" with LoRA on (module docstring), None with it off.
+    ``sleep_level`` 2 gives merged whether or not the layout sleeps: the config alone decides."""
+    if rank == 0:
+        return None
+    if choice == "auto":
+        fits = backend == "vllm" and sleep_level != 2 and rank <= VLLM_MAX_LORA_RANKS[-1]
+        return "adapter" if fits else "merged"
+    return choice
+
+
+def mode_of(cfg) -> str | None:
+    """``lora_sync_mode`` of a composed config."""
+    ro = cfg.rollout
+    return lora_sync_mode(ro.lora_sync, int(cfg.actor.lora.rank), ro.backend, ro.sleep_level)
+
+
+def vllm_lora_kwargs(rank: int) -> dict:
+    """The ``vllm.LLM(...)`` arguments of an engine serving one adapter of ``rank``: the smallest
+    ``max_lora_rank`` vLLM accepts that holds it, one adapter slot (on the device and in the CPU cache)."""
+    max_rank = next(r for r in VLLM_MAX_LORA_RANKS if r >= rank)
+    return {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1, "max_cpu_loras": 1}
+
+
+class AdapterWeightSync:
+    """The adapter sync (module docstring): ``sync()`` writes the adapter on every engine node and
+    reloads it into every engine; ``close()`` removes the folders. ``last_bytes``: the adapter
+    weights file's size at the last sync (what ``weight_sync/bytes`` logs).
+
+    Args:
+        actors: the actor ranks' handles (rank 0 writes: under ZeRO-2 each rank holds the whole adapter).
+        engines: the rollout workers' handles.
+        prefix: folder name prefix, ``bandpo.shm.adapter_dirs.ADAPTER_PREFIX`` + the driver's pid.
+    """
+
+    adapter_only = True  # the engines' base weights never change: nothing for the checksums to compare
+
+    def __init__(self, actors: list[ActorHandle], engines: list[ActorHandle], prefix: str) -> None:
+        self.actors, self.engines, self.prefix = actors, engines, prefix
+        self.actor_node: str | None = None
+        self.engine_nodes: list[str] | None = None
+        self.last_bytes = 0
+
+    def folder(self, node_id: str) -> str:
+        from bandpo.shm.adapter_dirs import node_adapter_dir
+
+        return node_adapter_dir(self.prefix, node_id)
+
+    def sync(self) -> None:
+        import ray
+
+        if self.engine_nodes is None:
+            from bandpo.shm.adapter_dirs import remove_stale_adapter_dirs
+
+            remove_stale_adapter_dirs()  # a killed run's: this run's names differ (another pid)
+            self.actor_node = ray.get(self.actors[0].node_id.remote())
+            self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
+        others = {n: i for i, n in reversed(list(enumerate(self.engine_nodes))) if n != self.actor_node}
+        nbytes, files = ray.get(
+            self.actors[0].publish_adapter.remote(self.folder(self.actor_node), bool(others))
+        )
+        if others:
+            ray.get(
+                [self.engines[i].write_adapter_files.remote(self.folder(n), files) for n, i in others.items()]
+            )
+        loads = ray.get(
+            [e.load_adapter.remote(self.folder(n)) for e, n in zip(self.engines, self.engine_nodes)]
+        )
+        for got, node in zip(loads, self.engine_nodes):
+            if got != node:  # an engine restarted elsewhere would read a folder its node lacks
+                raise RuntimeError(f"rollout worker expected on node {node} runs on {got}")
+        self.last_bytes = nbytes
+
+    def close(self) -> None:
+        """Remove the folders on every node they were written on (best effort: nodes may be gone)."""
+        import ray
+
+        from bandpo.shm.adapter_dirs import remove_adapter_dir
+
+        if self.engine_nodes is None:
+            return
+        nodes = {self.actor_node, *self.engine_nodes}
+        if not ray.is_initialized():
+            for node in nodes:
+                remove_adapter_dir(self.folder(node))
+            return
+        from bandpo.weight_sync.node import _on_node
+
+        here = ray.get_runtime_context().get_node_id()
+        refs = [_on_node(remove_adapter_dir, n).remote(self.folder(n)) for n in nodes if n != here]
+        if here in nodes:
+            remove_adapter_dir(self.folder(here))
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # a node that went away took its /dev/shm with it
+                pass
