@@ -138,4 +138,7 @@ def validate_algorithm(cfg) -> None:
         _get(cfg, "algorithm.filter_groups.enable"),
     )
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
-    _number(cfg, "algorithm.filter_groups.max_gen_rounds", low=1, integer=True)
+    from bandpo.trainer.dynamic_sampling import check_max_gen_rounds
+
+    max_rounds = _get(cfg, "algorithm.filter_groups.max_gen_rounds")
+    _rule(check_max_gen_rounds, max_rounds, "algorithm.filter_groups.max_gen_rounds")

@@ -113,21 +113,15 @@ def validate(cfg) -> None:
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ON_NONFINITE)
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
-    _number(cfg, "trainer.verifier_memory_gib", low=0, strict_low=True)
     _number(cfg, "trainer.max_error_share", low=0, high=1)
     _number(cfg, "trainer.inject_nonfinite_step", low=0, integer=True)
     _choice(cfg, "trainer.inject_nonfinite", INJECT_TARGETS)
     _choice(cfg, "trainer.verbose", [True, False])
-    actors = _get(cfg, "trainer.verifier_actors")
-    if actors != "per_node":
-        _check(
-            isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1,
-            "trainer.verifier_actors",
-            "must be an integer >= 1 or per_node",
-            actors,
-        )
-    if _get(cfg, "trainer.verifier_workers") is not None:
-        _number(cfg, "trainer.verifier_workers", low=1, integer=True)
+    from bandpo.reward.checks import check_memory_cap, check_verifier_actors, check_verifier_workers
+
+    _rule(check_verifier_actors, _get(cfg, "trainer.verifier_actors"), "trainer.verifier_actors")
+    _rule(check_verifier_workers, _get(cfg, "trainer.verifier_workers"), "trainer.verifier_workers")
+    _rule(check_memory_cap, _get(cfg, "trainer.verifier_memory_gib"), "trainer.verifier_memory_gib")
     _choice(cfg, "data.template", list(TEMPLATES))
     _validate_placement(cfg)
     from bandpo.eval.metrics import check_samples

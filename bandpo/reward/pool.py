@@ -89,13 +89,9 @@ from typing import Self
 from pebble import ProcessExpired, ProcessPool
 
 from bandpo.errors import VerifierUnavailable, check_choice
+from bandpo.reward.checks import check_error_share, check_memory_cap, check_verifier_workers
 from bandpo.reward.extract import ANSWER_FORMATS, extract_answer, normalize_gold
-from bandpo.reward.pool_health import (
-    DEFAULT_MEMORY_CAP_GIB,
-    check_error_share,
-    check_workers_start,
-    init_worker,
-)
+from bandpo.reward.pool_health import DEFAULT_MEMORY_CAP_GIB, check_workers_start, init_worker
 from bandpo.reward.scheme import RewardScheme, Score, check_score_inputs
 from bandpo.reward.verify import gold_text, verify_extracted, verify_one
 
@@ -209,12 +205,10 @@ class RewardScorer:
         check_choice(answer_format, ANSWER_FORMATS, "answer_format")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if num_workers is not None and num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        check_verifier_workers(num_workers)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if memory_cap_gib is not None and memory_cap_gib <= 0:
-            raise ValueError(f"memory_cap_gib must be > 0 (or None), got {memory_cap_gib}")
+        check_memory_cap(memory_cap_gib)
         self.scheme = scheme if scheme is not None else RewardScheme()
         self.answer_format = answer_format
         self.num_workers = num_workers or _default_workers()

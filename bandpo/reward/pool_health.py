@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
 
 from bandpo.errors import VerifierUnavailable
 from bandpo.reward.verify import verify_one
@@ -125,18 +124,3 @@ def _main_hint() -> str:
     if path and not os.path.exists(path):
         return f"; workers import the program's __main__, and {path!r} is no file they can import"
     return ""
-
-
-def check_error_share(statuses: Sequence[str], max_error_share: float, what: str = "a batch") -> None:
-    """Raise ``VerifierUnavailable`` when more than ``max_error_share`` of ``statuses`` are ``error``.
-
-    One response may break the grader (``error``); most of a batch failing means the
-    verifier itself is broken, and training on those rewards would learn nothing.
-    """
-    errors = sum(s == "error" for s in statuses)
-    if statuses and errors > max_error_share * len(statuses):
-        raise VerifierUnavailable(
-            f"the verifier (math-verify reward pool) failed on {errors} of {len(statuses)} responses of {what} "
-            f"(status 'error'; more than trainer.max_error_share={max_error_share}); see the warnings above "
-            f"and <run>/logs/verifier.log"
-        )

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bandpo.errors import VerifierFailure
+from bandpo.reward.checks import check_verifier_actors
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -130,10 +131,9 @@ class RayScorer:
         if strategies is None:
             if actors == "per_node":
                 strategies = per_node_strategies()
-            elif isinstance(actors, int) and not isinstance(actors, bool) and actors >= 1:
-                strategies = ["SPREAD"] * actors
             else:
-                raise ValueError(f"verifier actors must be an integer >= 1 or 'per_node', got {actors!r}")
+                check_verifier_actors(actors, "verifier actors")
+                strategies = ["SPREAD"] * actors
         self.scheme = scheme if scheme is not None else RewardScheme()
         self.kwargs = dict(
             scheme=self.scheme, answer_format=answer_format, num_workers=num_workers, timeout=timeout

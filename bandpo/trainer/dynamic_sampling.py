@@ -16,7 +16,8 @@ import torch
 
 from bandpo.data.sampler import rollout_seed
 from bandpo.distributed import stage
-from bandpo.reward import check_error_share
+from bandpo.errors import check_number
+from bandpo.reward.checks import check_error_share
 from bandpo.types import SamplingParams, TrainBatch
 
 
@@ -69,6 +70,11 @@ class GroupSelection:
     drawn: int  # groups (prompts) drawn
 
 
+def check_max_gen_rounds(max_rounds, name: str = "max_gen_rounds") -> None:
+    """Dynamic sampling's bound on generation rounds a step: an integer >= 1 (1 = no extra round)."""
+    check_number(max_rounds, name, low=1, integer=True)
+
+
 def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[bool]]) -> GroupSelection:
     """DAPO dynamic sampling's control loop: run rounds until ``need`` informative groups or ``max_rounds``.
 
@@ -76,8 +82,8 @@ def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[
     rewards them with round ``r``'s seed, and returns per group whether its metric varies. The
     outcome is a function of the sampler's state and the seeds, so a resumed run replays it.
     """
-    if need < 1 or max_rounds < 1:
-        raise ValueError(f"draw_groups needs need >= 1 and max_rounds >= 1, got {need}, {max_rounds}")
+    check_number(need, "need", low=1, integer=True)
+    check_max_gen_rounds(max_rounds, "max_rounds")
     kept: list[tuple[int, int]] = []
     flat: list[tuple[int, int]] = []
     drawn = informative = 0
