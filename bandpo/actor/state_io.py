@@ -141,7 +141,7 @@ class ActorStateIO:
         ZeRO-2 every rank holds the whole adapter."""
         from bandpo.actor.lora_files import read_adapter_files, write_adapter
 
-        nbytes = write_adapter(folder, self.engine.module, self.lora, self.model_path)
+        nbytes = write_adapter(folder, self.engine.module, self.model_path)
         return nbytes, read_adapter_files(folder) if with_files else None
 
     def send_weights(

@@ -9,15 +9,8 @@ import pytest
 import torch
 
 from bandpo.actor.lora import LoraSettings, apply_lora
-from bandpo.actor.lora_files import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    adapter_bytes,
-    adapter_tensors,
-    read_adapter_files,
-    write_adapter,
-    write_adapter_files,
-)
+from bandpo.actor.lora_files import adapter_bytes, read_adapter_files, write_adapter, write_adapter_files
+from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 pytest.importorskip("peft")
 
@@ -38,12 +31,14 @@ def _trained(model_dir: str):
     return model
 
 
-def test_adapter_tensors_are_peft_saved_state(tiny_model_dir):
+def test_written_weights_are_peft_saved_state(tiny_model_dir, tmp_path):
     from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
 
     model = _trained(tiny_model_dir)
-    ours, peft = adapter_tensors(model), get_peft_model_state_dict(model)
-    assert list(ours) == list(peft) and len(ours) == 2 * 7 * 2  # A and B of 7 targets x 2 layers
+    write_adapter(str(tmp_path), model, tiny_model_dir)
+    ours, peft = load_file(str(tmp_path / ADAPTER_WEIGHTS)), get_peft_model_state_dict(model)
+    assert sorted(ours) == sorted(peft) and len(ours) == 2 * 7 * 2  # A and B of 7 targets x 2 layers
     assert all(torch.equal(ours[n], peft[n]) for n in peft)
 
 
@@ -53,9 +48,9 @@ def test_written_folder_loads_in_peft_with_the_actors_logits(tiny_model_dir, tmp
 
     model = _trained(tiny_model_dir)
     folder = tmp_path / "adapter"
-    nbytes = write_adapter(str(folder), model, SETTINGS, tiny_model_dir)
-    assert nbytes == (folder / WEIGHTS_FILE).stat().st_size
-    config = json.loads((folder / CONFIG_FILE).read_text())
+    nbytes = write_adapter(str(folder), model, tiny_model_dir)
+    assert nbytes == (folder / ADAPTER_WEIGHTS).stat().st_size
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -77,11 +72,11 @@ def test_written_folder_loads_in_peft_with_the_actors_logits(tiny_model_dir, tmp
         write_adapter_files(str(tmp_path / "copy"), {"model.safetensors": b""})
 
 
-def test_adapter_tensors_refuse_a_model_without_adapter(tiny_model_dir):
+def test_write_adapter_refuses_a_model_without_adapter(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ValueError, match="no LoRA adapter"):
-        adapter_tensors(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+        write_adapter(str(tmp_path), AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_model_dir)
 
 
 # (out, in) of each target; layers; bytes per value.
