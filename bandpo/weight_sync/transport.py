@@ -127,11 +127,6 @@ class DeviceWeightSync:
         self.last_bytes = 0
 
     def sync(self) -> None:
-        if not self.last_bytes:  # the tensors' sizes never change
-            import ray
-
-            specs = ray.get(self.actors[0].weight_specs.remote())
-            self.last_bytes = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
         refs = [
             a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s)
             for a in self.actors
@@ -143,6 +138,14 @@ class DeviceWeightSync:
             "a rank is stuck in a collective with the others: see the run's logs/actor.log; "
             "rollout.weight_sync_timeout sets the limit",
         )
+        if not self.last_bytes:  # the tensors' sizes never change; asked once the ranks are free
+            specs = get_within(
+                [self.actors[0].weight_specs.remote()],
+                self.timeout_s + RANKS_GRACE_S,
+                "the weights' sizes (actor rank 0)",
+                "see the run's logs/actor.log",
+            )[0]
+            self.last_bytes = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
 
     def close(self) -> None:
         """Nothing to remove: the buckets live only during a sync, the NCCL group dies with its processes."""
