@@ -144,26 +144,10 @@ class AdapterWeightSync:
 
     def close(self) -> None:
         """Remove the folders on every node they were written on (best effort: nodes may be gone)."""
-        import ray
-
         from bandpo.shm.adapter_dirs import remove_adapter_dir
+        from bandpo.weight_sync.node import remove_on_nodes
 
         if self.engine_nodes is None:
             return
         nodes = {self.actor_node, *self.engine_nodes}
-        if not ray.is_initialized():
-            for node in nodes:
-                remove_adapter_dir(self.folder(node))
-            return
-        from bandpo.weight_sync.node import _on_node
-
-        here = ray.get_runtime_context().get_node_id()
-        refs = [_on_node(remove_adapter_dir, n).remote(self.folder(n)) for n in nodes if n != here]
-        if here in nodes:
-            remove_adapter_dir(self.folder(here))
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except Exception:  # a node that went away took its /dev/shm with it
-                pass
+        remove_on_nodes({node: self.folder(node) for node in nodes}, remove_adapter_dir)

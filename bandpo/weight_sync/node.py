@@ -56,6 +56,27 @@ def _on_node(fn, node_id: str):
     return _remote(fn).options(num_cpus=0, scheduling_strategy=strategy)
 
 
+def remove_on_nodes(paths: dict[str, str], remove) -> None:
+    """``remove(path)`` on the node of each ``{node id: path}`` (best effort: nodes may be gone); only
+    this machine's paths when Ray is down. ``remove`` must be a module-level function (a Ray task)."""
+    import ray
+
+    if not ray.is_initialized():  # only this machine's files can still be reached
+        for path in paths.values():
+            remove(path)
+        return
+    here = ray.get_runtime_context().get_node_id()
+    refs = [_on_node(remove, node).remote(path) for node, path in paths.items() if node != here]
+    if here in paths:
+        remove(paths[here])
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # a node that went away took its /dev/shm with it
+            pass
+
+
 class NodeWeightSync:
     """Publishes actor weights to node-local shared-memory files and loads them into every engine.
 
@@ -140,24 +161,7 @@ class NodeWeightSync:
 
     def close(self) -> None:
         """Remove the weight files on every node they were written on (best effort: nodes may be gone)."""
-        import ray
-
-        from bandpo.shm.weight_files import remove_shm
-
         if self.actor_nodes is None:
             return
         nodes = set(self.actor_nodes) | set(self.relay_nodes())
-        if not ray.is_initialized():  # only this machine's files can still be reached
-            for node in nodes:
-                remove_shm(self.path(node))
-            return
-        here = ray.get_runtime_context().get_node_id()
-        refs = [_on_node(_remove_file, node).remote(self.path(node)) for node in nodes if node != here]
-        if here in nodes:
-            remove_shm(self.path(here))
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except Exception:  # a node that went away took its /dev/shm with it
-                pass
+        remove_on_nodes({node: self.path(node) for node in nodes}, _remove_file)

@@ -16,7 +16,6 @@ actor does not use (NCCL refuses two ranks of one communicator on one GPU).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from bandpo.errors import ConfigError, check_choice
@@ -145,7 +144,9 @@ class DeviceWeightSync:
                 "the weights' sizes (actor rank 0)",
                 "see the run's logs/actor.log",
             )[0]
-            self.last_bytes = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
+            from bandpo.weight_sync.format import plan_layout
+
+            self.last_bytes = sum(m.nbytes for m in plan_layout(specs)[0])  # as the shm sync counts
 
     def close(self) -> None:
         """Nothing to remove: the buckets live only during a sync, the NCCL group dies with its processes."""
