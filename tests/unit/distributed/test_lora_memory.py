@@ -13,10 +13,10 @@ import pytest
 from bandpo.config import compose
 from bandpo.distributed.__main__ import main as plan_main
 from bandpo.distributed.footprint import ModelShape, adapter_params
-from bandpo.distributed.memory import CUDA_CONTEXT_GIB, VLLM_ASLEEP_GIB, memory_errors, memory_estimate
-from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.distributed.memory import CUDA_CONTEXT_GIB, VLLM_ASLEEP_GIB, memory_errors
 from bandpo.errors import ConfigError
 from bandpo.train import main as train_main
+from tests.helpers.memory import SMALL, estimate
 
 GIB = 2**30
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -81,33 +81,14 @@ def test_adapter_params_of_the_shipped_models_by_hand():
 
 # ZeRO-2 over W = 2 ranks, P = 2**30, H = 1024, I = 2816, 8 heads, 2 KV heads (K = 256), L = 4,
 # V = 32768, 8192 packed tokens, chunk 256, checkpointing; kl_coef > 0, yet no reference model.
-SMALL_LORA = [
-    "model=qwen2.5-3b",
-    "model.num_params=1073741824",
-    "model.hidden_size=1024",
-    "model.num_layers=4",
-    "model.vocab_size=32768",
-    "model.intermediate_size=2816",
-    "model.num_heads=8",
-    "model.num_kv_heads=2",
-    "actor.num_workers=2",
-    "rollout.num_workers=2",
+SMALL_LORA = [o for o in SMALL if not o.startswith("algorithm.kl_coef=")] + [
     "algorithm.kl_coef=0.001",
-    "actor.max_tokens_per_micro_batch=8192",
-    "actor.logits_chunk_tokens=256",
-    "actor.zero_stage=2",
     "actor.lora.rank=8",
 ]
 
 
-def _estimate(overrides, capacity):
-    cfg = compose(overrides)
-    plan = make_plan(cfg, ClusterShape(1, int(cfg.actor.num_workers)), "cuda")
-    return memory_estimate(cfg, plan, capacity)
-
-
 def test_small_lora_footprint_by_hand():
-    est = _estimate(SMALL_LORA, 16.0)
+    est = estimate(SMALL_LORA, 16.0)
     P, W, H, I, n, L, V, T, C = 2**30, 2, 1024, 2816, 8, 4, 32768, 8192, 256
     # per layer: q, o 1024 + 1024; k, v 1024 + 256; gate, up 1024 + 2816; down 2816 + 1024
     A = 8 * L * (2 * 2048 + 2 * 1280 + 3 * 3840)
@@ -146,7 +127,7 @@ def test_small_lora_footprint_by_hand():
 
 def test_lora_that_does_not_fit_names_no_zero3_remedy():
     # 5.5 GiB: startup and rollout 2.94 + 2.75 (vLLM's half) + 1.2, train 3.64 + 1.0 + 1.2 (GiB)
-    est = _estimate(SMALL_LORA + ["actor.offload_during_rollout=false"], 5.5)
+    est = estimate(SMALL_LORA + ["actor.offload_during_rollout=false"], 5.5)
     startup, rollout, train = memory_errors(est)
     for e in (startup, rollout, train):  # ZeRO-3 is refused with LoRA, and more ranks do not shard the base
         assert "actor.zero_stage=3" not in e and "actor.num_workers" not in e

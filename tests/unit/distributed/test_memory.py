@@ -13,6 +13,7 @@ from bandpo.distributed.__main__ import main as plan_main
 from bandpo.distributed.memory import CUDA_CONTEXT_GIB, VLLM_ASLEEP_GIB, memory_errors, memory_estimate
 from bandpo.distributed.plan import ClusterShape, make_plan
 from bandpo.train import main as train_main
+from tests.helpers.memory import SMALL, estimate
 
 GIB = 2**30
 
@@ -24,34 +25,10 @@ def packed_bf16_activations(H, I, n, L):
     return 2 * H * L + (26 * H + 8 * I + 4 * n + 8) + (8 * H + 16)
 
 
-SMALL = [
-    "model=qwen2.5-3b",
-    "model.num_params=1073741824",
-    "model.hidden_size=1024",
-    "model.num_layers=4",
-    "model.vocab_size=32768",
-    "model.intermediate_size=2816",
-    "model.num_heads=8",
-    "model.num_kv_heads=2",
-    "actor.num_workers=2",
-    "rollout.num_workers=2",
-    "algorithm.kl_coef=0",
-    "actor.max_tokens_per_micro_batch=8192",
-    "actor.logits_chunk_tokens=256",
-    "actor.zero_stage=2",
-]
-
-
-def _estimate(overrides, capacity):
-    cfg = compose(overrides)
-    plan = make_plan(cfg, ClusterShape(1, int(cfg.actor.num_workers)), "cuda")
-    return memory_estimate(cfg, plan, capacity)
-
-
 def test_small_zero2_shape_by_hand():
     # P = 2**30 parameters on W = 2 ranks, H = 1024, I = 2816, 8 heads, L = 4, V = 32768, 8192 packed
     # tokens, chunk 256, checkpointing (the qwen2.5-3b file's).
-    est = _estimate(SMALL, 16.0)
+    est = estimate(SMALL, 16.0)
     P, W, H, I, n, L, V, T, C = 2**30, 2, 1024, 2816, 8, 4, 32768, 8192, 256
     want = {
         "weights": 2 * P,
@@ -79,7 +56,7 @@ def test_small_zero2_shape_by_hand():
 
 
 def test_small_shape_without_offload_does_not_fit_and_names_the_keys():
-    est = _estimate(SMALL + ["actor.offload_during_rollout=false"], 16.0)
+    est = estimate(SMALL + ["actor.offload_during_rollout=false"], 16.0)
     # weights, master, Adam, grads, bucket
     resident = (2 * 2**30 + 2 * 2**30 + 4 * 2**30 + 2 * 2**30 + 1e9) / GIB
     assert est.rollout == pytest.approx(resident + 8.0 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)  # 20.13 GiB > 16
@@ -93,7 +70,7 @@ def test_small_shape_without_offload_does_not_fit_and_names_the_keys():
 
 def test_qwen25_7b_on_8_gpus_by_hand():
     # ZeRO-3 over 8 ranks, ref model (kl_coef 0.001), 16384 packed tokens, chunk 512, checkpointing.
-    est = _estimate(["model=qwen2.5-7b"], 80.0)
+    est = estimate(["model=qwen2.5-7b"], 80.0)
     P, W, H, I, n, L, V, T, C = 7615616512, 8, 3584, 18944, 28, 28, 152064, 16384, 512
     want = {
         "weights": 2 * P / W,
