@@ -119,7 +119,7 @@ def rank_main(args) -> None:
 
 
 def measure(model: str, args) -> dict:
-    from bandpo.actor.setup import free_port
+    from bandpo.distributed.ports import free_port
 
     port = free_port()
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")

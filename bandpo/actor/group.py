@@ -65,7 +65,7 @@ def _rendezvous() -> tuple[str, int]:
     """Run on rank 0's node: its address and a free port for torch.distributed."""
     import ray
 
-    from bandpo.actor.setup import free_port
+    from bandpo.distributed.ports import free_port
 
     return ray.util.get_node_ip_address(), free_port()
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 
 import numpy as np
 import torch
+
+from bandpo.distributed.ports import free_port
 
 
 class LinearWarmup:
@@ -34,12 +35,6 @@ def seed_everything(seed: int) -> None:
 def cpu_threads_per_rank(world_size: int) -> int:
     """This process's usable cores (its CPU affinity) shared evenly by ``world_size`` ranks, at least 1."""
     return max(1, len(os.sched_getaffinity(0)) // max(world_size, 1))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(

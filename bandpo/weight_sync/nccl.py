@@ -15,12 +15,12 @@ only rank 0 sends. Under ZeRO-2 rank 0 holds the full weights and the other rank
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 
+from bandpo.distributed.ports import free_port
 from bandpo.weight_sync.format import TensorMeta
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, ENGINE_HINT, NCCL_HINT, InThread, get_within
 
@@ -56,12 +56,6 @@ def worker_init_infos(address: str, port: int, engines: int, tp: int) -> list[di
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class NcclSender:
     """Actor rank 0's end of the broadcast group; made at the first sync, kept for the run.
 
@@ -76,7 +70,7 @@ class NcclSender:
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
         self.engines, self.timeout_s = engines, timeout_s
-        address, port = ray.util.get_node_ip_address(), _free_port()
+        address, port = ray.util.get_node_ip_address(), free_port()
         self.hint = NCCL_HINT.format(address=address, port=port)
         infos = worker_init_infos(address, port, len(engines), tp)
         # a thread starts on device 0: CUDA's current device is per thread
