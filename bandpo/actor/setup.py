@@ -37,6 +37,17 @@ def cpu_threads_per_rank(world_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(world_size, 1))
 
 
+def peak_memory_gib(device: torch.device) -> float:
+    """This process's peak memory since it started, GiB: what torch allocated on a CUDA ``device``
+    (``max_memory_allocated``, the caching allocator's headroom excluded), else the process's peak
+    resident set (``ru_maxrss``, KiB on Linux), which counts every library's memory too."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def init_distributed(
     rank: int,
     world_size: int,

@@ -65,6 +65,7 @@ from bandpo.actor.setup import (
     cpu_threads_per_rank,
     destroy_engines,
     init_distributed,
+    peak_memory_gib,
     seed_everything,
 )
 from bandpo.actor.state_io import ActorStateIO
@@ -238,7 +239,8 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         identical on every rank: token-weighted means of the loss metrics, ``loss``/``pg_loss``
         per optimizer step, ``grad_norm`` (over applied steps), ``lr``, ``num_tokens``,
         ``optimizer_steps``, ``nonfinite_steps`` (discarded for a NaN/inf loss or gradient),
-        ``time_s``, ``tokens_per_s``.
+        ``time_s``, ``tokens_per_s``, ``peak_memory_gib`` (the largest of the ranks' peaks since they
+        started, ``bandpo.actor.setup.peak_memory_gib``).
         """
         return self._update(batch, options, reuse_old=False)[0]
 
@@ -324,6 +326,8 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         self._release_cache()
         out["time_s"] = time.perf_counter() - start
         out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
+        peak = torch.tensor([peak_memory_gib(self.device)], dtype=torch.float64)
+        out["peak_memory_gib"] = float(self._all_reduce(peak, max_=True)[0])  # the fullest rank's
         return out, old_out, ent_out
 
     def _micro_batches(self, batch: TrainBatch, first: int, rows: int) -> list[list[int]]:

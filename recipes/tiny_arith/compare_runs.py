@@ -63,7 +63,8 @@ def find_runs(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def run_summary(folder: Path) -> dict:
-    """One run's numbers: steps done and planned, eval before/after, final entropy, clip fractions.
+    """One run's numbers: steps done and planned, eval before/after, final entropy, clip fractions, times,
+    the actor's peak memory.
 
     "before" is the step-0 evaluation; "after" is the last evaluation logged after step 0
     (the final one of a finished run). ``clip`` holds the clip fractions and the token share
@@ -91,6 +92,10 @@ def run_summary(folder: Path) -> dict:
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
         "wall_s": _wall_seconds(folder),
+        # the actor's peak memory, GiB (the fullest rank's since it started); absent in older runs' metrics
+        "actor_peak_gib": max(
+            (r["actor/peak_memory_gib"] for r in train if "actor/peak_memory_gib" in r), default=None
+        ),
         "config": {k: _select(cfg, k) for k in (*BUDGET_KEYS, *BEFORE_KEYS)},
     }
 

@@ -173,7 +173,8 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
         "## Runs",
         "",
         "Train time: the training steps' own time; wall: from the run's start to its last "
-        "line (start-up and evaluations included).",
+        "line (start-up and evaluations included). Actor peak: the largest `actor/peak_memory_gib` "
+        "logged (on a CPU the actor process's peak resident memory, libraries included).",
         "",
         *_table_head(
             [
@@ -183,6 +184,7 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
                 "final entropy",
                 "train time (s)",
                 "wall (s)",
+                "actor peak (GiB)",
             ]
         ),
     ]
@@ -199,6 +201,7 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
                     entropy,
                     f"{s['train_s']:.0f}",
                     f"{s['wall_s']:.0f}" if s["wall_s"] is not None else "n/a",
+                    f"{s['actor_peak_gib']:.2f}" if s.get("actor_peak_gib") is not None else "n/a",
                 ]
             )
         )

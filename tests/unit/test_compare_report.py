@@ -26,6 +26,7 @@ def _run(folder: Path, before: float, after: float, entropy: list[float], clip_l
             {
                 "step": step,
                 "time/step": 1.5,
+                "actor/peak_memory_gib": 0.5 + 0.25 * step,
                 "actor/entropy": ent,
                 "actor/clip_frac_up": clip / 10,
                 "actor/clip_frac_bin/lt0.01": clip,
@@ -60,6 +61,8 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     # clip fraction of the p < 0.01 bin: mean over steps, then over seeds: (0.3, 0.2) -> 25.0 %
     assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text
     assert (tmp_path / "results.png").stat().st_size > 0
+    # the Runs table: 2 steps of 1.5 s; the actor's peak is the largest logged, 0.5 + 0.25 * 2
+    assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 0 | 1.00 |" in text  # wall: from the file times, ~0 s
 
 
 def test_shared_before_maj_and_headline(tmp_path):

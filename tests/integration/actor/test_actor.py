@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import psutil
 import pytest
 import torch
 
@@ -69,6 +70,9 @@ def test_update_moves_logprobs_with_the_advantage_sign(tiny_model_dir):
     assert bool((delta > 0).all()), delta
     assert metrics["loss"] == pytest.approx(-1.0, abs=1e-6)  # ratio 1 at the start: loss = -mean A
     assert metrics["grad_norm"] > 0 and metrics["lr"] == pytest.approx(1e-3)
+    # the process's resident peak: torch and the model are resident (well over 50 MiB), and a peak
+    # is resident memory, never more than the machine has
+    assert 0.05 < metrics["peak_memory_gib"] <= psutil.virtual_memory().total / 2**30
     assert metrics["num_tokens"] == float(mask.sum())
 
     delta, _ = step(-1.0)

@@ -13,7 +13,7 @@ import torch
 from bandpo.actor import shard_batch, unshard_rows
 from bandpo.actor.ds_config import grad_accum_steps
 from bandpo.actor.logprobs import budget_chunks, check_padding, token_entropy, token_logprobs, trim_padding
-from bandpo.actor.setup import cpu_threads_per_rank
+from bandpo.actor.setup import cpu_threads_per_rank, peak_memory_gib
 from bandpo.types import TrainBatch
 from tests.helpers.actor import make_rollout
 
@@ -85,3 +85,15 @@ def test_shard_unshard_and_batch_arithmetic():
 def test_cpu_threads_share_the_cores_between_ranks(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert [cpu_threads_per_rank(w) for w in (1, 2, 3, 16)] == [8, 4, 2, 1]
+
+
+def test_peak_memory_on_cpu_is_at_least_the_memory_now_resident():
+    """The CPU's peak is the process's resident high-water mark: never below what is resident now, so
+    with 256 MiB written and alive it is at least that plus the interpreter's own resident memory."""
+    psutil = pytest.importorskip("psutil")
+    x = torch.ones(1 << 26, dtype=torch.float32)  # 256 MiB, every page written
+    resident = psutil.Process().memory_info().rss / 2**30
+    peak = peak_memory_gib(torch.device("cpu"))
+    # ru_maxrss counts KiB, rss bytes: the two agree to the page, 1 MiB is ample
+    assert peak >= resident - 2**-10 and peak > 0.25
+    del x
