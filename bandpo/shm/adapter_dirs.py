@@ -34,3 +34,12 @@ def remove_stale_adapter_dirs() -> list[str]:
             remove_adapter_dir(str(path))
             removed.append(str(path))
     return removed
+
+
+def driver_adapter_dirs(pids: list[int]) -> list[str]:
+    """This machine's adapter folders of the drivers ``pids`` (the fault test: none may outlive a killed one)."""
+    return sorted(
+        str(p)
+        for pid in pids
+        for p in Path(ADAPTER_PREFIX).parent.glob(f"{Path(ADAPTER_PREFIX).name}{pid}-*")
+    )

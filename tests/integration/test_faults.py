@@ -80,6 +80,37 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp
     assert ref[-1]["actor/entropy"] != pytest.approx(ref[0]["actor/entropy"], rel=1e-6)  # weights did move
 
 
+def test_killed_mid_checkpoint_lora_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
+    """LoRA on, the engines sampling from the adapter (rollout.lora_sync=adapter): one SIGKILL while a
+    checkpoint is written, then the resumed run's metrics, final merged weights and adapter equal the
+    uninterrupted run's; no adapter folder of the killed driver is left in /dev/shm."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "fault"
+    lora = ["actor.lora.rank=4", "actor.lora.alpha=8", "rollout.lora_sync=adapter"]
+    proc = subprocess.run(
+        ["bash", "scripts/fault_test.sh", "--kills", "1", "--seed", "2", "--out", str(out)]
+        + [f"model.path={tiny_model_dir}", "trainer.total_steps=3", *SMALL, *lora],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    report = json.loads((out / "fault_test.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert report["passed"] and [k["mid_checkpoint"] for k in report["kills"]] == [True]
+    assert report["steps_logged"] == [1, 2, 3] and report["max_weight_diff"] <= 1e-6
+    # The same bound for the adapter's factors, which the merged weights above are computed from.
+    killed, ref = (
+        load_file(out / r / "hf_adapter" / "adapter_model.safetensors") for r in ("killed", "reference")
+    )
+    assert killed.keys() == ref.keys() and any(
+        float(t.abs().max()) > 0 for n, t in ref.items() if "lora_B" in n
+    )
+    assert max(float((killed[n] - ref[n]).abs().max()) for n in ref) <= 1e-6
+
+
 @pytest.mark.parametrize(
     "worker,method,backend,message",
     [

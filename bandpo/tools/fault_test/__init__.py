@@ -14,6 +14,6 @@ result equals an uninterrupted run's.
 Then it checks (``checks.py``): every step logged exactly once, per-step metrics and final
 weights equal to the reference's, every resume from the checkpoint ``latest`` named at the
 kill, no temporary or half-written checkpoint left, no process of a killed run left alive
-(``process.py``), no leaked /dev/shm weight buffer. It prints a summary, writes
+(``process.py``), no leaked /dev/shm weight buffer or LoRA adapter folder. It prints a summary, writes
 ``DIR/fault_test.json`` and exits 1 on any violation (2 on bad arguments).
 """

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bandpo.shm.adapter_dirs import driver_adapter_dirs
 from bandpo.shm.weight_files import driver_weight_files
 from bandpo.tools.fault_test import checks
 from bandpo.tools.fault_test.process import Session
@@ -107,7 +108,8 @@ class FaultTest:
         if save_every and not any(k.mid_checkpoint for k in self.kill_log):
             self.violations.append("no kill landed while a checkpoint was being written")
         self.violations += [
-            f"{p} left in /dev/shm by a killed driver" for p in driver_weight_files(self.pids)
+            f"{p} left in /dev/shm by a killed driver"
+            for p in driver_weight_files(self.pids) + driver_adapter_dirs(self.pids)
         ]
         return self._report(ref_s, killed_s, rows, attempts, diff)
 
