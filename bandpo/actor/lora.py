@@ -18,9 +18,11 @@ its (partitioned) weight, and makes the factors whole on every rank, which ``dee
 partitions (rank 0's values broadcast first: every rank starts from the same adapter). Every read of
 the full weights then gathers them (the merged sync gathers a target's weight and factors together:
 ``SyncEntry.params``; the adapter file gathers ``lora_factors``) and is collective. The reference
-passes skip the adapter modules, so their module order differs from the policy's: ZeRO-3's prefetch
-trace is recorded per order and dropped at the first module that departs from it (its prefetched
-parameters released first), so a switch costs the prefetch of one pass, never a wrong value.
+passes skip the adapter modules, so their module order differs from the policy's: DeepSpeed 0.19's
+prefetch trace is dropped at the first module that departs from it (the parameters it prefetched are
+waited for and released first), the next pass records the new order and the one after prefetches
+again; a switch costs the prefetch of two passes, never a value (the policy's log-probs after a
+reference pass are the same bits: tests/integration/actor/test_actor_lora.py).
 
 The rollout engines hold the base architecture (no adapters): a sync sends every parameter
 under its base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live
