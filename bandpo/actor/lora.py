@@ -12,6 +12,18 @@ Shapes (legend): W [out, in] the base weight, A [rank, in] (``lora_A``), B [out,
 The reference policy is the base model: the same module with the adapters disabled (PEFT's
 ``disable_adapter``), so no second copy of the weights is loaded for the KL term.
 
+Under ZeRO-3 the base model is built partitioned (``deepspeed.zero.Init``, ``bandpo.actor.loading``)
+before PEFT wraps it; PEFT reads a target's sizes from its ``in_features`` / ``out_features``, never
+its (partitioned) weight, and makes the factors whole on every rank, which ``deepspeed.initialize``
+partitions (rank 0's values broadcast first: every rank starts from the same adapter). Every read of
+the full weights then gathers them (the merged sync gathers a target's weight and factors together:
+``SyncEntry.params``; the adapter file gathers ``lora_factors``) and is collective. The reference
+passes skip the adapter modules, so their module order differs from the policy's: DeepSpeed 0.19's
+prefetch trace is dropped at the first module that departs from it (the parameters it prefetched are
+waited for and released first), the next pass records the new order and the one after prefetches
+again; a switch costs the prefetch of two passes, never a value (the policy's log-probs after a
+reference pass are the same bits: tests/integration/actor/test_actor_lora.py).
+
 The rollout engines hold the base architecture (no adapters): a sync sends every parameter
 under its base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live
 factors without writing into the training weights (``merged_weight``). PEFT's own
@@ -78,20 +90,6 @@ class LoraSettings:
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
-
-
-def check_zero_stage(zero_stage) -> None:
-    """LoRA runs with ZeRO-2 only, for now (``build_engines``, and the config with ``actor.lora.rank > 0``).
-
-    Under ZeRO-3 the base model is built partitioned (zero.Init) before PEFT adds its layers. One rank's
-    training step ran that way, but the merged sync (gathering base weight and factors together), the
-    adapters-off reference under ZeRO-3's prefetch trace, checkpoints and several ranks are untested.
-    """
-    if zero_stage == 3:
-        raise ValueError(
-            "actor.lora.rank > 0 cannot be used with actor.zero_stage=3 yet (LoRA on a ZeRO-3 "
-            "partitioned model is not supported); use actor.zero_stage=2 or actor.lora.rank=0"
-        )
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
@@ -268,6 +266,12 @@ def merged_by_peft(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     parameters, no ZeRO-3), as {base name: tensor}. Tied weights once, as ``named_parameters``."""
     merged = copy.deepcopy(module).merge_and_unload()
     return {name: p.detach().clone() for name, p in merged.named_parameters()}
+
+
+def lora_factors(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The adapter factors (``lora_A`` / ``lora_B`` weights) of ``module`` in ``named_parameters`` order:
+    what the adapter file holds and, under ZeRO-3, what its writing gathers."""
+    return [p for name, p in module.named_parameters() if ".lora_" in name]
 
 
 def trainable_names(module: torch.nn.Module) -> Iterator[str]:

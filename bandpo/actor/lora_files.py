@@ -6,8 +6,10 @@ PEFT's own state dict and config): ``adapter_model.safetensors`` (each target's 
 ``adapter_config.json``. PEFT's ``PeftModel.from_pretrained`` and vLLM's LoRA loader both read it. Only the factors go out: the
 base weights never change while LoRA trains, so the engines keep the ones they started with.
 
-Under ZeRO-2 every rank holds the whole adapter (its parameters are replicated), so rank 0 alone
-writes it. Files are written in place: the engine reads them only inside the sync's load.
+Rank 0 writes it: under ZeRO-2 every rank holds the whole adapter (its parameters are replicated);
+under ZeRO-3 the factors are partitioned, and every rank takes part in their gather first
+(``ActorStateIO.publish_adapter``), so the file is the same. Files are written in place: the engine
+reads them only inside the sync's load.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save
 def write_adapter(folder: str, module: torch.nn.Module, base_model_path: str) -> int:
     """Write ``module``'s adapter (a PEFT model, or a DeepSpeed engine around one) into ``folder``
     (created if missing; the two files replaced); returns the bytes of the weights file (what a sync
-    moves, the small config aside)."""
+    moves, the small config aside). Under ZeRO-3 the factors must be gathered around the call."""
     inner = getattr(module, "module", module)
     if not is_lora(inner):
         raise ValueError("write_adapter: the model carries no LoRA adapter (actor.lora.rank is 0)")

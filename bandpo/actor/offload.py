@@ -17,6 +17,8 @@ before the log-probs. What moves, per ZeRO stage (``moves``):
 - ZeRO-2 with LoRA: the frozen base weights are outside the optimizer, so ``lp_params`` holds only
   the adapters; the parameters that need no gradient move here, with the weights
   (``offload_weights``), once the sync has read them.
+- ZeRO-3 with LoRA: as without; the optimizer's flat fp32 partitions are the adapter's, and the bf16
+  partitions of the frozen base and of the factors stay like every weight partition.
 - Both: Adam's ``exp_avg`` / ``exp_avg_sq`` (moved here, each tensor back to the device it
   came from: DeepSpeed's own helper would also move AdamW's CPU ``step`` counters to the GPU),
   and the reference model (a module under ZeRO-2, its parameter partitions under ZeRO-3).

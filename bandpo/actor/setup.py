@@ -142,8 +142,9 @@ def build_engines(
     same dtype and, under ZeRO-3, the same partitioning.
 
     ``lora`` (a ``bandpo.actor.lora.LoraSettings`` that is on): the model is wrapped by PEFT first and
-    only the adapter factors go to the optimizer; no reference model is loaded (``ref_model`` is then
-    ignored): the reference is the same module with its adapters off (``bandpo.actor.lora``).
+    only the adapter factors go to the optimizer (ZeRO-2 or ZeRO-3; under ZeRO-3 the frozen base stays
+    partitioned as built); no reference model is loaded (``ref_model`` is then ignored): the reference is
+    the same module with its adapters off (``bandpo.actor.lora``).
     """
     import deepspeed
 
@@ -158,9 +159,9 @@ def build_engines(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     use_lora = lora is not None and lora.on
     if use_lora:
-        from bandpo.actor.lora import apply_lora, check_zero_stage
+        from bandpo.actor.lora import apply_lora
 
-        check_zero_stage(zero_stage)
+        # Under ZeRO-3 the factors are made whole, outside zero.Init: deepspeed.initialize partitions them.
         model = apply_lora(model, lora)
     # Frozen parameters (LoRA's base weights) get no optimizer state at all.
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -135,13 +135,22 @@ class ActorStateIO:
         return metas if path is not None else []
 
     def publish_adapter(self, folder: str, with_files: bool = False) -> tuple[int, dict | None]:
-        """Write this rank's LoRA adapter into ``folder`` (PEFT format, ``bandpo.actor.lora_files``) for the
-        engines of ``rollout.lora_sync=adapter``; returns the weights file's bytes and, with
-        ``with_files``, the files' bytes for the engines' other nodes. Rank 0 is called alone: under
-        ZeRO-2 every rank holds the whole adapter."""
+        """Write the LoRA adapter into ``folder`` (PEFT format, ``bandpo.actor.lora_files``) for the
+        engines of ``rollout.lora_sync=adapter``; rank 0 writes and returns the weights file's bytes and,
+        with ``with_files``, the files' bytes for the engines' other nodes; the others return ``(0, None)``.
+
+        Every rank is called, as for the shm sync: under ZeRO-3 the factors are partitioned and every
+        rank takes part in their gather (one collective, the adapter being small); under ZeRO-2 every
+        rank holds the whole adapter and the others return at once."""
+        from bandpo.actor.lora import lora_factors
         from bandpo.actor.lora_files import read_adapter_files, write_adapter
 
-        nbytes = write_adapter(folder, self.engine.module, self.model_path)
+        if self.rank != 0 and self.zero_stage != 3:
+            return 0, None
+        with self._gathered(lora_factors(self.engine.module)):
+            nbytes = write_adapter(folder, self.engine.module, self.model_path) if self.rank == 0 else 0
+        if self.rank != 0:
+            return 0, None
         return nbytes, read_adapter_files(folder) if with_files else None
 
     def send_weights(

@@ -106,7 +106,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
             implementation packs every row's prompt).
         ref_model: also load a frozen copy of the initial weights for KL / ref logprobs.
         lora: ``bandpo.actor.lora.LoraSettings`` (or its fields as a dict); with rank > 0 only LoRA
-            adapters train (ZeRO-2), and the reference log-probs come from the same model with its
+            adapters train (ZeRO-2 or ZeRO-3), and the reference log-probs come from the same model with its
             adapters off, so ``ref_model`` loads nothing then.
         temperature: logits are divided by it (match the rollout's sampling temperature).
         seed: seeds python, numpy and torch.

@@ -121,7 +121,8 @@ class ActorCheckpoints:
     """Checkpoints and the HF export of one actor rank (see the module docstring).
 
     Reads the actor's ``engine`` (DeepSpeed), ``rank``, ``world_size``, ``model_path``, ``lora``, ``offloader``,
-    its ``offload`` / ``reload``, ``named_weights`` and ``_barrier`` (``bandpo.actor.state_io.ActorStateIO``).
+    its ``offload`` / ``reload``, ``named_weights``, ``_gathered`` and ``_barrier``
+    (``bandpo.actor.state_io.ActorStateIO``).
     Every method is collective: all ranks call it.
     """
 
@@ -177,11 +178,12 @@ class ActorCheckpoints:
         in the training dtype, with a LoRA run's adapters merged into the base model's weights; the
         ranks write their share of the weight files and fsync them. With LoRA, ``actor.lora.export``
         chooses that merged model, the adapter in PEFT's format at ``<path>_adapter`` (written by rank
-        0 alone: under ZeRO-2 every rank holds the whole adapter), or both; a previous export of the
+        0: under ZeRO-2 every rank holds the whole adapter, under ZeRO-3 all ranks gather it first), or both; a previous export of the
         kind not chosen is removed, so no older model lies beside this one. Each folder appears
         atomically.
         """
-        from bandpo.actor.lora import base_model  # not at the top: bandpo.actor imports this module
+        # not at the top: bandpo.actor imports this module
+        from bandpo.actor.lora import base_model, lora_factors
         from bandpo.checkpoint.lora_adapter import adapter_path, save_adapter_folder, writes
 
         lora = getattr(self, "lora", None)
@@ -202,15 +204,19 @@ class ActorCheckpoints:
             )
             atomic.fsync_files(written)
             self._barrier()
-        if self.rank == 0:
-            if merged:
-                atomic.publish(tmp, path)
-            if adapter:
-                tmp_adapter = atomic.staging_dir(adapter_path(path))
-                shutil.rmtree(tmp_adapter, ignore_errors=True)
-                os.makedirs(tmp_adapter)
-                atomic.fsync_files(save_adapter_folder(self.engine.module, tmp_adapter, self.model_path))
+        if merged and self.rank == 0:
+            atomic.publish(tmp, path)
+        if adapter:  # under ZeRO-3 every rank takes part in the factors' gather; rank 0 writes
+            with self._gathered(lora_factors(self.engine.module)):
+                if self.rank == 0:
+                    tmp_adapter = atomic.staging_dir(adapter_path(path))
+                    shutil.rmtree(tmp_adapter, ignore_errors=True)
+                    os.makedirs(tmp_adapter)
+                    written = save_adapter_folder(self.engine.module, tmp_adapter, self.model_path)
+            if self.rank == 0:
+                atomic.fsync_files(written)
                 atomic.publish(tmp_adapter, adapter_path(path))
+        if self.rank == 0:
             if not merged:  # a previous export's merged model
                 shutil.rmtree(path, ignore_errors=True)
             if lora is not None and not adapter:

@@ -10,7 +10,8 @@
     ``adapter_model.safetensors`` under PEFT's key names (``save_adapter_folder``);
   - ``both`` (the default): the two folders.
 
-The adapter is written by rank 0 alone (under ZeRO-2 every rank holds all of it) in the training dtype.
+The adapter is written by rank 0 in the training dtype (under ZeRO-2 every rank holds all of it; under
+ZeRO-3 every rank takes part in the gather of its partitioned factors first).
 
 The eval (``bandpo.eval.targets``) evaluates an adapter folder by merging it into its base model first
 (``merge_adapter_folder``: PEFT's ``merge_and_unload`` in float32), written atomically as an HF folder.

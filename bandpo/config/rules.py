@@ -188,9 +188,6 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
     _rule(check_export, _get(cfg, "actor.lora.export"))
     if rank == 0:
         return
-    from bandpo.actor.lora import check_zero_stage
-
-    _rule(check_zero_stage, _get(cfg, "actor.zero_stage"))
     # The reused old log-probs are the update's own training forward: with dropout on the adapter they
     # would be one dropout draw's, not the policy's (the model's own dropout is forced off for this).
     if dropout > 0 and reuse_old:

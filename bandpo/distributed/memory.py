@@ -19,7 +19,8 @@ The actor (DeepSpeed ZeRO over W ranks, P parameters, bf16 with an fp32 master c
 parameters that train: T = P in full fine-tuning, T = A, the LoRA adapter's, with
 ``actor.lora.rank > 0`` (``footprint.adapter_params``):
     weights      2P (ZeRO-2) or 2P/W (ZeRO-3)     bf16 (with LoRA the frozen base model)
-    adapter      LoRA: 2A, the adapter factors in bf16 (ZeRO-2 keeps whole parameters on every rank)
+    adapter      LoRA: 2A (ZeRO-2 keeps whole parameters on every rank) or 2A/W (ZeRO-3), the
+                 adapter factors in bf16
     ref_weights  as the weights, when algorithm.kl_coef > 0 and LoRA is off (frozen reference model)
     master       4T/W    fp32 master weights
     optimizer    8T/W    Adam's m and v in fp32
@@ -36,12 +37,13 @@ parameters that train: T = P in full fine-tuning, T = A, the LoRA adapter's, wit
                  an fp32 [V, H] accumulator and its bf16 copy (6 V H, bandpo.actor.chunked); padded:
                  fp32 logits and softmax per token (8 V)
 
-LoRA (``bandpo.actor.lora``, ZeRO-2 only: config validation refuses ZeRO-3) departs from full
-fine-tuning in these terms only: the base weights are frozen (no gradient, master copy or Adam
-state: those are the adapter's, T = A) and, being outside the optimizer, not partitioned by ZeRO-2,
-which partitions the optimizer's states and gradients only; the adapter's own bf16 factors are
-whole on every rank too; no reference model is loaded (the reference is the same model with the
-adapters off); the lm_head never takes an adapter, so the chunked head computes no weight
+LoRA (``bandpo.actor.lora``) departs from full fine-tuning in these terms only: the base weights
+are frozen (no gradient, master copy or Adam state: those are the adapter's, T = A) and, being
+outside the optimizer, not partitioned by ZeRO-2, which partitions the optimizer's states and
+gradients only (the adapter's own bf16 factors are whole on every rank too); ZeRO-3 partitions
+every parameter, so there the frozen base is 2P/W and the factors 2A/W, as full fine-tuning's
+weights are, and the same largest module is gathered (live_params); no reference model is loaded
+(the reference is the same model with the adapters off); the lm_head never takes an adapter, so the chunked head computes no weight
 gradient. The activations are counted as in full fine-tuning, which the frozen weights make an
 upper bound at ``actor.lora.dropout`` 0 (measured with saved-tensor hooks on a tiny Qwen2 and
 Llama layer): a frozen RMSNorm weight keeps no normalised input (lp H less per norm, 2 a layer),
@@ -57,7 +59,8 @@ Tokens per update forward: ``actor.max_tokens_per_micro_batch`` packed (padding-
 What stays on the GPU while vLLM generates (the residue): with ``actor.offload_during_rollout``
 (``bandpo.actor.offload``) the master weights, Adam's state, the gradients, the reference
 model and, under ZeRO-2, the bf16 weights (with LoRA the frozen base and the adapter) go to host
-memory; ZeRO-2 keeps its reduce bucket, ZeRO-3 its bf16 weight partition (the weight sync gathers it on the GPU). Without, every state
+memory; ZeRO-2 keeps its reduce bucket, ZeRO-3 its bf16 weight partition (with LoRA the base's and
+the adapter's: the weight sync gathers them on the GPU). Without, every state
 but the transient ones (live_params, activations, head) stays. The actor empties PyTorch's cache after each stage, so no reserved peak blocks
 stay behind either way.
 
@@ -101,7 +104,8 @@ class MemoryEstimate:
 
     A phase's figure is its worst GPU; a phase with vLLM's share in it (and ``peak``) is None when
     the GPU's memory is unknown (the share is a fraction of it). ``capacity_from`` says where the capacity came from.
-    ``lora``: with LoRA on, its rank, target modules and parameter counts (``lora_summary``), else None.
+    ``lora``: with LoRA on, its rank, target modules and parameter counts (``lora_summary``), else None;
+    ``zero_stage``: ``actor.zero_stage`` (whether LoRA's frozen base is partitioned).
     """
 
     parts: dict[str, float]
@@ -110,6 +114,7 @@ class MemoryEstimate:
     gpus: dict[str, dict[str, Terms]]
     capacity_from: str = "trainer.gpu_memory_gib"
     lora: dict | None = None
+    zero_stage: int = 2
 
     def on(self, gpu: str, phase: str) -> float | None:
         terms = self.gpus[gpu][phase]
@@ -242,7 +247,8 @@ def actor_residue(parts: dict[str, float], offload: bool, zero_stage: int) -> fl
     """GiB the actor leaves on its GPU while vLLM generates (module docstring)."""
     if not offload:
         return sum(parts.get(k, 0.0) for k in RESIDENT)
-    return parts["weights"] if zero_stage == 3 else parts["bucket"]
+    # ZeRO-3 keeps every bf16 partition: the weights' and, with LoRA, the adapter's
+    return parts["weights"] + parts.get("adapter", 0.0) if zero_stage == 3 else parts["bucket"]
 
 
 def memory_estimate(
@@ -286,11 +292,14 @@ def memory_estimate(
             },
             "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]},
         }
-    return MemoryEstimate(parts, offload, capacity_gib, gpus, capacity_from, lora_summary(cfg))
+    return MemoryEstimate(
+        parts, offload, capacity_gib, gpus, capacity_from, lora_summary(cfg), int(cfg.actor.zero_stage)
+    )
 
 
-# What shrinks each phase, named in the message when it does not fit. With LoRA (ZeRO-2 only) the
-# base weights are whole on every rank: neither ZeRO-3 nor more ranks shard them (``NOT_WITH_LORA``).
+# What shrinks each phase, named in the message when it does not fit. With LoRA under ZeRO-2 the frozen
+# base weights are whole on every rank: more ranks shard only the adapter's small states
+# (``NOT_WITH_LORA_ZERO2``); ZeRO-3 shards the base too.
 REMEDIES = {
     "startup": (
         "rollout.gpu_memory_utilization (vLLM's share)",
@@ -312,7 +321,7 @@ REMEDIES = {
 }
 
 
-NOT_WITH_LORA = ("actor.zero_stage=3", "actor.num_workers")
+NOT_WITH_LORA_ZERO2 = ("actor.num_workers",)
 
 
 def memory_errors(est: MemoryEstimate | None) -> list[str]:
@@ -325,7 +334,10 @@ def memory_errors(est: MemoryEstimate | None) -> list[str]:
             need = est.on(gpu, phase)
             if need is not None and need > est.capacity:
                 sums = " + ".join(f"{name} {v:.1f}" for name, v in terms)
-                remedies = [r for r in REMEDIES[phase] if not (est.lora and r.startswith(NOT_WITH_LORA))]
+                base_whole = est.lora is not None and est.zero_stage != 3
+                remedies = [
+                    r for r in REMEDIES[phase] if not (base_whole and r.startswith(NOT_WITH_LORA_ZERO2))
+                ]
                 out.append(
                     f"memory: the {phase} phase needs {need:.1f} GiB on a{'n' if gpu[0] in 'aeiou' else ''} "
                     f"{gpu} GPU, more than its {est.capacity:.1f} GiB ({est.capacity_from}): {sums}; "
@@ -371,10 +383,11 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
     ]
     if est.lora:
         lo = est.lora
+        where = "partitioned over the ranks" if est.zero_stage == 3 else "whole on every rank"
         lines.append(
             f"  LoRA rank {lo['rank']} on {', '.join(lo['target_modules'])}: {lo['adapter_params']:,} adapter "
             f"parameters train ({100 * lo['adapter_params'] / lo['base_params']:.2f}% of the base's "
-            f"{lo['base_params']:,}, frozen in weights, whole on every rank); master, optimizer and grads "
+            f"{lo['base_params']:,}, frozen in weights, {where}); master, optimizer and grads "
             "are the adapter's; no reference model; the head computes no weight gradient"
         )
     for gpu in est.gpus:

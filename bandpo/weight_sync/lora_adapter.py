@@ -2,7 +2,8 @@
 
     adapter  the vLLM engines are built with LoRA enabled and keep the base weights they started
              with; a sync writes only the adapter (``bandpo.actor.lora_files``: PEFT-format
-             safetensors + adapter_config.json, from actor rank 0) into a folder on each node
+             safetensors + adapter_config.json, written by actor rank 0, every rank taking part in
+             the factors' gather under ZeRO-3) into a folder on each node
              (``bandpo.shm.adapter_dirs``), and every engine reloads it in place
              (``VllmEngine.load_adapter``). Bytes per sync: rank x (in + out) per target, not the model.
     merged   every parameter under its base name, each target merged (W + s B A:
@@ -99,7 +100,7 @@ class AdapterWeightSync:
     weights file's size at the last sync (what ``weight_sync/bytes`` logs).
 
     Args:
-        actors: the actor ranks' handles (rank 0 writes: under ZeRO-2 each rank holds the whole adapter).
+        actors: the actor ranks' handles, all called (rank 0 writes; under ZeRO-3 all gather the factors).
         engines: the rollout workers' handles.
         prefix: folder name prefix, ``bandpo.shm.adapter_dirs.ADAPTER_PREFIX`` + the driver's pid.
     """
@@ -127,9 +128,9 @@ class AdapterWeightSync:
             self.actor_node = ray.get(self.actors[0].node_id.remote())
             self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
         others = {n: i for i, n in reversed(list(enumerate(self.engine_nodes))) if n != self.actor_node}
-        nbytes, files = ray.get(
-            self.actors[0].publish_adapter.remote(self.folder(self.actor_node), bool(others))
-        )
+        # Every rank, as the shm sync: under ZeRO-3 they all take part in the factors' gather; rank 0 writes.
+        folder = self.folder(self.actor_node)
+        nbytes, files = ray.get([a.publish_adapter.remote(folder, bool(others)) for a in self.actors])[0]
         if others:
             ray.get(
                 [self.engines[i].write_adapter_files.remote(self.folder(n), files) for n, i in others.items()]

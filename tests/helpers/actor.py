@@ -49,6 +49,32 @@ def full_weights(actor: Actor) -> dict[str, torch.Tensor]:
     return {name: t for bucket in actor.named_weights() for name, t in bucket}
 
 
+def rank_weights(group) -> list[dict[str, torch.Tensor]]:
+    """Every rank's full weights (``named_weights``) of an ``ActorGroup``, in rank order."""
+    import ray
+
+    # All ranks at once: under ZeRO-3 every bucket is a collective gather. The lambda names no
+    # test-module globals, so Ray workers can unpickle it without importing this file.
+    fetch = lambda actor: {name: t for bucket in actor.named_weights() for name, t in bucket}  # noqa: E731
+    return ray.get([w.__ray_call__.remote(fetch) for w in group.workers])
+
+
+# The update metrics a multi-rank run and one rank on the same batch must agree on.
+COMPARED_METRICS = (
+    "loss",
+    "pg_loss",
+    "entropy",
+    "kl_ref",
+    "approx_kl",
+    "grad_norm",
+    "num_tokens",
+    "lr",
+    "clip_frac_up",
+    "clip_frac_down",
+    "clip_frac_bin/lt0.01",
+)
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)

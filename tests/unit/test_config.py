@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.actor.lora import check_zero_stage
 from bandpo.actor.packing import check_micro_batch_tokens
 from bandpo.algo.band import check_upper_cap
 from bandpo.algo.options import LossOptions
@@ -184,7 +183,6 @@ def _message(build) -> str:
             partial(check_upper_cap, 0.5),
             {"band upper_cap": "algorithm.band.upper_cap"},
         ),
-        (["actor.lora.rank=4", "actor.zero_stage=3"], partial(check_zero_stage, 3), {}),
         (
             ["actor.padding_free=false", "actor.share_prompts=false", "actor.max_tokens_per_micro_batch=8"],
             partial(check_micro_batch_tokens, 8, False),

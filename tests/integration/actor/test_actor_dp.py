@@ -12,36 +12,16 @@ from bandpo.actor.setup import cpu_threads_per_rank
 from bandpo.types import TrainBatch
 from tests.helpers.actor import (
     BANDPO,
+    COMPARED_METRICS,
     assert_same_adam_weights,
     full_weights,
     make_rollout,
     max_diff,
     new_actor,
+    rank_weights,
 )
 
 pytestmark = pytest.mark.integration
-COMPARED_METRICS = (
-    "loss",
-    "pg_loss",
-    "entropy",
-    "kl_ref",
-    "approx_kl",
-    "grad_norm",
-    "num_tokens",
-    "lr",
-    "clip_frac_up",
-    "clip_frac_down",
-    "clip_frac_bin/lt0.01",
-)
-
-
-def _rank_weights(group: ActorGroup) -> list[dict[str, torch.Tensor]]:
-    import ray
-
-    # All ranks at once: under ZeRO-3 every bucket is a collective gather. The lambda names no
-    # test-module globals, so Ray workers can unpickle it without importing this file.
-    fetch = lambda actor: {name: t for bucket in actor.named_weights() for name, t in bucket}  # noqa: E731
-    return ray.get([w.__ray_call__.remote(fetch) for w in group.workers])
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
@@ -80,7 +60,7 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
 
         m_group = group.update(batch, loss_options)  # 2 optimizer steps of 8 global rows
         m_single = single.update(batch, loss_options)
-        rank0, rank1 = _rank_weights(group)
+        rank0, rank1 = rank_weights(group)
         # The ranks all-reduce the same gradients and step the same optimizer: they agree to
         # the last bit (any difference would be a desynchronised rank).
         assert max_diff(rank0, rank1) == 0.0
@@ -115,6 +95,6 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
         )
         torch.testing.assert_close(first_old[:8], old_now[:8], atol=1e-5, rtol=0)
         assert not first_old[8:].any()
-        assert max_diff(_rank_weights(group)[0], full_weights(single)) < 1e-5
+        assert max_diff(rank_weights(group)[0], full_weights(single)) < 1e-5
     finally:
         group.shutdown()

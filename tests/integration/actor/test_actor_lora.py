@@ -8,11 +8,23 @@ merged model and the adapter in PEFT's format, which the eval merges into the sa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from bandpo.actor.lora import LoraSettings, base_model, merged_by_peft, sync_entries
-from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
+from tests.helpers.actor import (
+    BANDPO,
+    COMPARED_METRICS,
+    assert_same_adam_weights,
+    full_weights,
+    make_rollout,
+    make_train_batch,
+    max_diff,
+    new_actor,
+    rank_weights,
+)
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("peft")
@@ -180,3 +192,143 @@ def test_lora_with_gradient_checkpointing_takes_the_same_step(tiny_model_dir):
             actor.update(make_train_batch(actor, 8, seed=seed), BANDPO)
         after.append(_params(actor))
     assert max_diff(*after) <= 1e-6
+
+
+def _adapter_file(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def _adapter_config(folder) -> dict:
+    import json
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    return {**config, "target_modules": sorted(config["target_modules"])}
+
+
+def test_lora_on_two_zero3_ranks_equals_one_zero2_rank(ray_local, tiny_model_dir, tmp_path):
+    """Two ZeRO-3 ranks (Ray, gloo; the base built partitioned, the factors partitioned by DeepSpeed)
+    against one ZeRO-2 rank in this process, on the same batch.
+
+    Tolerances: the ranks pack other rows together than the single rank, so the same fp32 sums run in
+    another order (eps 1.2e-7 times O(10) log-probs over a few layers: 1e-5, as test_actor_dp's), and
+    their AdamW steps are the same trajectory up to that order (``assert_same_adam_weights``). A merged
+    weight W + s B A then differs by at most s * rank * (|dB| max|A| + max|B| |dA|), each factor's
+    difference within Adam's 2 lr per step. What is computed from the same numbers is compared exactly:
+    the initial adapter (rank 0's, broadcast), the reference (the frozen base) before and after the
+    update, a policy pass after a reference pass (ZeRO-3's prefetch trace switching order), the merged
+    sync against the group's own factors, and the eval's consolidation against the export.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from bandpo.actor import ActorGroup
+    from bandpo.actor.loading import weight_files
+    from bandpo.actor.lora import merged_weight
+    from bandpo.checkpoint.hf_export import consolidate
+    from bandpo.types import TrainBatch
+
+    lr, steps = 1e-4, 2  # 16 rows, 8 per optimizer step
+    kw = {"mini_batch_size": 8, "micro_batch_size": 2, "logprob_token_budget": 40, "lora": LORA, "lr": lr}
+    kw["ref_model"] = True  # ignored with LoRA: the reference is the adapters switched off
+    options = replace(BANDPO, kl_coef=0.01)
+    rb = make_rollout(16, seed=61)
+    single = new_actor(tiny_model_dir, zero_stage=2, **kw)
+    single.publish_adapter(str(tmp_path / "single0"))
+    group = ActorGroup(tiny_model_dir, 2, zero_stage=3, weight_decay=0.0, **kw)
+    try:
+        # Before any forward every factor is a partition: the file needs the gather of every rank.
+        out = group.call("publish_adapter", str(tmp_path / "group0"))
+        assert (
+            out[1] == (0, None)
+            and out[0][0] == (tmp_path / "group0" / "adapter_model.safetensors").stat().st_size
+        )
+        weights = "adapter_model.safetensors"
+        assert (tmp_path / "group0" / weights).read_bytes() == (tmp_path / "single0" / weights).read_bytes()
+        # PEFT keeps target_modules as a set: its order in the JSON is the process's string hashing
+        configs = [_adapter_config(tmp_path / f) for f in ("group0", "single0")]
+        assert configs[0] == configs[1]
+        # ZeRO-3's own parameter groups hold the factors, and nothing else (the lambda names no globals:
+        # Ray workers unpickle it without this file).
+        in_optimizer = lambda actor: sorted(  # noqa: E731
+            n
+            for n, p in actor.engine.module.named_parameters()
+            if any(p is q for g in actor.engine.optimizer.fp16_groups for q in g)
+        )
+        factors = sorted(n for n in _params(single) if ".lora_" in n)
+        assert group.call("__ray_call__", in_optimizer) == [factors] * 2
+        assert group.call("__ray_call__", lambda actor: actor.ref is None) == [True] * 2
+        # names, dtypes and full shapes (ds_shape) without a gather, as the sync plans its layout
+        assert group.call("weight_specs") == [single.weight_specs()] * 2
+        lp_g0, ent_g = group.compute_logprobs(rb, with_entropy=True)
+        ref_g0, _ = group.compute_logprobs(rb, ref=True)
+        assert torch.equal(ref_g0, lp_g0)  # B = 0: the adapters add exactly 0
+        lp_s, ent_s = single.compute_logprobs(rb, with_entropy=True)
+        ref_s, _ = single.compute_logprobs(rb, ref=True)
+        for got, want in ((lp_g0, lp_s), (ent_g, ent_s), (ref_g0, ref_s)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+        g = torch.Generator().manual_seed(62)
+        old = (lp_s + 0.3 * torch.randn(lp_s.shape, generator=g)).clamp(max=-1e-3) * rb.response_mask
+        batch = TrainBatch.from_rollout(
+            rb, advantages=torch.randn(16, generator=g), old_logprobs=old, ref_logprobs=ref_s
+        )
+        m_group, m_single = group.update(batch, options), single.update(batch, options)
+        for key in COMPARED_METRICS:
+            assert m_group[key] == pytest.approx(m_single[key], rel=1e-5, abs=1e-6), key
+
+        lp_g1, _ = group.compute_logprobs(rb)
+        ref_g1, _ = group.compute_logprobs(rb, ref=True)
+        assert torch.equal(ref_g1, ref_g0)  # the frozen base, its partitions untouched by the steps
+        lp_g2, _ = group.compute_logprobs(rb)  # after the reference pass's other module order
+        assert torch.equal(lp_g2, lp_g1)
+        torch.testing.assert_close(lp_g1, single.compute_logprobs(rb)[0], atol=1e-5, rtol=0)
+        assert float((lp_g1 - ref_g1).abs().max()) > 1e-4  # the adapters moved the policy
+
+        group.call("publish_adapter", str(tmp_path / "group1"))
+        single.publish_adapter(str(tmp_path / "single1"))
+        factors_g, factors_s = _adapter_file(tmp_path / "group1"), _adapter_file(tmp_path / "single1")
+        assert_same_adam_weights(factors_g, factors_s, lr=lr, steps=steps)
+        rank0, rank1 = rank_weights(group)
+        assert max_diff(rank0, rank1) == 0.0  # the ranks took the same steps
+        merged_s = full_weights(single)
+        base = {}  # the frozen base model's weights, from its files
+        for file in weight_files(tiny_model_dir):
+            base.update(load_file(str(file)))
+        eps, d = torch.finfo(torch.float32).eps, 2 * lr * steps
+        targets = [e for e in sync_entries(single.engine.module) if e.lora_a is not None]
+        for e in sync_entries(single.engine.module):
+            if e.lora_a is None:
+                assert torch.equal(rank0[e.name], merged_s[e.name]), e.name  # frozen: the file's values
+                continue
+            prefix = "base_model.model." + e.name[: -len(".weight")]
+            a, b = factors_g[f"{prefix}.lora_A.weight"], factors_g[f"{prefix}.lora_B.weight"]
+            # the merged sync of the group is W + s B A of the group's own factors, bit for bit
+            assert torch.equal(rank0[e.name], merged_weight(base[e.name], a, b, e.scaling)), e.name
+            # Each factor entry within d = 2 lr a step of the single's (the hard bound; the factors' own
+            # check above is the sharp one), plus each merge's rounding, eps |W + s B A|.
+            bound = e.scaling * LORA.rank * d * (float(a.abs().max()) + float(b.abs().max()) + d)
+            bound += 2 * eps * float(rank0[e.name].abs().max() + d)
+            assert float((rank0[e.name] - merged_s[e.name]).abs().max()) <= bound, e.name
+        assert len(targets) == 2 * len(LORA.target_modules)  # every target of the tiny model's 2 layers
+
+        # A checkpoint of the two ranks resumes exactly; the eval consolidates it as the export writes.
+        fps = group.call("state_fingerprint")
+        ckpt = tmp_path / "step_1" / "actor"
+        group.call("save_checkpoint", str(ckpt), {"step": 1})
+        group.update(batch, options)  # move away from the saved state
+        assert group.call("load_checkpoint", str(ckpt)) == [{"step": 1}] * 2
+        assert group.call("state_fingerprint") == fps
+        group.call("export_hf", str(tmp_path / "hf"))
+        exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+        assert max_diff({k: v.detach() for k, v in exported.named_parameters()}, rank0) == 0.0
+        assert max_diff(_adapter_file(tmp_path / "hf_adapter"), factors_g) == 0.0
+        assert _adapter_config(tmp_path / "hf_adapter") == configs[1]
+        folder = consolidate(
+            tmp_path / "step_1", tiny_model_dir, tmp_path / "cons", lora=(LORA.rank, LORA.alpha)
+        )
+        from_ckpt = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        assert max_diff(from_ckpt.state_dict(), exported.state_dict()) == 0.0
+    finally:
+        group.shutdown()

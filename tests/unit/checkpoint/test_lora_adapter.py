@@ -123,6 +123,7 @@ def test_adapter_export_is_rank0s_and_replaces_a_merged_export_of_before(tiny_mo
     """``actor.lora.export=adapter`` on two ranks of a stand-in actor (a real PEFT model, no DeepSpeed):
     rank 1 writes nothing (it holds the same adapter under ZeRO-2), rank 0 writes and publishes the
     folder, and removes the merged ``hf/`` an earlier export left, so no older model lies beside it."""
+    import contextlib
     import dataclasses
     import types
 
@@ -140,6 +141,7 @@ def test_adapter_export_is_rank0s_and_replaces_a_merged_export_of_before(tiny_mo
             lora=dataclasses.replace(LORA, export="adapter"),
             engine=types.SimpleNamespace(module=model),
             _barrier=lambda: None,
+            _gathered=lambda params: contextlib.nullcontext(),  # ZeRO-2: every rank holds the factors
         )
         Actor.export_hf(actor, str(hf))
         if rank == 1:

@@ -125,14 +125,48 @@ def test_small_lora_footprint_by_hand():
     )
 
 
-def test_lora_that_does_not_fit_names_no_zero3_remedy():
+def test_small_lora_zero3_footprint_by_hand():
+    """ZeRO-3 partitions the frozen base and the factors over the W = 2 ranks, as full fine-tuning's weights."""
+    est = estimate(SMALL_LORA + ["actor.zero_stage=3"], 16.0)
+    P, W, H, I, n, L, V, T, C = 2**30, 2, 1024, 2816, 8, 4, 32768, 8192, 256
+    A = 581_632  # as above
+    per_token = 2 * H * L + (26 * H + 8 * I + 4 * n + 8) + (8 * H + 16)
+    want = {
+        "weights": 2 * P / W,  # the frozen base, bf16, partitioned: 1 GiB a rank
+        "adapter": 2 * A / W,
+        "master": 4 * A / W,
+        "optimizer": 8 * A / W,
+        "grads": 4 * A / W,
+        "bucket": 2 * 5e8,
+        "live_params": 2 * (V * H + 5e7),  # the gathered [V, H] lm_head and the prefetch bucket
+        "head": 12 * C * V,
+        "activations": T * per_token,
+        "optimizer_step": 4 * A / W,  # below the 1e9-element sub-group
+    }
+    assert set(est.parts) == set(want) | {"actor_peak", "actor_residue", "vllm_share"}
+    for key, nbytes in want.items():
+        assert est.parts[key] == pytest.approx(nbytes / GIB, rel=1e-12), key
+    resident = P + A + 8 * A + 1e9  # 1.94 GiB
+    peak = resident + 2 * (V * H + 5e7) + 12 * C * V + T * per_token
+    assert est.parts["actor_peak"] == pytest.approx(peak / GIB, rel=1e-12)  # 2.69 GiB
+    assert est.train == pytest.approx(peak / GIB + VLLM_ASLEEP_GIB + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
+    # Offload on: ZeRO-3 keeps every bf16 partition, the base's and the adapter's (1 GiB + 1.1 MiB).
+    assert est.parts["actor_residue"] == pytest.approx((P + A) / GIB, rel=1e-12)
+    assert est.rollout == pytest.approx((P + A) / GIB + 0.5 * 16 + 2 * CUDA_CONTEXT_GIB, rel=1e-12)
+
+
+def test_lora_that_does_not_fit_names_the_remedies_that_shard_its_base():
     # 5.5 GiB: startup and rollout 2.94 + 2.75 (vLLM's half) + 1.2, train 3.64 + 1.0 + 1.2 (GiB)
     est = estimate(SMALL_LORA + ["actor.offload_during_rollout=false"], 5.5)
     startup, rollout, train = memory_errors(est)
-    for e in (startup, rollout, train):  # ZeRO-3 is refused with LoRA, and more ranks do not shard the base
-        assert "actor.zero_stage=3" not in e and "actor.num_workers" not in e
+    for e in (startup, train):  # ZeRO-3 shards the frozen base; under ZeRO-2 more ranks do not
+        assert "actor.zero_stage=3" in e and "actor.num_workers" not in e
     assert "startup phase" in startup and "rollout.gpu_memory_utilization" in startup
     assert "train phase" in train and "actor.max_tokens_per_micro_batch" in train
+    # Under ZeRO-3 more ranks shard the base too. 4.5 GiB: train 2.69 + 1.0 + 1.2 does not fit; startup
+    # 1.94 + 1.0 + 1.2 and rollout (offload on) 1.0 + 2.25 + 1.2 do
+    (train,) = memory_errors(estimate(SMALL_LORA + ["actor.zero_stage=3"], 4.5))
+    assert "train phase needs 4.9 GiB" in train and "actor.num_workers" in train
 
 
 def test_unknown_target_is_an_error_naming_the_key(capsys):
@@ -164,3 +198,6 @@ def test_command_shows_the_adapter_and_the_lora_terms(capsys):
     text = capsys.readouterr().out
     assert "adapter 0.3" in text and "LoRA rank 64 on q_proj, k_proj" in text
     assert "161,480,704 adapter parameters train (2.12% of the base's 7,615,616,512" in text
+    assert "frozen in weights, whole on every rank" in text
+    assert plan_main([*args, "actor.zero_stage=3"]) == 0
+    assert "frozen in weights, partitioned over the ranks" in capsys.readouterr().out
