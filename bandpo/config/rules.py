@@ -206,13 +206,17 @@ def _validate_lora_sync(cfg) -> None:
 
     rank, backend = _get(cfg, "actor.lora.rank"), _get(cfg, "rollout.backend")
     choice, level = _get(cfg, "rollout.lora_sync"), _get(cfg, "rollout.sleep_level")
+    on_cpu = _get(cfg, "trainer.device") == "cpu"  # auto counts as GPUs here (lora_adapter.mode_of)
     _rule(check_lora_sync, choice, rank, backend, level)
     # the first sync's tensor-by-tensor check compares full weights; an adapter engine holds base + adapter
     # (the stale-weights check covers it)
     _check(
-        not (_get(cfg, "rollout.verify_sync") and lora_sync_mode(choice, rank, backend, level) == "adapter"),
+        not (
+            _get(cfg, "rollout.verify_sync")
+            and lora_sync_mode(choice, rank, backend, level, on_cpu) == "adapter"
+        ),
         "rollout.verify_sync",
-        "cannot be true with rollout.lora_sync=adapter (auto picks it for LoRA on vLLM; the engines hold "
+        "cannot be true with rollout.lora_sync=adapter (auto picks it for LoRA on vLLM on GPUs; the engines hold "
         "the base weights + the adapter, checked by rollout.sync_check_tol); set rollout.lora_sync=merged "
         "or verify_sync=false",
         True,
@@ -232,7 +236,7 @@ def _validate_lora_sync(cfg) -> None:
         hook,
     )
     _check(
-        not hook or lora_sync_mode(choice, rank, backend, level) == "adapter",
+        not hook or choice == "adapter",
         "rollout.inject_stale_adapter",
         "needs rollout.lora_sync=adapter (and actor.lora.rank > 0)",
         hook,

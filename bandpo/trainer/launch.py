@@ -140,10 +140,12 @@ def weight_transport(cfg, plan) -> str:
 
 def sync_transport(cfg, plan) -> str:
     """What the trainer's syncs use: "adapter" when ``rollout.lora_sync`` resolves to it
-    (``bandpo.weight_sync.lora_adapter``), else ``weight_transport``'s."""
+    (``bandpo.weight_sync.lora_adapter``; no plan, or its cpu layout: the engines run on CPUs),
+    else ``weight_transport``'s."""
     from bandpo.weight_sync.lora_adapter import mode_of
 
-    return "adapter" if mode_of(cfg) == "adapter" else weight_transport(cfg, plan)
+    on_cpu = plan is None or plan.layout == "cpu"
+    return "adapter" if mode_of(cfg, on_cpu) == "adapter" else weight_transport(cfg, plan)
 
 
 def make_sync(cfg, plan, workers: Workers):

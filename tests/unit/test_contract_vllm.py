@@ -116,7 +116,7 @@ def test_contract_lora_kwargs_and_ranks(vllm):
     from bandpo.weight_sync.lora_adapter import VLLM_MAX_LORA_RANKS, vllm_lora_kwargs
 
     assert typing.get_args(MaxLoRARanks) == VLLM_MAX_LORA_RANKS
-    cfg = compose(["model=tiny", "actor.lora.rank=64"])
+    cfg = compose(["model=tiny", "actor.lora.rank=64", "rollout.lora_sync=adapter"])  # auto merges on CPU
     engine_kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
     inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
     rank = engine_kw.pop("lora_rank")  # VllmEngine's own: it adds vllm_lora_kwargs(rank)

