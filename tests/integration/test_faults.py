@@ -38,32 +38,29 @@ SMALL = [
 ]
 
 
-def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
-    """Two SIGKILLs of the whole run (one mid-checkpoint); the fault test checks steps, metrics, weights,
-    leftovers and orphans itself and exits non-zero on any violation."""
-    out = tmp_path / "fault"
+def _fault_test(out: Path, kills: int, seed: int, overrides: list[str], timeout: float) -> dict:
+    """``scripts/fault_test.sh`` for 3 training steps with ``overrides``; its report, once it exited 0."""
     proc = subprocess.run(
-        [
-            "bash",
-            "scripts/fault_test.sh",
-            "--kills",
-            "2",
-            "--seed",
-            "1",
-            "--out",
-            str(out),
-            f"model.path={tiny_model_dir}",
-            "trainer.total_steps=3",
-            *SMALL,
-        ],
+        ["bash", "scripts/fault_test.sh", "--kills", str(kills), "--seed", str(seed), "--out", str(out)]
+        + ["trainer.total_steps=3", *overrides],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=timeout,
         check=False,
     )
     report = json.loads((out / "fault_test.json").read_text())
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    return report
+
+
+def test_killed_and_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
+    """Two SIGKILLs of the whole run (one mid-checkpoint); the fault test checks steps, metrics, weights,
+    leftovers and orphans itself and exits non-zero on any violation."""
+    out = tmp_path / "fault"
+    report = _fault_test(
+        out, kills=2, seed=1, overrides=[f"model.path={tiny_model_dir}", *SMALL], timeout=1800
+    )
     assert report["passed"] and report["violations"] == []
     assert len(report["kills"]) == 2 and any(k["mid_checkpoint"] for k in report["kills"])
     assert report["steps_logged"] == [1, 2, 3] and report["max_weight_diff"] <= 1e-6
@@ -88,17 +85,9 @@ def test_killed_mid_checkpoint_lora_run_equals_the_uninterrupted_one(tiny_model_
 
     out = tmp_path / "fault"
     lora = ["actor.lora.rank=4", "actor.lora.alpha=8", "rollout.lora_sync=adapter"]
-    proc = subprocess.run(
-        ["bash", "scripts/fault_test.sh", "--kills", "1", "--seed", "2", "--out", str(out)]
-        + [f"model.path={tiny_model_dir}", "trainer.total_steps=3", *SMALL, *lora],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+    report = _fault_test(
+        out, kills=1, seed=2, overrides=[f"model.path={tiny_model_dir}", *SMALL, *lora], timeout=1200
     )
-    report = json.loads((out / "fault_test.json").read_text())
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert report["passed"] and [k["mid_checkpoint"] for k in report["kills"]] == [True]
     assert report["steps_logged"] == [1, 2, 3] and report["max_weight_diff"] <= 1e-6
     # The same bound for the adapter's factors, which the merged weights above are computed from.
