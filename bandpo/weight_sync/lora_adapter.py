@@ -111,12 +111,17 @@ class AdapterWeightSync:
         actors: the actor ranks' handles, all called (rank 0 writes; under ZeRO-3 all gather the factors).
         engines: the rollout workers' handles.
         prefix: folder name prefix, ``bandpo.shm.adapter_dirs.ADAPTER_PREFIX`` + the driver's pid.
+        timeout_s: the longest each of the sync's waits may take (``rollout.weight_sync_timeout``), as
+            the GPU transports' (``bandpo.weight_sync.waits``): a stuck rank or engine is an error
+            naming the stage, a dead one ends the wait at once.
     """
 
     adapter_only = True  # the engines' base weights never change: nothing for the checksums to compare
 
-    def __init__(self, actors: list[ActorHandle], engines: list[ActorHandle], prefix: str) -> None:
-        self.actors, self.engines, self.prefix = actors, engines, prefix
+    def __init__(
+        self, actors: list[ActorHandle], engines: list[ActorHandle], prefix: str, timeout_s: float
+    ) -> None:
+        self.actors, self.engines, self.prefix, self.timeout_s = actors, engines, prefix, timeout_s
         self.actor_node: str | None = None
         self.engine_nodes: list[str] | None = None
         self.last_bytes = 0
@@ -126,25 +131,33 @@ class AdapterWeightSync:
 
         return node_adapter_dir(self.prefix, node_id)
 
-    def sync(self) -> None:
-        import ray
+    def _get(self, refs: list, what: str, actors: bool = False) -> list:
+        from bandpo.weight_sync.waits import ACTOR_HINT, ENGINE_HINT, get_within
 
+        return get_within(refs, self.timeout_s, what, ACTOR_HINT if actors else ENGINE_HINT)
+
+    def sync(self) -> None:
         if self.engine_nodes is None:
             from bandpo.shm.adapter_dirs import remove_stale_adapter_dirs
 
             remove_stale_adapter_dirs()  # a killed run's: this run's names differ (another pid)
-            self.actor_node = ray.get(self.actors[0].node_id.remote())
-            self.engine_nodes = ray.get([e.node_id.remote() for e in self.engines])
+            (self.actor_node,) = self._get(
+                [self.actors[0].node_id.remote()], "actor rank 0's node id", actors=True
+            )
+            self.engine_nodes = self._get([e.node_id.remote() for e in self.engines], "the engines' node ids")
         others = {n: i for i, n in reversed(list(enumerate(self.engine_nodes))) if n != self.actor_node}
         # Every rank, as the shm sync: under ZeRO-3 they all take part in the factors' gather; rank 0 writes.
         folder = self.folder(self.actor_node)
-        nbytes, files = ray.get([a.publish_adapter.remote(folder, bool(others)) for a in self.actors])[0]
+        publish = [a.publish_adapter.remote(folder, bool(others)) for a in self.actors]
+        nbytes, files = self._get(publish, "the actor ranks' adapter write", actors=True)[0]
         if others:
-            ray.get(
-                [self.engines[i].write_adapter_files.remote(self.folder(n), files) for n, i in others.items()]
-            )
-        loads = ray.get(
-            [e.load_adapter.remote(self.folder(n)) for e, n in zip(self.engines, self.engine_nodes)]
+            copies = [
+                self.engines[i].write_adapter_files.remote(self.folder(n), files) for n, i in others.items()
+            ]
+            self._get(copies, "the adapter copy to the engines' nodes")
+        loads = self._get(
+            [e.load_adapter.remote(self.folder(n)) for e, n in zip(self.engines, self.engine_nodes)],
+            "the engines' adapter load",
         )
         for got, node in zip(loads, self.engine_nodes):
             if got != node:  # an engine restarted elsewhere would read a folder its node lacks

@@ -77,15 +77,15 @@ def make_weight_sync(
     """The sync object of a resolved ``transport``: ``sync()`` loads the actor's weights into every
     engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``),
     ``last_bytes`` is what the last sync moved to each engine node. ``timeout_s`` bounds each wait of
-    the ipc and nccl transports (``DeviceWeightSync``). ``adapter``: the LoRA adapter alone
-    (``rollout.lora_sync``, ``bandpo.weight_sync.lora_adapter``), in folders named after the driver's pid."""
+    the ipc, nccl and adapter syncs. ``adapter``: the LoRA adapter alone (``rollout.lora_sync``,
+    ``bandpo.weight_sync.lora_adapter``), in folders named after the driver's pid."""
     if transport == "adapter":
         import os
 
         from bandpo.shm.adapter_dirs import ADAPTER_PREFIX
         from bandpo.weight_sync.lora_adapter import AdapterWeightSync
 
-        return AdapterWeightSync(actors, engines, f"{ADAPTER_PREFIX}{os.getpid()}")
+        return AdapterWeightSync(actors, engines, f"{ADAPTER_PREFIX}{os.getpid()}", timeout_s)
     if transport == "shm":
         from bandpo.weight_sync.node import NodeWeightSync
 

@@ -1,4 +1,4 @@
-"""Bounded waits of the GPU weight sync (ipc, nccl): every wait ends with an error naming its stage.
+"""Bounded waits of the weight sync (ipc, nccl, the LoRA adapter): each ends in an error naming its stage.
 
 A misconfigured fabric (NCCL on the wrong network interface, a firewalled port) or an engine
 that died mid-sync would otherwise leave ``ray.get`` or a NCCL call waiting forever. ``get_within``
@@ -26,6 +26,9 @@ NCCL_HINT = (
 POLL_S = 0.5  # how often a wait on engines looks at this process's own side running alongside
 ENGINE_HINT = (
     "an engine is stuck or gone: see the run's logs/rollout.log; rollout.weight_sync_timeout sets the limit"
+)
+ACTOR_HINT = (
+    "an actor rank is stuck or gone: see the run's logs/actor.log; rollout.weight_sync_timeout sets the limit"
 )
 
 

@@ -103,3 +103,46 @@ def test_the_driver_s_wait_for_stuck_ranks_names_the_sync(ray_local, monkeypatch
         sync.sync()
     for r in ranks:
         ray.kill(r)
+
+
+class _AdapterNode:
+    """An actor rank or engine of the adapter sync, all on one node: ``publish_adapter`` never returns
+    when ``stuck`` (a rank left in the factors' gather), otherwise the engines' load never does."""
+
+    def __init__(self, stuck: bool):
+        self.stuck = stuck
+
+    def node_id(self):
+        return "node-0"
+
+    def publish_adapter(self, folder, return_files):
+        if self.stuck:
+            threading.Event().wait()
+        return 123, None
+
+    def load_adapter(self, folder):
+        threading.Event().wait()
+
+
+@pytest.mark.parametrize(
+    "stuck_rank,stage",
+    [
+        (True, "the actor ranks' adapter write (an actor rank is stuck"),
+        (False, "the engines' adapter load (an engine is stuck"),
+    ],
+)
+def test_a_stuck_adapter_sync_names_its_stage(ray_local, stuck_rank, stage):
+    from bandpo.weight_sync.lora_adapter import AdapterWeightSync
+
+    ray = ray_local
+    node = ray.remote(_AdapterNode).options(num_cpus=0)
+    ranks, engines = [node.remote(stuck_rank) for _ in range(2)], [node.remote(False)]
+    assert ray.get([a.node_id.remote() for a in ranks + engines]) == ["node-0"] * 3  # all started
+    sync = AdapterWeightSync(ranks, engines, "bandpo-adapter-test", timeout_s=0.5)
+    with pytest.raises(WeightSyncTimeout) as e:
+        sync.sync()
+    want = stage.replace(" (", " did not finish within 0.5 s (")
+    assert want in str(e.value), str(e.value)
+    assert sync.last_bytes == 0
+    for a in ranks + engines:
+        ray.kill(a)
