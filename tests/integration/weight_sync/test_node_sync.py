@@ -2,7 +2,8 @@
 
 Node a and node b each hold an actor rank (ZeRO-3: the gathers are collectives) and an engine;
 node c holds an engine and no actor rank (a split layout), so its file comes through the object
-store. Files carry the node id, which is what lets the test tell the nodes' files apart.
+store. Files carry the node id, which is what lets the test tell the nodes' files apart. The LoRA
+adapter sync's per-node folders are checked the same way.
 """
 
 from __future__ import annotations
@@ -123,6 +124,82 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
         for e in engines:
             ray.kill(e)
     assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"bandpo-test-nodes-{os.getpid()}")]
+
+
+class _AdapterEngine:
+    """A rollout worker's side of the LoRA adapter sync, without vLLM: the copy between nodes is under
+    test here; vLLM's load of the folder runs in test_lora_adapter_sync.py. It writes another node's
+    files as ``RolloutWorker.write_adapter_files`` does and keeps the files of the folder it loads."""
+
+    def node_id(self):
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def write_adapter_files(self, folder, files):
+        from bandpo.actor.lora_files import write_adapter_files
+
+        return write_adapter_files(folder, files)
+
+    def load_adapter(self, folder):
+        from bandpo.actor.lora_files import read_adapter_files
+
+        self.loaded = (folder, read_adapter_files(folder))
+        return self.node_id()
+
+    def last_load(self):
+        return self.loaded
+
+
+def test_adapter_sync_writes_each_engine_node_its_own_copy(cluster, tiny_model_dir):
+    """LoRA adapter sync (``rollout.lora_sync=adapter``): actor rank 0 writes its node's folder, an engine
+    on each other node (c has no actor rank) writes that node's copy, and every engine loads its own
+    node's folder; all hold rank 0's bytes, and a second sync after an update carries the new adapter."""
+    import ray
+
+    from bandpo.actor import ActorGroup
+    from bandpo.shm.adapter_dirs import ADAPTER_PREFIX
+    from bandpo.weight_sync.lora_adapter import AdapterWeightSync
+
+    group = ActorGroup(
+        tiny_model_dir,
+        1,
+        lr=1e-2,
+        weight_decay=0.0,
+        mini_batch_size=4,
+        micro_batch_size=2,
+        ref_model=False,
+        lora={"rank": 4, "alpha": 8},
+    )
+    engines = [ray.remote(_AdapterEngine).options(num_cpus=0, resources={n: 0.1}).remote() for n in NODES]
+    sync = AdapterWeightSync(group.workers, engines, f"{ADAPTER_PREFIX}{os.getpid()}", timeout_s=120)
+    try:
+        node_of = {n: ray.get(e.node_id.remote()) for n, e in zip(NODES, engines)}
+        (actor_node,) = group.call("node_id")
+        assert actor_node in (node_of["node_a"], node_of["node_b"])
+        loads = []
+        for update in (False, True):
+            if update:  # the adapter's B starts at zero: an update makes the second sync's bytes differ
+                rb = make_rollout(4, seed=3)
+                old, _ = group.compute_logprobs(rb)
+                batch = TrainBatch.from_rollout(
+                    rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]), old_logprobs=old
+                )
+                group.update(batch, BANDPO)
+            sync.sync()
+            got = ray.get([e.last_load.remote() for e in engines])
+            assert [folder for folder, _ in got] == [sync.folder(node_of[n]) for n in NODES]
+            assert len({folder for folder, _ in got}) == 3  # one folder per node (they share a /dev/shm here)
+            assert all(files == got[0][1] for _, files in got[1:])  # every copy is rank 0's
+            assert sync.last_bytes == len(got[0][1]["adapter_model.safetensors"]) > 0
+            loads.append(got[0][1])
+        assert loads[0]["adapter_model.safetensors"] != loads[1]["adapter_model.safetensors"]
+    finally:
+        sync.close()
+        group.shutdown()
+        for e in engines:
+            ray.kill(e)
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"bandpo-adapter-{os.getpid()}-")]
 
 
 def test_per_node_verifiers_grade_on_every_node_with_cpus(cluster):
