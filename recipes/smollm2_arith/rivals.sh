@@ -27,8 +27,11 @@ cd "$(dirname "$0")/../.."
 QUICK=0 FLAG=""
 if [[ ${1:-} == --quick ]]; then QUICK=1 FLAG="--quick "; shift; fi
 
+# keep_last=1: a checkpoint (the full model and its Adam state) is ~2 GB, and keeping the trainer's
+# default 3 in each of 15 runs would take ~90 GB; a resume needs only the latest, written atomically.
 SETTING=(trainer.prompts_per_step=6 rollout.n=8 rollout.max_tokens=160 actor.mini_batch_prompts=2
-         actor.lr=3e-5 eval.max_tokens=160 trainer.save_every=1 trainer.export_hf=false trainer.wandb.mode=disabled)
+         actor.lr=3e-5 eval.max_tokens=160 trainer.save_every=1 trainer.keep_last=1 trainer.export_hf=false
+         trainer.wandb.mode=disabled)
 export ALGOS="grpo clip_higher bandpo dppo_tv dcpo" SHARED_BEFORE=1
 if ((QUICK)); then
   export SEEDS=0 STEPS=${STEPS:-1} RUNS=${RUNS:-runs/smollm2_rivals-quick}
