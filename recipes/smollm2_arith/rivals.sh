@@ -10,7 +10,9 @@
 #   recipes/smollm2_arith/rivals.sh [--quick] [extra Hydra overrides for every run...]
 #
 # Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint (every
-# step: trainer.save_every=1), through recipes/tiny_arith/compare.sh. Each seed's first arm (GRPO)
+# step: trainer.save_every=1), through recipes/tiny_arith/compare.sh. Each finished run's numbers are
+# kept in recipes/smollm2_arith/rivals-runs/ (RECORD; committed with the report): a clone that has them
+# runs only the rest, so the ~4 hours may be spread over machines. Each seed's first arm (GRPO)
 # evaluates the starting model and the others share it (SHARED_BEFORE). Environment: RUNS (default
 # runs/smollm2_rivals, or runs/smollm2_rivals-quick), RESULTS (default
 # recipes/smollm2_arith/results-rivals.md, or $RUNS/results.md with --quick), READING (a markdown file
@@ -40,6 +42,7 @@ if ((QUICK)); then
 else
   export SEEDS=${SEEDS:-0 1 2} STEPS=${STEPS:-3} RUNS=${RUNS:-runs/smollm2_rivals}
   export RESULTS=${RESULTS:-recipes/smollm2_arith/results-rivals.md}
+  export RECORD=${RECORD:-recipes/smollm2_arith/rivals-runs}
   SETTING+=(eval.limit=48)
 fi
 export TITLE="smollm2_arith: GRPO, Clip-Higher, BandPO, DPPO-TV and DCPO on SmolLM2-135M-Instruct"

@@ -10,6 +10,7 @@
 #   ALGOS="bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive" SEEDS=0 recipes/tiny_arith/compare.sh  # one-seed arms
 #   SHARED_BEFORE=1 recipes/tiny_arith/compare.sh   # only each seed's first algorithm evaluates before step 1
 #   TRAIN="nice -n 10 .venv/bin/python -m bandpo.train" recipes/tiny_arith/compare.sh  # another launcher (set its env)
+#   RECORD=recipes/smollm2_arith/rivals-runs recipes/tiny_arith/compare.sh   # keep finished runs' numbers there
 #
 # Each run trains through scripts/train.sh (or $TRAIN) into $RUNS/<algo>-s<seed>/ (its output also in train.log
 # there), seed by seed so that partial results already compare the three algorithms. The tiny config
@@ -19,6 +20,10 @@
 # $RESULTS and a plot beside it; run it alone to summarise whatever runs exist (relative paths are
 # from the repository root):
 #   .venv/bin/python recipes/tiny_arith/compare.py --runs runs/compare --out recipes/tiny_arith/results.md
+# With RECORD set, each finished run's numbers (metrics.jsonl, config.yaml and wall_s, its wall time in
+# seconds) are copied into $RECORD/<algo>-s<seed>/, and a recorded run missing from $RUNS is copied back
+# there and so skipped: a comparison longer than one machine's life goes on where its record stops. The
+# record is small text, meant to be committed beside its report; checkpoints stay in $RUNS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-0 1 2}
@@ -28,6 +33,7 @@ RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
 SHARED_BEFORE=${SHARED_BEFORE:-0}
 TITLE=${TITLE:-}         # the report's title (compare.py's own by default)
 LORA_LR=${LORA_LR:-1e-3}  # the bandpo_lora arm's actor.lr
+RECORD=${RECORD:-}
 read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
 read -ra ALGOS <<< "${ALGOS:-grpo clip_higher bandpo}"
 
@@ -59,14 +65,37 @@ COMMAND="ALGOS=\"${ALGOS[*]}\" LORA_LR=$LORA_LR SEEDS=\"$SEEDS\" STEPS=$STEPS RU
 SUMMARY_ARGS=(--command "$COMMAND" --command "# each run: scripts/train.sh <algorithm overrides> trainer.seed=<seed> \
 trainer.total_steps=$STEPS trainer.output_dir=$RUNS/<algo>-s<seed> $*")
 for algo in "${ALGOS[@]}"; do SUMMARY_ARGS+=(--command "#   $algo: $(algo_overrides "$algo")"); done
+finished() {  # the run's final evaluation after STEPS steps is logged
+  # The trainer logs the last evaluation as {"step": <last step>, "final": true, "eval/...} or, when
+  # trainer.eval_every divides the steps, in the last step's line.
+  [[ -f $1/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, .*\"eval/" "$1/metrics.jsonl"
+}
+
+record() {  # copy a finished run's numbers into $RECORD; config.yaml is written at the start, metrics.jsonl last
+  local to=$RECORD/$(basename "$1")
+  [[ -n $RECORD && ! -f $to/metrics.jsonl ]] || return 0
+  mkdir -p "$to"
+  cp "$1/metrics.jsonl" "$1/config.yaml" "$to/"
+  echo $(($(stat -c %Y "$1/metrics.jsonl") - $(stat -c %Y "$1/config.yaml"))) > "$to/wall_s"
+}
+
+if [[ -n $RECORD ]]; then
+  for from in "$RECORD"/*-s*/; do
+    to=$RUNS/$(basename "$from")
+    if [[ -f $from/metrics.jsonl && ! -f $to/metrics.jsonl ]]; then
+      mkdir -p "$to" && cp "$from"/{metrics.jsonl,config.yaml,wall_s} "$to/"
+      echo "== $to: restored from $from"
+    fi
+  done
+fi
+
 failed=()
 for seed in $SEEDS; do
   for algo in "${ALGOS[@]}"; do
     dir="$RUNS/$algo-s$seed"
-    # The trainer logs the last evaluation as {"step": <last step>, "final": true, "eval/...} or, when
-    # trainer.eval_every divides the steps, in the last step's line.
-    if [[ -f $dir/metrics.jsonl ]] && grep -q "^{\"step\": $STEPS, .*\"eval/" "$dir/metrics.jsonl"; then
+    if finished "$dir"; then
       echo "== $dir: finished earlier ($STEPS steps), skipped"
+      record "$dir"
       continue
     fi
     if [[ -f $dir/metrics.jsonl && ! -f $dir/checkpoints/latest ]]; then
@@ -87,6 +116,7 @@ for seed in $SEEDS; do
     start=$SECONDS
     if "${TRAIN[@]}" "${args[@]}" 2>&1 | tee -a "$dir/train.log"; then
       echo "== $dir: done in $((SECONDS - start)) s"
+      if finished "$dir"; then record "$dir"; fi
     else
       echo "== $dir: FAILED after $((SECONDS - start)) s (log: $dir/train.log)"
       failed+=("$dir")

@@ -101,6 +101,9 @@ def run_summary(folder: Path) -> dict:
 
 
 def _wall_seconds(folder: Path) -> float | None:
+    # A run restored from compare.sh's RECORD keeps its wall time in wall_s: a copy's mtimes are the copy's.
+    if (folder / "wall_s").is_file():
+        return float((folder / "wall_s").read_text())
     # config.yaml is written when the run starts, metrics.jsonl at each step and evaluation.
     start, end = folder / "config.yaml", folder / "metrics.jsonl"
     return end.stat().st_mtime - start.stat().st_mtime if start.is_file() else None

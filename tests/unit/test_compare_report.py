@@ -65,6 +65,15 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 0 | 1.00 |" in text  # wall: from the file times, ~0 s
 
 
+def test_a_recorded_run_keeps_its_wall_time(tmp_path):
+    """A run compare.sh restored from its RECORD has fresh file times; its wall time is the wall_s file's."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    (runs / "grpo-s0" / "wall_s").write_text("754\n")
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 754 | 1.00 |" in text
+
+
 def test_shared_before_maj_and_headline(tmp_path):
     """A run that skipped its step-0 evaluation (compare.sh SHARED_BEFORE=1) takes the one of the run
     with its seed and model; maj@n gets its own columns; --headline draws the extra figure."""
