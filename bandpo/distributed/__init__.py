@@ -12,6 +12,9 @@ node imports bandpo and sees the run folder. On CPU everything runs in one local
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from contextlib import contextmanager
 
 from bandpo.distributed.plan import decide_device
@@ -112,7 +115,26 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
         # address="local": a new instance even when another Ray on this machine (a `ray start`, a
         # test cluster) would otherwise be joined, with num_cpus refused.
         ray.init(address="local", num_cpus=max(8, os.cpu_count() or 1), include_dashboard=False, **kw)
+    stop_on_sigterm()
     return device
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM (``kill``, ``timeout``, a scheduler's cancel) ends the driver as Ctrl-C does:
+    an exception that unwinds through the trainer's ``finally`` (engines stopped, placement groups
+    removed, ``ray.shutdown``), then exit status 143. Ray's driver otherwise dies in its C++ signal
+    handler with no clean-up, and Ray's agents (and, when the signal went to the process group, its
+    workers) outlive it. A second SIGTERM kills at once, as the default would. Main thread only:
+    Python runs signal handlers there and refuses to install them elsewhere."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        print("[bandpo] SIGTERM: stopping the run's workers (another SIGTERM kills at once)", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def ray_init_options(logs_dir=None, ship_code: bool = False) -> dict:

@@ -147,6 +147,32 @@ def test_worker_killed_mid_step_stops_the_run_naming_it(
     assert orphans == [], orphans
 
 
+def test_sigterm_to_the_driver_stops_every_worker(tiny_model_dir, tmp_path):
+    """SIGTERM the driver (``kill``, ``timeout``, a scheduler's cancel) while the actor updates: the run
+    cleans up as on Ctrl-C and exits 143 (128 + SIGTERM), naming the signal; the last checkpoint stays
+    the resume point and no process of the run is left. Without bandpo's handler Ray's driver died in
+    its C++ signal handler and Ray's agent processes outlived it."""
+    run = tmp_path / "run"
+    cmd = ["bash", "scripts/train.sh", f"model.path={tiny_model_dir}", "trainer.total_steps=20", *SMALL]
+    cmd += ["rollout=hf", "trainer.export_hf=false", f"trainer.output_dir={run}"]
+    session = Session(
+        cmd, tmp_path / "train.log", ROOT, {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    )
+    try:
+        pid = _wait_for_worker(session, run, "Actor")
+        _signal_while_running(pid, "ray::Actor.update_on_policy", session, session.pid, signal.SIGTERM)
+        rc = session.wait(timeout=300)
+        orphans = session.leftovers(grace_s=30)
+    finally:
+        session.kill()
+    log = (tmp_path / "train.log").read_text(errors="replace")
+    assert rc == 143, log[-5000:]
+    assert "[bandpo] SIGTERM: stopping the run's workers" in log
+    latest = CheckpointManager(run / "checkpoints").latest()
+    assert latest is not None and (latest / "actor" / "state").is_dir()
+    assert orphans == [], orphans
+
+
 def _wait_for_worker(session: Session, run: Path, worker: str, timeout: float = 600) -> int:
     """The pid of the ``worker`` actor process, once a first checkpoint is complete."""
     deadline = time.monotonic() + timeout
@@ -165,13 +191,20 @@ def _wait_for_worker(session: Session, run: Path, worker: str, timeout: float = 
 
 def _kill_while_running(pid: int, title: str, session: Session, timeout: float = 120) -> None:
     """SIGKILL ``pid`` as soon as Ray's process title shows it running ``title`` (e.g. ray::Actor.update)."""
+    _signal_while_running(pid, title, session, pid, signal.SIGKILL, timeout)
+
+
+def _signal_while_running(
+    pid: int, title: str, session: Session, target: int, sig: int, timeout: float = 120
+) -> None:
+    """Send ``sig`` to ``target`` as soon as Ray's process title shows ``pid`` running ``title``."""
     proc = psutil.Process(pid)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert session.poll() is None, "the run ended before the worker could be killed"
+        assert session.poll() is None, "the run ended before the signal could be sent"
         try:
             if proc.cmdline()[:1] == [title]:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(target, sig)
                 return
         except (psutil.Error, IndexError):
             pass
