@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_record_keeps_finished_runs_and_a_new_machine_skips_them(tmp_path):
         assert int(kept.joinpath("wall_s").read_text()) >= 0
     # A new machine: no runs folder. A run asked for would fail, so passing means none was started.
     (tmp_path / "record" / "grpo-s0" / "wall_s").write_text("754\n")
-    subprocess.run(["rm", "-r", str(tmp_path / "runs")], check=True)
+    shutil.rmtree(tmp_path / "runs")
     second = _compare(tmp_path, fail=True)
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count("restored from") == 2 and second.stdout.count("skipped") == 2
