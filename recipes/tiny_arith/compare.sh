@@ -20,10 +20,11 @@
 # $RESULTS and a plot beside it; run it alone to summarise whatever runs exist (relative paths are
 # from the repository root):
 #   .venv/bin/python recipes/tiny_arith/compare.py --runs runs/compare --out recipes/tiny_arith/results.md
-# With RECORD set, each finished run's numbers (metrics.jsonl, config.yaml and wall_s, its wall time in
-# seconds) are copied into $RECORD/<algo>-s<seed>/, and a recorded run missing from $RUNS is copied back
-# there and so skipped: a comparison longer than one machine's life goes on where its record stops. The
-# record is small text, meant to be committed beside its report; checkpoints stay in $RUNS.
+# With RECORD set, each finished run's numbers (metrics.jsonl, config.yaml and times, its start and end
+# in seconds since the epoch) are copied into $RECORD/<algo>-s<seed>/, and a recorded run missing from
+# $RUNS is copied back there and so skipped: a comparison longer than one machine's life goes on where
+# its record stops. The record is small text, meant to be committed beside its report; checkpoints
+# stay in $RUNS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-0 1 2}
@@ -76,14 +77,14 @@ record() {  # copy a finished run's numbers into $RECORD; config.yaml is written
   [[ -n $RECORD && ! -f $to/metrics.jsonl ]] || return 0
   mkdir -p "$to"
   cp "$1/metrics.jsonl" "$1/config.yaml" "$to/"
-  echo $(($(stat -c %Y "$1/metrics.jsonl") - $(stat -c %Y "$1/config.yaml"))) > "$to/wall_s"
+  echo "$(stat -c %Y "$1/config.yaml") $(stat -c %Y "$1/metrics.jsonl")" > "$to/times"
 }
 
 if [[ -n $RECORD ]]; then
   for from in "$RECORD"/*-s*/; do
     to=$RUNS/$(basename "$from")
     if [[ -f $from/metrics.jsonl && ! -f $to/metrics.jsonl ]]; then
-      mkdir -p "$to" && cp "$from"/{metrics.jsonl,config.yaml,wall_s} "$to/"
+      mkdir -p "$to" && cp "$from"/* "$to/"
       echo "== $to: restored from $from"
     fi
   done

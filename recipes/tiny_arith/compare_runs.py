@@ -91,6 +91,7 @@ def run_summary(folder: Path) -> dict:
         "entropy_by_step": {r["step"]: _number(r.get("actor/entropy")) for r in train},
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
+        "times": run_times(folder),
         "wall_s": _wall_seconds(folder),
         # the actor's peak memory, GiB (the fullest rank's since it started); absent in older runs' metrics
         "actor_peak_gib": max(
@@ -100,13 +101,27 @@ def run_summary(folder: Path) -> dict:
     }
 
 
-def _wall_seconds(folder: Path) -> float | None:
-    # A run restored from compare.sh's RECORD keeps its wall time in wall_s: a copy's mtimes are the copy's.
+def run_times(folder: Path) -> tuple[float | None, float | None]:
+    """(start, end) of a run in seconds since the epoch; None where unknown.
+
+    compare.sh's RECORD keeps them in ``times`` ("<start> <end>"), because a restored copy's file times
+    are the copy's; records made before it kept only the wall time (``wall_s``) and give (None, None).
+    Otherwise: config.yaml is written when the run starts, metrics.jsonl at each step and evaluation.
+    """
+    if (folder / "times").is_file():
+        start, end = (float(t) for t in (folder / "times").read_text().split())
+        return start, end
     if (folder / "wall_s").is_file():
-        return float((folder / "wall_s").read_text())
-    # config.yaml is written when the run starts, metrics.jsonl at each step and evaluation.
-    start, end = folder / "config.yaml", folder / "metrics.jsonl"
-    return end.stat().st_mtime - start.stat().st_mtime if start.is_file() else None
+        return None, None
+    start = folder / "config.yaml"
+    return (start.stat().st_mtime if start.is_file() else None), (folder / "metrics.jsonl").stat().st_mtime
+
+
+def _wall_seconds(folder: Path) -> float | None:
+    start, end = run_times(folder)
+    if start is not None and end is not None:
+        return end - start
+    return float((folder / "wall_s").read_text()) if (folder / "wall_s").is_file() else None
 
 
 def _eval_means(row: dict | None) -> dict[str, float]:

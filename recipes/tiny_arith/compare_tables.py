@@ -37,11 +37,12 @@ def mean_std(values: list[float | None], scale: float = 1.0, digits: int = 1) ->
 
 
 def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> list[str]:
-    # A run's config.yaml is written when it starts, its metrics.jsonl at each step.
-    folders = [s["folder"] for group in summaries.values() for s in group]
-    starts = [(f / "config.yaml").stat().st_mtime for f in folders if (f / "config.yaml").exists()]
-    first = min(starts) if starts else None
-    last = max((f / "metrics.jsonl").stat().st_mtime for f in folders)
+    times = [s["times"] for group in summaries.values() for s in group]
+    starts = [start for start, _ in times if start is not None]
+    ends = [end for _, end in times if end is not None]
+    span = f"{_date(min(starts)) if starts else '?'} to {_date(max(ends)) if ends else '?'}"
+    if undated := sum(end is None for _, end in times):
+        span += f" ({undated} recorded without their times, not counted)"
     u = platform.uname()
     return [
         "## Command and machine",
@@ -51,7 +52,7 @@ def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> li
         "```",
         "",
         f"- machine: `{u.system} {u.release} {u.machine}`, {_cpu_model()}, {os.cpu_count()} CPUs (nproc)",
-        f"- runs: {_date(first) if first else '?'} to {_date(last)}",
+        f"- runs: {span}",
         f"- summarised: {_date(time.time())} (load average {os.getloadavg()[0]:.1f})",
         "",
     ]

@@ -38,6 +38,7 @@ def _compare(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
         RESULTS=str(tmp_path / "results.md"),
         RECORD=str(tmp_path / "record"),
         TRAIN=f"{sys.executable} {tmp_path / 'fake_train.py'}",
+        TZ="UTC",
     )
     if fail:
         env["FAKE_FAIL"] = "1"
@@ -51,14 +52,15 @@ def test_record_keeps_finished_runs_and_a_new_machine_skips_them(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     for run in ("grpo-s0", "bandpo-s0"):
         kept = tmp_path / "record" / run
-        assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl", "wall_s"]
+        assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl", "times"]
         assert (
             kept.joinpath("metrics.jsonl").read_text()
             == (tmp_path / "runs" / run / "metrics.jsonl").read_text()
         )
-        assert int(kept.joinpath("wall_s").read_text()) >= 0
+        start, end = map(int, kept.joinpath("times").read_text().split())
+        assert start == int((tmp_path / "runs" / run / "config.yaml").stat().st_mtime) <= end
     # A new machine: no runs folder. A run asked for would fail, so passing means none was started.
-    (tmp_path / "record" / "grpo-s0" / "wall_s").write_text("754\n")
+    (tmp_path / "record" / "grpo-s0" / "times").write_text("1795820400 1795821154\n")
     shutil.rmtree(tmp_path / "runs")
     second = _compare(tmp_path, fail=True)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -68,5 +70,7 @@ def test_record_keeps_finished_runs_and_a_new_machine_skips_them(tmp_path):
         for line in (tmp_path / "runs" / "grpo-s0" / "metrics.jsonl").read_text().splitlines()
     ]
     assert rows[-1] == {"step": 1, "final": True, "eval/tiny_arith_test/mean@32": 0.6}
-    # the report takes the recorded wall time, not the copies' file times: | steps | before → after | ... | wall |
-    assert "| 1/1 | 50.0 → 60.0 | 0.300 | 2 | 754 |" in (tmp_path / "results.md").read_text()
+    # the report takes the recorded times, not the copies' file times: | steps | before → after | ... | wall |
+    report = (tmp_path / "results.md").read_text()
+    assert "| 1/1 | 50.0 → 60.0 | 0.300 | 2 | 754 |" in report
+    assert "- runs: 2026-11-27 23:00 UTC to " in report  # grpo-s0's recorded start, the earliest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,13 +66,21 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 0 | 1.00 |" in text  # wall: from the file times, ~0 s
 
 
-def test_a_recorded_run_keeps_its_wall_time(tmp_path):
-    """A run compare.sh restored from its RECORD has fresh file times; its wall time is the wall_s file's."""
+def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path):
+    """A run compare.sh restored from its RECORD has fresh file times; its start and end are the times
+    file's; an older record with only wall_s keeps its wall time and is left out of the dates."""
     runs = tmp_path / "runs"
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
-    (runs / "grpo-s0" / "wall_s").write_text("754\n")
+    (runs / "grpo-s0" / "times").write_text("1795820400 1795821154\n")  # 2026-11-27 23:00:00 and 23:12:34 UTC
+    start, end = (time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(t)) for t in (1795820400, 1795821154))
     text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 754 | 1.00 |" in text
+    assert f"- runs: {start} to {end}\n" in text
+    _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
+    (runs / "grpo-s1" / "wall_s").write_text("800\n")
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    assert "| 2/2 | 70.0 → 77.0 | 0.070 | 3 | 800 | 1.00 |" in text
+    assert f"- runs: {start} to {end} (1 recorded without their times, not counted)\n" in text
 
 
 def test_shared_before_maj_and_headline(tmp_path):
