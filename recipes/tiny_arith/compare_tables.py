@@ -116,7 +116,8 @@ def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
         "## Entropy over steps",
         "",
         "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
-        f"the last column averages each run's steps {window[0]}-{window[-1]}, the last five that every run has.",
+        f"the last column averages each run's steps {window[0]}-{window[-1]}: the last five steps that every run "
+        "has, or all of them where there are fewer.",
         "",
         *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"]),
     ]
