@@ -6,9 +6,10 @@
 Reads every ``<runs>/<label>-s<seed>/metrics.jsonl`` (unfinished runs too, marked as such)
 and writes ``--out`` with: the command and machine, the budget every run shares, held-out
 mean@n (and maj@n, pass@n where logged) before and after training and the per-seed change
-(mean +/- sample std over seeds), the final entropy, the clip fraction by old-probability bin
-(averaged over each run's training steps), one line per run, and ``<out stem>.png`` beside it, drawn by
-``python -m bandpo.viz compare`` (the exact command is in the report). The runs are read in
+(mean +/- sample std over seeds), the entropy and response length by step, the clip fraction by
+old-probability bin (averaged over each run's training steps), one line per run, and
+``<out stem>.png`` beside it, drawn by ``python -m bandpo.viz compare`` (the exact command is in the
+report). The runs are read in
 ``compare_runs.py``, the report's tables made in ``compare_tables.py``, both beside this script.
 """
 
@@ -30,6 +31,7 @@ from compare_tables import (
     _clip_section,
     _entropy_section,
     _header_section,
+    _length_section,
     _runs_section,
 )
 
@@ -95,6 +97,7 @@ def write_report(
         *_budget_section(summaries),
         *_accuracy_section(summaries),
         *_entropy_section(summaries),
+        *_length_section(summaries),
         *_clip_section(summaries),
         *_runs_section(summaries),
         "## Curves",

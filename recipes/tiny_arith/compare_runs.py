@@ -63,8 +63,8 @@ def find_runs(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def run_summary(folder: Path) -> dict:
-    """One run's numbers: steps done and planned, eval before/after, final entropy, clip fractions, times,
-    the actor's peak memory.
+    """One run's numbers: steps done and planned, eval before/after, entropy and response length by step,
+    clip fractions, times, the actor's peak memory.
 
     "before" is the step-0 evaluation; "after" is the last evaluation logged after step 0
     (the final one of a finished run). ``clip`` holds the clip fractions and the token share
@@ -89,6 +89,7 @@ def run_summary(folder: Path) -> dict:
         "after": _eval_means(after),
         "entropy": _number(train[-1].get("actor/entropy")) if train else None,
         "entropy_by_step": {r["step"]: _number(r.get("actor/entropy")) for r in train},
+        "length_by_step": {r["step"]: _number(r.get("response/length_mean")) for r in train},
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
         "times": run_times(folder),

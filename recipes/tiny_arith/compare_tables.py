@@ -105,6 +105,34 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
 
 def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
     """Mean token entropy of the rollouts at the first, middle and last step (the paper's collapse claim)."""
+    return _by_step_section(
+        summaries,
+        "entropy_by_step",
+        "Entropy over steps",
+        "Mean token entropy of each step's rollout under pi_old (nats)",
+        digits=3,
+    )
+
+
+def _length_section(summaries: dict[str, list[dict]]) -> list[str]:
+    """Mean response length of the rollouts by step; none for runs that logged no length."""
+    if not any(
+        v is not None for group in summaries.values() for s in group for v in s["length_by_step"].values()
+    ):
+        return []
+    return _by_step_section(
+        summaries,
+        "length_by_step",
+        "Response length over steps",
+        "Mean length of each step's rollout responses (tokens)",
+        digits=1,
+    )
+
+
+def _by_step_section(
+    summaries: dict[str, list[dict]], field: str, title: str, what: str, digits: int
+) -> list[str]:
+    """A table of ``summary[field]`` ({step: value}) at the first, quarter and last steps, per label."""
     last = max((s["steps"] for group in summaries.values() for s in group), default=0)
     steps = sorted({1, *(round(last * q / 4) for q in (1, 2, 3, 4))} - {0})
     if not steps:
@@ -113,22 +141,21 @@ def _entropy_section(summaries: dict[str, list[dict]]) -> list[str]:
     common = min(s["steps"] for group in summaries.values() for s in group)
     window = range(max(1, common - 4), common + 1)
     lines = [
-        "## Entropy over steps",
+        f"## {title}",
         "",
-        "Mean token entropy of each step's rollout under pi_old (nats), mean ± sample std over seeds; "
-        f"the last column averages each run's steps {window[0]}-{window[-1]}: the last five steps that every run "
-        "has, or all of them where there are fewer.",
+        f"{what}, mean ± sample std over seeds; the last column averages each run's steps "
+        f"{window[0]}-{window[-1]}: the last five steps that every run has, or all of them where there are fewer.",
         "",
         *_table_head(["algorithm", *[f"step {t}" for t in steps], f"steps {window[0]}-{window[-1]}"]),
     ]
     for label, group in summaries.items():
-        ends = [_mean([s["entropy_by_step"].get(t) for t in window]) for s in group]
+        ends = [_mean([s[field].get(t) for t in window]) for s in group]
         lines.append(
             _row(
                 [
                     label,
-                    *[mean_std([s["entropy_by_step"].get(t) for s in group], digits=3) for t in steps],
-                    mean_std(ends, digits=3),
+                    *[mean_std([s[field].get(t) for s in group], digits=digits) for t in steps],
+                    mean_std(ends, digits=digits),
                 ]
             )
         )

@@ -83,6 +83,25 @@ def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path):
     assert f"- runs: {start} to {end} (1 recorded without their times, not counted)\n" in text
 
 
+def test_response_length_by_step(tmp_path):
+    """Each step's mean response length gets a table like entropy's; runs without it get none."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    report = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")])
+    assert "## Response length over steps" not in report.read_text()
+    _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
+    for folder, lengths in ((runs / "grpo-s0", [40.0, 50.0]), (runs / "grpo-s1", [44.0, 60.0])):
+        rows = [json.loads(r) for r in (folder / "metrics.jsonl").read_text().splitlines()]
+        for row, length in zip(rows[1:3], lengths):
+            row["response/length_mean"] = length
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    # step 1: 40, 44 -> 42.0 ± 2.8 (sample std 4 / sqrt(2)); step 2: 50, 60 -> 55.0 ± 7.1;
+    # steps 1-2 per seed: 45 and 52 -> 48.5 ± 4.9 (7 / sqrt(2))
+    assert "## Response length over steps" in text
+    assert "| grpo | 42.0 ± 2.8 | 55.0 ± 7.1 | 48.5 ± 4.9 |" in text
+
+
 def test_shared_before_maj_and_headline(tmp_path):
     """A run that skipped its step-0 evaluation (compare.sh SHARED_BEFORE=1) takes the one of the run
     with its seed and model; maj@n gets its own columns; --headline draws the extra figure."""
