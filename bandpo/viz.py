@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 DEFAULT_KEYS = ("reward/mean", "accuracy", "mean@", "entropy", "clip_frac")  # mean@: held-out evals
 # Fixed clipping intervals drawn against the band: GRPO/PPO 0.2/0.2 and Clip-Higher 0.2/0.28.
@@ -360,6 +361,7 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
         if len(group) > 1:
             ax_e.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, lw=0)
     ax_e.set(title="rollout entropy (nats/token)", xlabel="step")
+    ax_e.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 1.25, 1.5 ticks
     ax_e.legend(fontsize=7)
     width = 0.8 / max(len(labels), 1)
     bins = [f"clip_frac_bin/{b}" for b in PROB_BIN_NAMES]
