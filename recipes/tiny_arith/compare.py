@@ -9,8 +9,8 @@ mean@n (and maj@n, pass@n where logged) before and after training and the per-se
 (mean +/- sample std over seeds), the entropy and response length by step, the clip fraction by
 old-probability bin (averaged over each run's training steps), one line per run, and
 ``<out stem>.png`` beside it, drawn by ``python -m bandpo.viz compare`` (the exact command is in the
-report). The runs are read in
-``compare_runs.py``, the report's tables made in ``compare_tables.py``, both beside this script.
+report). The runs are read in ``compare_runs.py``, the report's tables made in ``compare_tables.py``,
+both beside this script.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ def run_summary(folder: Path) -> dict:
         k for k in (train[0] if train else {}) if k.startswith(("actor/clip_frac", "actor/token_frac_bin"))
     ]
     cfg = _load_config(folder)
+    start, end = run_times(folder)
     steps, total = (train[-1]["step"] if train else 0), _select(cfg, "trainer.total_steps")
     return {
         "folder": folder,
@@ -92,8 +93,9 @@ def run_summary(folder: Path) -> dict:
         "length_by_step": {r["step"]: _number(r.get("response/length_mean")) for r in train},
         "clip": {k.removeprefix("actor/"): _mean([_number(r.get(k)) for r in train]) for k in clip_keys},
         "train_s": sum(r["time/step"] for r in train),
-        "times": run_times(folder),
-        "wall_s": _wall_seconds(folder),
+        "times": (start, end),
+        # an older record without times kept its wall time in wall_s
+        "wall_s": end - start if start is not None and end is not None else _recorded_wall(folder),
         # the actor's peak memory, GiB (the fullest rank's since it started); absent in older runs' metrics
         "actor_peak_gib": max(
             (r["actor/peak_memory_gib"] for r in train if "actor/peak_memory_gib" in r), default=None
@@ -118,10 +120,7 @@ def run_times(folder: Path) -> tuple[float | None, float | None]:
     return (start.stat().st_mtime if start.is_file() else None), (folder / "metrics.jsonl").stat().st_mtime
 
 
-def _wall_seconds(folder: Path) -> float | None:
-    start, end = run_times(folder)
-    if start is not None and end is not None:
-        return end - start
+def _recorded_wall(folder: Path) -> float | None:
     return float((folder / "wall_s").read_text()) if (folder / "wall_s").is_file() else None
 
 
