@@ -157,6 +157,40 @@ def _fill(param: torch.nn.Parameter, f, name: str, share: bool) -> None:
         param.copy_(f.get_tensor(name))
 
 
+def restore_fp32_masters(model: torch.nn.Module, files: list[Path], zero3: bool) -> int:
+    """Set the ZeRO optimizer's fp32 master copy of every trainable parameter from the checkpoint's own
+    float32 tensors; returns how many were set.
+
+    Why: in bf16 the module is built in bf16 and ``deepspeed.initialize`` makes its fp32 masters from that
+    bf16 copy, so a float32 checkpoint (the tiny and SmolLM2 builds, an fp32 HF export) would start
+    training from its weights rounded to 8 mantissa bits (relative error up to 2^-9), a perturbation the
+    fp32 run does not have and that every later update carries. The bf16 module copy stays as it is: it
+    is the rounding of these same values. Tensors stored in bf16 or fp16 (most hub releases) have no
+    lost bits and are skipped. Call after ``deepspeed.initialize``, on every rank (each sets its own
+    partition); a no-op for parameters outside the optimizer (LoRA's frozen base)."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_local_fp32_param
+    from safetensors import safe_open
+
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32}
+    rank = torch.distributed.get_rank() if zero3 else 0
+    done = 0
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in sorted(set(f.keys()) & params.keys()):
+                if f.get_slice(name).get_dtype() != "F32":
+                    continue
+                param, value = params[name], f.get_tensor(name).to(params[name].device)
+                if zero3:  # DeepSpeed's full setter reads past the value on a padded last partition
+                    part = param.ds_tensor.numel()
+                    flat = torch.zeros(part * torch.distributed.get_world_size(), dtype=torch.float32)
+                    flat[: value.numel()] = value.flatten()
+                    safe_set_local_fp32_param(param, flat[rank * part : (rank + 1) * part].to(value.device))
+                else:
+                    safe_set_full_fp32_param(param, value)
+                done += 1
+    return done
+
+
 def _gathered(param: torch.nn.Parameter, zero3: bool):
     """Under ZeRO-3: the full parameter on every rank, rank 0's values scattered back on exit."""
     if not zero3:

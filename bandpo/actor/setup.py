@@ -138,7 +138,8 @@ def build_engines(
 
     The model is built where it lives: partitioned under ZeRO-3, else on ``device``
     (``bandpo.actor.loading``), in bf16 with ``bf16`` (DeepSpeed keeps the fp32 master weights,
-    on GPU and CPU alike: ``bandpo.actor.ds_config``), else fp32. The reference model takes the
+    on GPU and CPU alike: ``bandpo.actor.ds_config``; set from a float32 checkpoint's own values,
+    ``restore_fp32_masters``), else fp32. The reference model takes the
     same dtype and, under ZeRO-3, the same partitioning.
 
     ``lora`` (a ``bandpo.actor.lora.LoraSettings`` that is on): the model is wrapped by PEFT first and
@@ -150,7 +151,7 @@ def build_engines(
 
     from bandpo.actor.attention import use_packed_attention
     from bandpo.actor.ds_config import build_inference_config
-    from bandpo.actor.loading import load_model
+    from bandpo.actor.loading import load_model, restore_fp32_masters, weight_files
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     model = load_model(model_path, dtype, device, ds_config if zero_stage == 3 else None)
@@ -173,6 +174,8 @@ def build_engines(
         dist_init_required=False,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, LinearWarmup(warmup_steps)),
     )
+    if bf16:  # the fp32 masters from the checkpoint's own values, not from the bf16 copy
+        restore_fp32_masters(engine.module, weight_files(model_path), zero3=zero_stage == 3)
     if not ref_model or use_lora:
         return engine, None, packed_attention
     inf_config = build_inference_config(zero_stage=zero_stage, bf16=bf16)

@@ -36,6 +36,29 @@ def _master_and_adam_dtypes(actor) -> set[torch.dtype]:
     return {t.dtype for t in [*masters, *moments]}
 
 
+def _masters(actor) -> dict[str, torch.Tensor]:
+    """The ZeRO optimizer's fp32 master copy of every parameter, whole (a collective under ZeRO-3)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return {n: safe_get_full_fp32_param(p).cpu() for n, p in actor.engine.module.named_parameters()}
+
+
+def _check_masters_are_the_checkpoints(masters: dict[str, torch.Tensor], model_dir: str) -> None:
+    """The masters hold the float32 checkpoint's values bit for bit, not their bf16 rounding (which
+    differs: a random init uses all 23 mantissa bits)."""
+    from safetensors.torch import load_file
+
+    from bandpo.actor.loading import weight_files
+
+    saved = {k: v for f in weight_files(model_dir) for k, v in load_file(str(f)).items()}
+    assert {v.dtype for v in saved.values()} == {torch.float32}
+    shared = masters.keys() & saved.keys()
+    assert shared == masters.keys()  # every parameter is in the file (tied weights under their first name)
+    for name in shared:
+        assert torch.equal(masters[name], saved[name]), name
+    assert any(not torch.equal(saved[n].bfloat16().float(), saved[n]) for n in shared)
+
+
 def _step_with_advantage_one(run, rb):
     """``run(method, *args)`` on an actor or a group: old log-probs, one update with A = 1, new log-probs."""
     old, ent = run("compute_logprobs", rb, True)
@@ -67,6 +90,7 @@ def test_bf16_actor_on_cpu_trains_with_fp32_master_weights(tiny_model_dir, zero_
         tiny_model_dir, zero_stage=zero_stage, bf16=True, mini_batch_size=6, micro_batch_size=3, lr=1e-3
     )
     assert actor.on_cpu
+    _check_masters_are_the_checkpoints(_masters(actor), tiny_model_dir)
     _check_step(_step_with_advantage_one(lambda name, *a: getattr(actor, name)(*a), rb), rb, tiny_model_dir)
     assert {t.dtype for t in full_weights(actor).values()} == {torch.bfloat16}
     assert _master_and_adam_dtypes(actor) == {torch.float32}
@@ -89,6 +113,9 @@ def test_two_bf16_ranks_reduce_over_gloo_and_stay_equal(ray_local, tiny_model_di
         weight_decay=0.0,
     )
     try:
+        # each rank set its own partition of the masters, the last one padded under ZeRO-3
+        for masters in ray.get([w.__ray_call__.remote(_masters) for w in group.workers]):
+            _check_masters_are_the_checkpoints(masters, tiny_model_dir)
 
         def run(name, *args):
             return (
