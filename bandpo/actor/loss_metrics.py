@@ -4,7 +4,8 @@
 tokens, and ``loss``/``pg_loss`` already normalised by the global mini-batch counts. So:
 - ``loss``, ``pg_loss``: summed over micro-batches and ranks (= the mini-batch loss), then
   averaged over optimizer steps;
-- ``clip_frac_bin/<bin>``: weighted by the valid tokens *in that bin*;
+- ``clip_frac_bin/<bin>``, ``clip_frac_bin_up/<bin>``, ``clip_frac_bin_down/<bin>``: weighted by the
+  valid tokens *in that bin* (fractions of the bin's tokens);
 - every other metric: weighted by valid tokens.
 The result is the exact global value, the same on every rank, with one all-reduce.
 """
@@ -17,6 +18,8 @@ from collections.abc import Callable
 import torch
 
 SUMMED = ("loss", "pg_loss")
+# Per-bin fractions of the bin's own tokens (``bandpo.algo.losses._clip_metrics``).
+PER_BIN = ("clip_frac_bin/", "clip_frac_bin_up/", "clip_frac_bin_down/")
 
 
 class MetricAccumulator:
@@ -36,7 +39,7 @@ class MetricAccumulator:
             value = value.detach().to("cpu", torch.float64)
             if key in SUMMED:
                 weight = torch.ones((), dtype=torch.float64)
-            elif key.startswith("clip_frac_bin/"):
+            elif key.startswith(PER_BIN):
                 weight = n * metrics["token_frac_bin/" + key.split("/", 1)[1]].detach().to(
                     "cpu", torch.float64
                 )

@@ -328,6 +328,13 @@ def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:
     """Fractions of valid tokens whose update the surrogate cut: ``up`` / ``down`` [N, R] (the
     clip: gradient removed; see each rival for its own meaning), overall and per old-probability bin.
 
+    Per bin ``b`` (of the valid tokens with old probability in that bin): ``clip_frac_bin/b`` counts
+    the tokens cut either way, ``clip_frac_bin_up/b`` those cut by ``up`` (for the clipped family,
+    DPPO and GSPO: A > 0 and the policy moved past the upper limit) and ``clip_frac_bin_down/b``
+    those cut by ``down`` (A < 0, past the lower limit); ``up`` and ``down`` are disjoint in every
+    surrogate, so the two add up to ``clip_frac_bin/b``. ``token_frac_bin/b`` is the bin's share of
+    the valid tokens. The dual clip is not in any of them (``clip_frac_dual``).
+
     Kept cheap: boolean algebra and one bincount instead of per-bin float masks, since on
     CPU these metrics otherwise cost as much as the loss itself.
     """
@@ -335,13 +342,16 @@ def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:
     n_valid = valid.sum().clamp(min=1)
     up, down = up & valid, down & valid
     out = {"clip_frac_up": up.sum() / n_valid, "clip_frac_down": down.sum() / n_valid}
-    # code = bin + 4 * clipped for valid tokens, 8 for padding: one pass counts every cell.
+    # code = bin + 4 * up + 8 * down for valid tokens, 16 for padding: one pass counts every cell.
     edges = torch.tensor(LOG_PROB_BIN_EDGES, dtype=old_logprobs.dtype, device=old_logprobs.device)
     bins = torch.bucketize(old_logprobs.detach(), edges, right=True)
-    code = torch.where(valid, bins + 4 * (up | down), 8)
-    counts = torch.bincount(code.flatten(), minlength=9)[:8].view(2, 4)  # [clipped?, bin]
-    in_bin = counts.sum(0)
+    code = torch.where(valid, bins + 4 * up + 8 * down, 16)
+    counts = torch.bincount(code.flatten(), minlength=17)[:16].view(4, 4)  # [neither/up/down/both, bin]
+    in_bin = counts.sum(0).clamp(min=1)
+    cut_up, cut_down = counts[1] + counts[3], counts[2] + counts[3]
     for i, name in enumerate(PROB_BIN_NAMES):
-        out[f"clip_frac_bin/{name}"] = counts[1, i] / in_bin[i].clamp(min=1)
-        out[f"token_frac_bin/{name}"] = in_bin[i] / n_valid
+        out[f"clip_frac_bin/{name}"] = counts[1:, i].sum() / in_bin[i]
+        out[f"clip_frac_bin_up/{name}"] = cut_up[i] / in_bin[i]
+        out[f"clip_frac_bin_down/{name}"] = cut_down[i] / in_bin[i]
+        out[f"token_frac_bin/{name}"] = counts[:, i].sum() / n_valid
     return out
