@@ -444,16 +444,20 @@ def report_datasets(summaries: dict[str, list[dict]]) -> list[str]:
 
 
 def clip_label(key: str) -> str:
-    """Column title of a clip-fraction metric: the old-probability bin, or which total it is."""
+    """Column title of a clip-fraction metric: its old-probability bin (and sign), or which total it is."""
     names = {
-        "clip_frac_bin/lt0.01": "p < 0.01",
-        "clip_frac_bin/0.01-0.1": "0.01 ≤ p < 0.1",
-        "clip_frac_bin/0.1-0.5": "0.1 ≤ p < 0.5",
-        "clip_frac_bin/ge0.5": "p ≥ 0.5",
+        "lt0.01": "p < 0.01",
+        "0.01-0.1": "0.01 ≤ p < 0.1",
+        "0.1-0.5": "0.1 ≤ p < 0.5",
+        "ge0.5": "p ≥ 0.5",
         "clip_frac_up": "all, up (A > 0)",
         "clip_frac_down": "all, down (A < 0)",
         "clip_frac_dual": "all, dual clip",
     }
+    kind, _, name = key.partition("/")
+    sign = {"clip_frac_bin": "", "clip_frac_bin_up": ", up", "clip_frac_bin_down": ", down"}.get(kind)
+    if sign is not None and name in names:
+        return names[name] + sign
     return names.get(key, key)
 
 

@@ -7,7 +7,8 @@ Reads every ``<runs>/<label>-s<seed>/metrics.jsonl`` (unfinished runs too, marke
 and writes ``--out`` with: the command and machine, the budget every run shares, held-out
 mean@n (and maj@n, pass@n where logged) before and after training and the per-seed change
 (mean +/- sample std over seeds), the entropy and response length by step, the clip fraction by
-old-probability bin (averaged over each run's training steps), one line per run, and
+old-probability bin (averaged over each run's training steps; split into up- and down-clips where the
+runs logged the split), one line per run, and
 ``<out stem>.png`` beside it, drawn by ``python -m bandpo.viz compare`` (the exact command is in the
 report). The runs are read in ``compare_runs.py``, the report's tables made in ``compare_tables.py``,
 both beside this script.

@@ -14,6 +14,9 @@ from compare_runs import _mean, budget_check
 
 from bandpo.viz import clip_label, report_datasets
 
+# The per-bin clip fractions by sign (``bandpo.algo.losses``); the unsigned ``clip_frac_bin/`` is their sum.
+SIGNED = ("clip_frac_bin_up/", "clip_frac_bin_down/")
+
 
 def _shared_before_note(summaries: dict[str, list[dict]]) -> list[str]:
     shared = [s for group in summaries.values() for s in group if s.get("before_from")]
@@ -163,9 +166,9 @@ def _by_step_section(
 
 
 def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
+    found = {k for group in summaries.values() for s in group for k in s["clip"]}
     keys = sorted(
-        {k for group in summaries.values() for s in group for k in s["clip"] if k.startswith("clip_frac")},
-        key=_clip_order,
+        (k for k in found if k.startswith("clip_frac") and not k.startswith(SIGNED)), key=_clip_order
     )
     bins = [k for k in keys if k.startswith("clip_frac_bin/")]
     lines = [
@@ -173,16 +176,16 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
         "",
         (
             "Per bin of old probability p: the fraction of that bin's tokens whose gradient the clip "
-            "removed; the last columns are fractions of all tokens. Averaged over each run's training "
-            "steps, then mean ± sample std over seeds (%)."
+            "removed, up-clips (A > 0) and down-clips (A < 0) together; the last columns are fractions of "
+            "all tokens. Averaged over each run's training steps, then mean ± sample std over seeds (%)."
         ),
         "",
         *_table_head(["algorithm", *[clip_label(k) for k in keys]]),
     ]
     for label, group in summaries.items():
         lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
+    lines += [""] + _signed_table(summaries, found, bins)
     lines += [
-        "",
         "Share of response tokens in each bin (%), for scale:",
         "",
         *_table_head(["algorithm", *[clip_label(b) for b in bins]]),
@@ -193,6 +196,26 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
             for b in bins
         ]
         lines.append(_row([label, *shares]))
+    return lines + [""]
+
+
+def _signed_table(summaries: dict[str, list[dict]], found: set[str], bins: list[str]) -> list[str]:
+    """The bins split by sign, where the runs logged it (``clip_frac_bin_up/`` and ``_down/``); none otherwise."""
+    if not any(k.startswith(SIGNED) for k in found):
+        return []
+    keys = [b.replace("clip_frac_bin/", prefix) for b in bins for prefix in SIGNED]
+    lines = [
+        (
+            "The same bins split by sign (%): up, the tokens with A > 0 cut for moving past the upper limit "
+            "(the gradient that would raise a rewarded token); down, those with A < 0 cut below the lower limit. "
+            "Up and down add up to the table above (CISPO: clipped weights by side, whatever the sign of A). "
+            "n/a: runs that did not log the split."
+        ),
+        "",
+        *_table_head(["algorithm", *[clip_label(k) for k in keys]]),
+    ]
+    for label, group in summaries.items():
+        lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
     return lines + [""]
 
 

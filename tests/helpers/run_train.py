@@ -43,6 +43,8 @@ REQUIRED = [
     "health/rollout_actor_kl",
     "response/length_mean",
     "actor/clip_frac_bin/lt0.01",
+    "actor/clip_frac_bin_up/lt0.01",
+    "actor/clip_frac_bin_down/lt0.01",
 ]
 BAND = ["actor/band/lower_mean"]  # and with algorithm=bandpo
 

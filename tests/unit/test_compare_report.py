@@ -190,3 +190,28 @@ def test_headline_cuts_a_sequence_level_outlier():
     assert ax2.get_ylim() == (0.0, 10.0) and not ax2.texts
     plt.close(fig)
     plt.close(fig2)
+
+
+def test_signed_bins_get_their_own_table(tmp_path):
+    """Runs that log the bins by sign get a table of up- and down-clips by bin; a run that does not shows
+    n/a there, and the unsigned table is unchanged. Runs without them (the tests above) get no such table."""
+    runs = tmp_path / "runs"
+    _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
+    _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
+    _run(runs / "bandpo-s0", 0.70, 0.72, [0.10, 0.09], [0.0, 0.0])
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    assert "split by sign" not in text
+    for folder, ups in ((runs / "grpo-s0", [0.05, 0.1]), (runs / "grpo-s1", [0.05, 0.05])):
+        path = folder / "metrics.jsonl"
+        rows = [json.loads(r) for r in path.read_text().splitlines()]
+        for row, up in zip(rows[1:3], ups):
+            row["actor/clip_frac_bin_up/lt0.01"] = up
+            row["actor/clip_frac_bin_down/lt0.01"] = row["actor/clip_frac_bin/lt0.01"] - up
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    # grpo, p < 0.01, mean over steps then seeds: up (0.05, 0.1) -> 7.5 and (0.05, 0.05) -> 5.0: 6.25 ± 1.77
+    # (sample std 2.5 / sqrt(2)); down (0.15, 0.3) -> 22.5 and (0.15, 0.15) -> 15.0: 18.75 ± 5.30
+    assert "| algorithm | p < 0.01, up | p < 0.01, down |" in text
+    assert "| grpo | 6.25 ± 1.77 | 18.75 ± 5.30 |" in text
+    assert "| bandpo | n/a | n/a |" in text
+    assert "| grpo | 25.00 ± 7.07 | 2.50 ± 0.71 |" in text  # the unsigned table as before
