@@ -88,7 +88,9 @@ def _accuracy_section(summaries: dict[str, list[dict]]) -> list[str]:
     lines = [
         "## Held-out accuracy and entropy",
         "",
-        "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed.",
+        "Mean ± sample std over seeds; accuracies in %. Δ is after − before within each seed. Final entropy: "
+        "the last step's rollout entropy (nats per token), sampled before that step's update, so it measures "
+        "every update but the last.",
         *_shared_before_note(summaries),
         "",
         *_table_head([*head, "final entropy"]),
