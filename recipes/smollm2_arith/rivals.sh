@@ -2,8 +2,9 @@
 # Band against its rivals on the real pretrained model: GRPO, Clip-Higher, BandPO (KL, the paper's
 # delta 0.05), DPPO-TV and DCPO on SmolLM2-135M-Instruct's arithmetic (the smollm2_arith recipe), 3
 # seeds each, equal budgets: only the algorithm and the seed differ. Per step the runs log entropy,
-# the clipped (or masked) fraction by old-probability bin and response length; before and after,
-# held-out mean@8, maj@8 and pass@8.
+# the clipped (or masked) fraction by old-probability bin (and by sign of the advantage: runs recorded
+# before the split have it without) and response length; before and after, held-out mean@8, maj@8
+# and pass@8.
 #
 #   recipes/smollm2_arith/rivals.sh            # 5 arms x 3 seeds (~4 h on 2 idle cores)
 #   recipes/smollm2_arith/rivals.sh --quick    # 5 arms x seed 0, one step each, 16 held-out problems (~30 min)
