@@ -9,6 +9,13 @@ factors, and only those factors reach the optimizer. The layer computes
 Shapes (legend): W [out, in] the base weight, A [rank, in] (``lora_A``), B [out, rank]
 (``lora_B``, zero at the start, so the wrapped model starts as the base model exactly).
 
+The factors are in the base model's dtype (bf16 with ``actor.bf16``), under ZeRO-2 and ZeRO-3 alike,
+with their fp32 master copy in DeepSpeed's optimizer as for any weight. PEFT's default upcasts them to
+fp32 (``autocast_adapter_dtype``); DeepSpeed casts them back under ZeRO-2 (every parameter of a model
+not built under ``zero.Init``) but not under ZeRO-3, where each target would keep an fp32 copy of its
+input for backward, the adapter files would be fp32 and vLLM would run the adapter in bf16 against an
+fp32 actor. So ``apply_lora`` keeps PEFT from upcasting and checks the dtype.
+
 The reference policy is the base model: the same module with the adapters disabled (PEFT's
 ``disable_adapter``), so no second copy of the weights is loaded for the KL term.
 
@@ -98,7 +105,8 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     No task type: the plain ``PeftModel`` forwards every keyword to the HF model unchanged (the
     packed attention's layout among them). Raises ValueError naming ``actor.lora.target_modules``
     when a target matches no module, is not a plain ``nn.Linear`` (the merge is ``W [out, in]``'s),
-    or is the output embedding (the chunked log-prob head reads its weight, not the adapter).
+    or is the output embedding (the chunked log-prob head reads its weight, not the adapter). The
+    factors take their base layer's dtype (module docstring); a PEFT that casts them otherwise raises.
     """
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
@@ -112,7 +120,10 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         bias="none",
     )
     try:
-        wrapped = get_peft_model(model, config)
+        # The factors in the base layer's dtype: PEFT's default upcasts bf16 ones to fp32, which
+        # DeepSpeed casts back to bf16 under ZeRO-2 but leaves alone under ZeRO-3 (the model, built
+        # under zero.Init, is taken to be in its dtype already).
+        wrapped = get_peft_model(model, config, autocast_adapter_dtype=False)
     except ValueError as e:
         raise ValueError(f"actor.lora.target_modules={list(settings.target_modules)}: {e}") from e
     for name, mod in wrapped.named_modules():
@@ -132,6 +143,12 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
                 f"actor.lora.target_modules: {name} is the output embedding, which cannot take an "
                 "adapter (the chunked log-prob head reads its weight directly)"
             )
+        for factor in (mod.lora_A[ADAPTER].weight, mod.lora_B[ADAPTER].weight):
+            if factor.dtype != mod.base_layer.weight.dtype:
+                raise RuntimeError(
+                    f"LoRA adapter of {name} is {factor.dtype}, its base layer "
+                    f"{mod.base_layer.weight.dtype}: the installed PEFT cast the factors"
+                )
     return wrapped
 
 

@@ -155,7 +155,7 @@ def _check_adapter_export(actor, tmp_path, base_dir, exported, ids) -> None:
 
 
 def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):
-    """DeepSpeed's bf16 casts the adapters to bf16 too (fp32 masters in its optimizer): the reference is
+    """The adapters are bf16 like the base (fp32 masters in DeepSpeed's optimizer): the reference is
     still the bf16 base model bit for bit, and the sync sends bf16 tensors under the base names within
     the bound derived in tests/unit/actor/test_lora.py of PEFT's merge."""
     rb = make_rollout(8, 11)
@@ -179,6 +179,26 @@ def test_lora_in_bf16_reference_and_merged_sync(tiny_model_dir):
         )
         tol = eps * (1 + eps) * (torch.maximum(got.abs(), want.abs()) + d) if e.lora_a is not None else 0.0
         assert bool(((got - want).abs() <= tol).all()), e.name
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_lora_adapter_is_bf16_with_fp32_masters_under_zero2_and_zero3(tiny_model_dir, tmp_path, zero_stage):
+    """The factors run in the base's bf16 at either stage (PEFT would upcast them to fp32, which only
+    ZeRO-2's cast undoes), before and after a step; DeepSpeed's fp32 master copy of them is what the
+    optimizer steps, and the adapter file holds bf16 (2 bytes a value)."""
+    actor = new_actor(tiny_model_dir, bf16=True, lora=LORA, lr=1e-2, zero_stage=zero_stage)
+    module, opt = actor.engine.module, actor.engine.optimizer
+    factors = [p for n, p in module.named_parameters() if ".lora_" in n]
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    masters = opt.single_partition_of_fp32_groups if zero_stage == 2 else opt.fp32_partitioned_groups_flat
+    assert {t.dtype for t in masters} == {torch.float32}
+    actor.update(make_train_batch(actor, 8, seed=1), BANDPO)
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    nbytes, _ = actor.publish_adapter(str(tmp_path))
+    file = _adapter_file(tmp_path)
+    values = sum(getattr(p, "ds_numel", p.numel()) for p in factors)
+    assert {t.dtype for t in file.values()} == {torch.bfloat16}
+    assert sum(t.numel() for t in file.values()) == values and nbytes > 2 * values
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
