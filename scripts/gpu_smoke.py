@@ -19,6 +19,19 @@ checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
              padded reference with full logits: max |delta log-prob| vs ``logprob_tolerance``
   teardown   ``Actor.close``: whether the model was freed, and the memory still allocated after it
              (GPU), before the next stage
+Per ZeRO stage (2, 3) again, with LoRA adapters (``--lora-rank``, every target), bf16 (on the CPU too),
+gradient checkpointing and offload, in the trainer's order of a step and a checkpoint:
+  update     two optimizer steps; the peak of the second against the plan's ``actor_peak`` with LoRA;
+             the dtypes of the factors, of the frozen base and of DeepSpeed's master copy
+             (bf16, bf16, fp32 expected)
+  offload    ``offload`` then ``offload_weights`` (stage 7: after the sync has read the weights)
+  save       ``save_checkpoint`` and the adapter export while the weights are in host memory
+             (stage 8); the adapter file's dtype and values against the factors (exact)
+  load       a new actor, built offloaded as a resumed run's, loads the checkpoint: factors, master
+             weights and Adam's moments (exact), and its log-probs against the first actor's (exact)
+  reload     the first actor's own states back from host memory (exact)
+A failure is recorded in its row (the phase and the error, with what was measured before it) and the
+next stage runs, so one run reports every stage.
 Once (GPU only):
   ipc        the CUDA IPC bucket round trip of the weights into another process
              (``bandpo.weight_sync.ipc``), GB/s, next to the device's own copy bandwidth
@@ -40,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the checks beside this script, however it is loaded
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_smoke_checks import GROUP, check_stage, ipc_round_trip
+from gpu_smoke_lora import check_lora, lora_table, workdir_of
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s with fp32 accumulation, from the vendor's
 # datasheets, keyed by the exact torch.cuda.get_device_name(): an unknown name reports no MFU
@@ -124,7 +138,15 @@ def table(rows: list[dict], ipc: dict | None) -> str:
 
     lines = [" ".join(h.rjust(int(spec.rstrip("dfe").split(".")[0])) for h, _, spec in COLUMNS)]
     lines += [" ".join(cell(r.get(key), spec) for _, key, spec in COLUMNS) for r in rows]
-    if ipc:
+    lines += [f"ZeRO-{r['zero_stage']} failed at {r['error']}" for r in rows if r.get("error")]
+    lines += [
+        f"ZeRO-{r['zero_stage']}: no estimate ({r['estimate_error']})"
+        for r in rows
+        if r.get("estimate_error")
+    ]
+    if ipc and "error" in ipc:
+        lines.append(f"IPC round trip failed: {ipc['error']}")
+    elif ipc:
         lines.append(
             f"IPC round trip: {ipc['ipc_bytes'] / 1e9:.2f} GB in {ipc['ipc_buckets']} buckets, "
             f"{ipc['ipc_gbs']:.1f} GB/s = {ipc['ipc_over_copy']:.2f} x the device copy "
@@ -157,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--peak-tflops", type=float, default=None, help="dense bf16 peak of a GPU not in PEAK_FLOPS"
     )
     ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--lora-stages", default="2,3", help="ZeRO stages of the LoRA check ('' skips it)")
+    ap.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 64 GPU, 8 CPU)")
     ap.add_argument("--no-ipc", dest="ipc", action="store_false", help="skip the CUDA IPC round trip")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bandpo-gpu-smoke"))
     ap.add_argument("--out", default="gpu_smoke.json")
@@ -167,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.prompt = args.prompt or (16 if small else 512)
     args.response = args.response or (24 if small else 1536)
     args.token_budget = args.token_budget or 32768
+    args.lora_rank = args.lora_rank or (8 if small else 64)
     # A Qwen2.5-1.5B shape's 20k tokens in one micro-batch need ~60 GiB of activations without
     # checkpointing: on by default for the GPU, as the real model configs set it.
     args.grad_ckpt = (not small) if args.grad_ckpt is None else args.grad_ckpt
@@ -183,15 +208,26 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = Path(args.workdir) / ("tiny" if small else "qwen2.5-1.5b-random")
     params = build_model(model_dir, shape, getattr(torch, dtype))
     rows = []
-    for stage in args.stages.split(","):  # each row printed as it comes: a run cut short still reports
+    for stage in filter(
+        None, args.stages.split(",")
+    ):  # each row printed as it comes: a run cut short still reports
         rows.append(check_stage(str(model_dir), int(stage), args, shape, params, dtype))
         print(json.dumps(rows[-1]), flush=True)
-    ipc = ipc_round_trip(str(model_dir)) if not args.cpu and args.ipc else None
+    lora_rows = []
+    for stage in filter(None, args.lora_stages.split(",")):
+        lora_rows.append(check_lora(str(model_dir), int(stage), args, shape, params, workdir_of(args)))
+        print(json.dumps(lora_rows[-1]), flush=True)
+    try:
+        ipc = ipc_round_trip(str(model_dir)) if not args.cpu and args.ipc else None
+    except Exception as e:  # recorded: the table and the JSON still come out
+        ipc = {"error": f"{type(e).__name__}: {e}"}
     print(
         f"device {device}   model {params / 1e6:.1f}M params ({dtype})   rows {args.rows} "
         f"(groups of {GROUP})   gradient checkpointing {args.grad_ckpt}   load average {os.getloadavg()}"
     )
     print(table(rows, ipc))
+    if lora_rows:
+        print(lora_table(lora_rows))
     result = {
         "meta": {
             "device": device,
@@ -203,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
             "args": vars(args),
         },
         "stages": rows,
+        "lora": lora_rows,
         "ipc": ipc,
     }
     Path(args.out).write_text(json.dumps(result, indent=2))

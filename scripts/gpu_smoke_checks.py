@@ -9,6 +9,7 @@ import gc
 import math
 import threading
 import time
+import traceback
 import weakref
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
@@ -72,8 +73,9 @@ def computed_tokens(rb) -> int:
     return int(sum(len(k) for k in set(prompt_keys(rb.prompt_ids, rb.prompt_mask))) + rb.response_mask.sum())
 
 
-def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool) -> float | None:
-    """The placement plan's ``actor_peak`` (GiB) for this model and batch on one colocated GPU."""
+def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool, lora_rank: int = 0) -> float | None:
+    """The placement plan's ``actor_peak`` (GiB) for this model and batch on one colocated GPU;
+    ``lora_rank`` > 0: LoRA on every target of that rank (the config's default targets)."""
     from omegaconf import open_dict
 
     from bandpo.config import compose
@@ -98,6 +100,7 @@ def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool) -> flo
             "actor.padding_free=true",
             f"actor.max_tokens_per_micro_batch={args.token_budget}",
             f"actor.bf16={str(bf16).lower()}",
+            f"actor.lora.rank={lora_rank}",
             "algorithm.kl_coef=0",
         ]
     )
@@ -112,6 +115,15 @@ def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool) -> flo
                 cfg.model[key] = shape[value]
     est = memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 1), "cuda"))
     return None if est is None else est.parts["actor_peak"]
+
+
+def estimate_or_error(*a, **kw) -> tuple[float | None, str | None]:
+    """``(plan_estimate(...), None)``, or ``(None, the error)`` when the plan cannot be computed here
+    (e.g. Hydra is not installed): the stage's measurements are kept either way."""
+    try:
+        return plan_estimate(*a, **kw), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 class PeakMemory:
@@ -209,7 +221,30 @@ def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
 
 
 def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtype: str) -> dict:
-    """update / memory / offload / packed / teardown for one ZeRO stage (see the module docstring)."""
+    """update / memory / offload / packed / teardown for one ZeRO stage (see the module docstring).
+
+    A failure is recorded in the row (``error``, with the phase it happened in) beside what was
+    measured before it; it never raises, so the next stage runs."""
+    import torch
+
+    out: dict = {"zero_stage": stage, "phase": "build"}
+    refs: list = []  # a weak reference to the actor's module: freed once closed
+    try:
+        _run_stage(out, model_dir, stage, args, shape, params, dtype, refs)
+    except Exception as e:  # recorded; the next stage runs
+        out["error"] = f"{out['phase']}: {type(e).__name__}: {e}"
+        traceback.print_exc()
+    gc.collect()
+    if not args.cpu:
+        torch.cuda.empty_cache()
+    out["freed_after_close"] = refs[0]() is None if refs else None  # nothing holds the model
+    out["left_after_close_gib"] = allocated_gib(not args.cpu)
+    return out
+
+
+def _run_stage(
+    out: dict, model_dir: str, stage: int, args, shape: dict, params: int, dtype: str, refs
+) -> None:
     import torch
 
     from bandpo.actor import Actor
@@ -221,7 +256,6 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
     loss = LossOptions(
         algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
     )
-    out: dict = {"zero_stage": stage}
     baseline = PeakMemory.rss()
     actor = Actor(
         model_dir,
@@ -235,12 +269,16 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
         gradient_checkpointing=args.grad_ckpt,
         offload_during_rollout=cuda,
     )
+    refs.append(weakref.ref(actor.engine.module))
     try:
+        out["phase"] = "update"
         actor.reload()  # an offloading actor starts with its states in host memory, as before a first rollout
         old, _ = actor.compute_logprobs(rb)
         batch = TrainBatch.from_rollout(rb, advantages=torch.linspace(-1, 1, args.rows), old_logprobs=old)
         actor.update(batch, loss)  # warm-up: kernel selection, Adam's states allocated by a real step
+        out["phase"] = "offload"
         out.update(offload_round_trip(actor, stage, cuda))
+        out["phase"] = "memory"
         with PeakMemory(cuda, baseline) as peak:
             m = actor.update(batch, loss)
         tokens = computed_tokens(rb)
@@ -250,10 +288,11 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
             tokens_per_s=tokens / m["time_s"],
             mfu=mfu(params, tokens, m["time_s"], args.peak),
             peak_gib=peak.peak_gib,
-            estimate_gib=plan_estimate(params, shape, stage, args, bf16=cuda),
         )
+        out["estimate_gib"], out["estimate_error"] = estimate_or_error(params, shape, stage, args, bf16=cuda)
         out["peak_over_estimate"] = None if not out["estimate_gib"] else out["peak_gib"] / out["estimate_gib"]
 
+        out["phase"] = "packed"
         # packed attention + shared prompts + chunked head vs the padded reference with full logits
         # Two padded rows a forward: their float32 logits and softmax take 2 x 4 B x V per token.
         actor.padding_free, actor.share_prompts = False, False
@@ -270,16 +309,10 @@ def check_stage(model_dir: str, stage: int, args, shape: dict, params: int, dtyp
             dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"]
         )
         out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
+        out["phase"] = "done"
     finally:
-        module = weakref.ref(actor.engine.module)
         actor.close()
         del actor
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-    out["freed_after_close"] = module() is None  # nothing holds the model: its states can go
-    out["left_after_close_gib"] = allocated_gib(cuda)
-    return out
 
 
 def _ipc_receiver(inbox, outbox) -> None:
