@@ -73,16 +73,19 @@ def computed_tokens(rb) -> int:
     return int(sum(len(k) for k in set(prompt_keys(rb.prompt_ids, rb.prompt_mask))) + rb.response_mask.sum())
 
 
-def plan_estimate(params: int, shape: dict, stage: int, args, bf16: bool, lora_rank: int = 0) -> float | None:
+def plan_estimate(
+    params: int, shape: dict, stage: int, args, bf16: bool, lora_rank: int = 0, grad_ckpt: bool | None = None
+) -> float | None:
     """The placement plan's ``actor_peak`` (GiB) for this model and batch on one colocated GPU;
-    ``lora_rank`` > 0: LoRA on every target of that rank (the config's default targets)."""
+    ``lora_rank`` > 0: LoRA on every target of that rank (the config's default targets);
+    ``grad_ckpt``: gradient checkpointing (None: ``args.grad_ckpt``)."""
     from omegaconf import open_dict
 
     from bandpo.config import compose
     from bandpo.distributed.memory import memory_estimate
     from bandpo.distributed.plan import ClusterShape, make_plan
 
-    ckpt = str(args.grad_ckpt).lower()
+    ckpt = str(args.grad_ckpt if grad_ckpt is None else grad_ckpt).lower()
     cfg = compose(
         [
             "model=qwen2.5-3b",

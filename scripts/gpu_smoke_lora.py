@@ -142,7 +142,7 @@ def _run(out, model_dir, stage, args, shape, params, workdir: Path, refs: list) 
             master_dtype=dtypes(masters),
         )
         out["estimate_gib"], out["estimate_error"] = estimate_or_error(
-            params, shape, stage, args, bf16=True, lora_rank=args.lora_rank
+            params, shape, stage, args, bf16=True, lora_rank=args.lora_rank, grad_ckpt=True
         )
         est = out["estimate_gib"]
         out["peak_over_estimate"] = None if not est else out["peak_gib"] / est

@@ -39,6 +39,20 @@ that padding and the attention mask of padded batches (under which CUDA's sdpa r
 too) are not counted. tests/unit/distributed/test_footprint.py checks the two sums against the
 tensors a real Qwen2 and Llama layer saves (saved-tensor hooks).
 
+With LoRA (``bandpo.actor.lora``: the base frozen, adapters of rank r at dropout 0 on some targets,
+``lora_layer_activation_bytes``) a layer keeps what its inputs' gradients need whatever trains: both
+norms' float32 input and rsqrt (2 (4 H + 4)), q, k, v, SDPA's output and logsumexp (as above), and
+the MLP's g, SiLU(g) and up (3 lp I). A frozen norm keeps no normalised input, a frozen linear no
+input. Each adapter's lora_A keeps its target's input and lora_B its [tokens, r] x A^T (la r, la the
+adapter's bytes per value). With the adapter in the model's dtype a target's input is the tensor
+itself, kept once for the targets that read it: the input norm's output (q, k, v: lp H), o_proj's
+input (lp H packed, its gathered copy; native, SDPA's output, already kept), the post-attention
+norm's output (gate, up: lp H), the MLP product (down: lp I). fp32 factors on a bf16 model (PEFT's
+default upcast, which the actor turns off) cast the input first: each target keeps its own fp32 copy
+(4 H or 4 I), 4 (6 H + I) for the seven targets against 2 (3 H + I) shared in bf16. With every target
+in the model's dtype a layer keeps exactly 2 lp H less than full fine-tuning (the norms) plus 7 lp r.
+tests/unit/distributed/test_footprint.py checks it against saved-tensor hooks as well.
+
 Gradient checkpointing (non-reentrant, as the actor enables it) keeps each layer's input (lp H
 per token and layer) and recomputes one layer at a time in backward, whose activations then
 add up as above: L lp H + A per token.
@@ -123,10 +137,49 @@ def layer_activation_bytes(shape: ModelShape, lp: int, packed: bool = True) -> i
     return norms + attention + 4 * lp * I
 
 
-def layers_activation_bytes(shape: ModelShape, lp: int, checkpointing: bool, packed: bool = True) -> int:
+# The inputs LoRA targets read, each shared by the targets listed: (targets, width of the input).
+LORA_INPUTS = (
+    (("q_proj", "k_proj", "v_proj"), "hidden"),  # the input RMSNorm's output
+    (("o_proj",), "hidden"),  # SDPA's output (packed: its gathered copy)
+    (("gate_proj", "up_proj"), "hidden"),  # the post-attention RMSNorm's output
+    (("down_proj",), "intermediate"),  # SiLU(gate) x up
+)
+
+
+def lora_layer_activation_bytes(
+    shape: ModelShape, lp: int, rank: int, targets, la: int | None = None, packed: bool = True
+) -> int:
+    """Bytes one decoder layer keeps for backward per token with its weights frozen and LoRA adapters
+    (rank ``rank``, ``la`` bytes per value, default ``lp``: the model's dtype) on ``targets``, at
+    dropout 0 (module docstring): what every layer keeps whatever trains, each target's input and
+    each adapter's ``x A^T``."""
+    la = lp if la is None else la
+    H, I, n = shape.hidden_size, shape.intermediate_size, shape.num_heads
+    targets = set(targets)
+    kv = 2 * lp * (H if packed else shape.kv_size)
+    kept = 2 * (4 * H + 4) + lp * H + kv + lp * H + 4 * n + 3 * lp * I
+    for names, width in LORA_INPUTS:
+        reading = len(targets.intersection(names))
+        if not reading:
+            continue
+        size = H if width == "hidden" else I
+        if la != lp:  # each target casts the input to the adapter's dtype: its own copy
+            kept += reading * la * size
+        elif names != ("o_proj",) or packed:  # native: o_proj's input is SDPA's output, kept already
+            kept += lp * size
+    return kept + la * rank * len(targets)
+
+
+def layers_activation_bytes(
+    shape: ModelShape, lp: int, checkpointing: bool, packed: bool = True, lora: tuple | None = None
+) -> int:
     """Bytes per token all layers keep at the start of backward; with gradient checkpointing
-    their inputs plus the one layer recomputed at a time."""
-    layer = layer_activation_bytes(shape, lp, packed)
+    their inputs plus the one layer recomputed at a time. ``lora``: ``(rank, targets)`` of LoRA
+    adapters in the model's dtype on a frozen model (``lora_layer_activation_bytes``)."""
+    if lora is None:
+        layer = layer_activation_bytes(shape, lp, packed)
+    else:
+        layer = lora_layer_activation_bytes(shape, lp, *lora, packed=packed)
     L, H = shape.num_layers, shape.hidden_size
     return L * lp * H + layer if checkpointing else L * layer
 

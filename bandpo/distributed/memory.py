@@ -44,13 +44,12 @@ gradients only (the adapter's own bf16 factors are whole on every rank too); ZeR
 every parameter, so there the frozen base is 2P/W and the factors 2A/W, as full fine-tuning's
 weights are, and the same largest module is gathered (live_params); no reference model is loaded
 (the reference is the same model with the adapters off); the lm_head never takes an adapter, so the chunked head computes no weight
-gradient. The activations are counted as in full fine-tuning, which the frozen weights make an
-upper bound at ``actor.lora.dropout`` 0 (measured with saved-tensor hooks on a tiny Qwen2 and
-Llama layer): a frozen RMSNorm weight keeps no normalised input (lp H less per norm, 2 a layer),
-a linear without an adapter keeps no input of its own, and each adapter keeps its [tokens, rank] ``x A^T``
-(lp x rank more), so with the seven targets at rank < 2H / 7 a layer is counted high by less than
-2 lp H a token (5.9% of a Qwen2.5-7B layer's 244,856 bytes in bf16; with gradient checkpointing
-only the recomputed layer is). Adapter dropout (> 0) is not counted: each target then keeps its
+gradient. The activations are LoRA's own (``footprint.lora_layer_activation_bytes``, exact against
+saved-tensor hooks on a tiny Qwen2 and Llama layer at ``actor.lora.dropout`` 0): every target keeps
+its input in the adapter's dtype, the model's (``bandpo.actor.lora``), shared by the targets reading
+the same tensor, and its [tokens, rank] ``x A^T``; the frozen norms and the linears without an
+adapter keep no input. With the seven targets a layer keeps 2 lp H less than in full fine-tuning plus
+7 lp rank. Adapter dropout (> 0) is not counted: each target then keeps its
 dropped input and the mask, (6H + I) elements of each a layer and token for the seven targets
 (the mask 1 byte an element on CUDA's fused dropout, lp bytes on CPU).
 Tokens per update forward: ``actor.max_tokens_per_micro_batch`` packed (padding-free), else
@@ -209,7 +208,7 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     else:
         tokens = int(a.micro_batch_size) * int(m.max_model_len)
         parts["head"] = 0.0
-    per_token = layers_activation_bytes(shape, lp, ckpt, packed=padding_free)
+    per_token = layers_activation_bytes(shape, lp, ckpt, packed=padding_free, lora=lora_of(cfg))
     parts["activations"] = tokens * (per_token + head_activation_bytes(shape, lp, padding_free))
     parts["optimizer_step"] = optimizer_step_bytes(shape, W, int(a.zero_stage), T)
     return {k: v / GIB for k, v in parts.items()}
