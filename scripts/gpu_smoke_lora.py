@@ -221,7 +221,8 @@ def lora_table(rows: list[dict]) -> str:
             return "-".rjust(width)
         return (str(v) if spec is None else format(v, spec)).rjust(width)
 
-    lines = ["LoRA: " + " ".join(h.rjust(w) for h, _, w, _ in LORA_COLUMNS)]
+    lines = ["LoRA (bf16, gradient checkpointing, offload):"]
+    lines += ["      " + " ".join(h.rjust(w) for h, _, w, _ in LORA_COLUMNS)]
     lines += ["      " + " ".join(cell(r.get(k), w, s) for _, k, w, s in LORA_COLUMNS) for r in rows]
     lines += [f"LoRA ZeRO-{r['zero_stage']} failed at {r['error']}" for r in rows if r.get("error")]
     lines += [
