@@ -23,6 +23,11 @@ class WorkerFailure(RuntimeError):
     """A worker process died or raised; the message names the worker group and the stage."""
 
 
+class RankDeviceError(RuntimeError):
+    """An actor rank computes on another device or precision than the plan gave it; one line naming the
+    rank, its node and what it found (``bandpo.actor.setup.check_rank_device``)."""
+
+
 class VerifierUnavailable(RuntimeError):
     """The reward pool's workers cannot start or run: nothing can be graded.
 

@@ -18,6 +18,7 @@ import torch
 
 from bandpo.algo.options import LossOptions
 from bandpo.distributed import forwarded_env
+from bandpo.errors import RankDeviceError, WorkerFailure
 from bandpo.types import RolloutBatch, TrainBatch
 
 
@@ -59,6 +60,41 @@ def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, firs
         return first_rows
     later[:first] = first_rows[:first]
     return later
+
+
+def rank_device(options: dict[str, Any]) -> str:
+    """The device a rank's Ray ``options`` seat it on: ``cuda`` with a share of a GPU, else ``cpu``."""
+    return "cuda" if options.get("num_gpus") else "cpu"
+
+
+def rank_env(device: str, environ=None) -> dict[str, str]:
+    """A rank's runtime_env variables: the forwarded ones (``bandpo.distributed.forwarded_env``) and
+    DeepSpeed's accelerator for ``device``, whatever the driver's (a head without GPUs has ``cpu``)."""
+    return {**forwarded_env(environ), "DS_ACCELERATOR": device}
+
+
+def device_error_line(ray_error: str) -> str | None:
+    """The one line of a ``RankDeviceError`` inside Ray's text of a failed constructor, else None."""
+    tag = f"{RankDeviceError.__name__}: "
+    for line in ray_error.splitlines():
+        if tag in line:
+            return line.split(tag, 1)[1].strip()
+    return None
+
+
+def report_lines(reports: list[dict]) -> list[str]:
+    """One console line per node: its ranks, DeepSpeed's accelerator, their torch devices and dtypes."""
+    by_node: dict[str, list[dict]] = {}
+    for r in reports:
+        by_node.setdefault(r["node"], []).append(r)
+    lines = []
+    for node, rs in by_node.items():
+        kinds = sorted({f"DeepSpeed accelerator {r['accelerator']}, {r['precision']}" for r in rs})
+        lines.append(
+            f"[bandpo] actor ranks {','.join(str(r['rank']) for r in rs)} on {node}: "
+            f"devices {','.join(r['device'] for r in rs)}; {'; '.join(kinds)}"
+        )
+    return lines
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -136,34 +172,50 @@ class ActorGroup:
             .options(num_cpus=0, scheduling_strategy=opts[0]["scheduling_strategy"])
             .remote()
         )
-        # the driver's of now: init_ray sets DS_ACCELERATOR after the job's env is taken
-        env = forwarded_env()
+        self.devices = [rank_device(o) for o in opts]
         remote_cls = ray.remote(Actor)
         self.workers = [
             remote_cls.options(
                 **opts[rank],
-                runtime_env={"env_vars": env},
+                runtime_env={"env_vars": rank_env(self.devices[rank])},
             ).remote(
                 model_path,
                 rank=rank,
                 world_size=world_size,
                 master_addr=addr,
                 master_port=port,
+                expected_device=self.devices[rank],
                 **actor_kwargs,
             )
             for rank in range(world_size)
         ]
         self._ready = [w.info.remote() for w in self.workers]
+        self.reports: list[dict] = []  # each rank's ``info()`` once built (device, precision, node)
         if wait:
             self.wait_ready()
 
     def wait_ready(self) -> None:
-        """Block until every rank is built; raises the first constructor error (Ray's ``RayActorError``)."""
-        import ray
+        """Block until every rank is built, then print where each computes and in what precision.
 
-        if self._ready:
-            ray.get(self._ready)
-            self._ready = []
+        A rank on another device than its plan's (``bandpo.actor.setup.check_rank_device``) is a
+        ``WorkerFailure`` with that rank's one line, naming its node; any other constructor error
+        is raised as Ray gives it (``RayActorError``).
+        """
+        import ray
+        from ray.exceptions import RayActorError
+
+        if not self._ready:
+            return
+        try:
+            self.reports = ray.get(self._ready)
+        except RayActorError as e:
+            line = device_error_line(str(e))
+            if line is None:
+                raise
+            raise WorkerFailure(line) from e
+        self._ready = []
+        for line in report_lines(self.reports):
+            print(line, flush=True)
 
     def call(self, method: str, *args, **kwargs) -> list:
         """Run ``method`` on every rank with the same arguments; results in rank order."""

@@ -59,6 +59,13 @@ from bandpo.actor.packing import (
     packed_budget_groups,
     split_to_count,
 )
+from bandpo.actor.rank_device import (
+    check_rank_device,
+    check_rank_precision,
+    node_name,
+    rank_report,
+    weight_dtype,
+)
 from bandpo.actor.setup import (
     assigned_gpu,
     build_engines,
@@ -118,6 +125,9 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
             (rollout, then the actor), so a rank may use its share of all cores. Ignored on GPU.
         offload_during_rollout: GPU: the states wait in host memory between ``offload`` and
             ``reload`` (``bandpo.actor.offload``), starting offloaded; ignored on CPU.
+        expected_device: the plan's device for this rank ("cuda" | "cpu"; None: unchecked): another
+            accelerator, or another precision than ``bf16`` says, is a ``RankDeviceError`` naming the
+            node (``bandpo.actor.rank_device``), raised before the process group forms.
 
     On GPU each stage ends by returning PyTorch's cached free blocks to the device, so a colocated
     vLLM engine waking up finds the memory the actor's peak reserved.
@@ -153,6 +163,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         collective_timeout_min: float = 60,
         cpu_threads: int | None = None,
         offload_during_rollout: bool = False,
+        expected_device: str | None = None,
     ):
         from bandpo.run.worker_logs import redirect_group_output
 
@@ -175,6 +186,9 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         seed_everything(seed)
 
         accel = get_accelerator()
+        self.node = node_name()
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        check_rank_device(rank, expected_device, accel.device_name(), cuda_devices, self.node)
         self.on_cpu = accel.device_name() == "cpu"
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
         local_rank = 0 if self.on_cpu else assigned_gpu(rank, accel.device_count())
@@ -217,6 +231,11 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
             ref_model=ref_model,
             lora=self.lora,
         )
+        weights = weight_dtype(self.engine.module)
+        if expected_device is not None:
+            check_rank_precision(rank, bf16, self.engine.get_data_types()[0], weights, self.node)
+        self.report = rank_report(rank, self.node, accel.device_name(), self.device, self.engine, weights)
+        print(f"[bandpo] actor rank {rank}: {self.report}", flush=True)
         # Shared prompts need the packed attention (an attention row reads its group's prompt).
         self.share_prompts = share_prompts and packed_attention
         self.offloader = None
@@ -431,13 +450,12 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         self._release_cache()
 
     def info(self) -> dict:
-        """Rank, world size, device, torch threads and optimizer steps taken (also a cheap liveness
-        probe for Ray)."""
+        """``rank_report`` (node, accelerator, device, precision), world size, torch threads and optimizer
+        steps taken (also a cheap liveness probe for Ray)."""
         return {
-            "rank": self.rank,
+            **self.report,
             "threads": torch.get_num_threads(),
             "world_size": self.world_size,
-            "device": str(self.device),
             "zero_stage": self.zero_stage,
             "global_steps": int(self.engine.global_steps),
         }

@@ -41,24 +41,39 @@ FORWARDED_NAMES = (
     "CUDA_DEVICE_MAX_CONNECTIONS",
     "TORCH_DISTRIBUTED_DEBUG",
     "TORCH_SHOW_CPP_STACKTRACES",
-    "GLOO_SOCKET_IFNAME",
     "TOKENIZERS_PARALLELISM",
-    "OMP_NUM_THREADS",
-    "PYTHONPATH",
 )
 # Matched by a prefix but different on every node or process: vLLM's address of its own node and
 # its data-parallel rank (the GPUs a worker sees, CUDA_VISIBLE_DEVICES, Ray sets per worker).
 NOT_FORWARDED = ("VLLM_HOST_IP", "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL")
+# Matched by a prefix but each node's own: where its caches live, which of its network interfaces
+# and InfiniBand adapters NCCL uses (names differ between machine types). Set them on each node
+# before its `ray start` (its workers inherit them); the driver's would override every node's.
+# (GLOO_SOCKET_IFNAME, OMP_NUM_THREADS and PYTHONPATH, per node too, are neither matched nor named.)
+PER_NODE = (
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_ASSETS_CACHE",
+    "HF_DATASETS_CACHE",
+    "HF_XET_CACHE",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_TOPO_FILE",
+)
+# DeepSpeed's accelerator is chosen per actor rank from the plan (``bandpo.actor.group``), never the
+# driver's: train.sh exports DS_ACCELERATOR=cpu on a head node without GPUs.
+PER_RANK = ("DS_ACCELERATOR",)
 
 
 def forwarded_env(environ=None) -> dict[str, str]:
     """The variables of ``environ`` (default: this process's) that every worker gets: ``FORWARDED_PREFIXES``
-    and ``FORWARDED_NAMES``, less ``NOT_FORWARDED``."""
+    and ``FORWARDED_NAMES``, less ``NOT_FORWARDED``, ``PER_NODE`` and ``PER_RANK``."""
     environ = os.environ if environ is None else environ
+    kept = (*NOT_FORWARDED, *PER_NODE, *PER_RANK)
     return {
         k: v
         for k, v in environ.items()
-        if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k not in NOT_FORWARDED
+        if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k not in kept
     }
 
 
@@ -101,14 +116,12 @@ def init_ray(address: str | None, device: str, logs_dir=None) -> str:
         return cluster_device(device)
     if not address:
         device = resolve_device(device)
-    if device == "cpu":
+    if device == "cpu":  # this process's DeepSpeed; the actor ranks get theirs from the plan
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     kw = ray_init_options(logs_dir, ship_code=bool(address))
     if address:
         ray.init(address=address, **kw)
         device = cluster_device(device)
-        if device == "cpu":  # the actor ranks take DS_ACCELERATOR from here (bandpo.actor.group)
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         # Logical CPUs: the workers of a tiny CPU run (rollout, actor, eval) exceed 2 cores
         # by count but take turns, so oversubscribing the scheduler is what we want.
@@ -161,11 +174,50 @@ def ray_init_options(logs_dir=None, ship_code: bool = False) -> dict:
 
         env.update(worker_log_env(logs_dir))
         runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    job = job_runtime_env()
+    if job is not None:
+        runtime_env, dropped = without_job_keys(runtime_env, job)
+        if dropped:
+            print(
+                f"[bandpo] the job's runtime_env already sets {', '.join(dropped)}: the job's apply",
+                flush=True,
+            )
     return dict(
         runtime_env=runtime_env,
         log_to_driver=not quiet,
         logging_level=logging.WARNING if quiet else logging.INFO,
     )
+
+
+def job_runtime_env(environ=None) -> dict | None:
+    """The runtime_env of the Ray job this driver runs in under Ray's Jobs API (``ray job submit``), None
+    outside one. Ray's job supervisor hands it to the entrypoint as JSON in ``RAY_JOB_CONFIG_JSON_ENV_VAR``
+    (ray/dashboard/modules/job/job_supervisor.py), and ``ray.init`` merges ours into it
+    (ray/_private/worker.py), refusing any top-level key or variable the two share."""
+    import json
+
+    environ = os.environ if environ is None else environ
+    raw = environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if raw is None:
+        return None
+    return json.loads(raw).get("runtime_env") or {}
+
+
+def without_job_keys(runtime_env: dict, job: dict) -> tuple[dict, list[str]]:
+    """``runtime_env`` less what the job's runtime_env ``job`` already sets (its fields, its variables),
+    and the names left out. Ray merges the two only when they share nothing
+    (``ray.runtime_env.runtime_env._merge_runtime_env``). A shared variable loses nothing: the job's
+    variables are in the driver's own environment too (the supervisor starts the entrypoint with them),
+    so ours had the same value. A shared field keeps the job's: its ``py_modules`` must then carry bandpo
+    (or its ``working_dir`` hold it), its ``worker_process_setup_hook`` replaces the worker-log hook."""
+    job_vars = job.get("env_vars") or {}
+    ours = {k: v for k, v in runtime_env.items() if k != "env_vars" and k not in job}
+    env = {k: v for k, v in runtime_env.get("env_vars", {}).items() if k not in job_vars}
+    if env:
+        ours["env_vars"] = env
+    dropped = sorted(k for k in runtime_env if k != "env_vars" and k in job)
+    dropped += sorted(k for k in runtime_env.get("env_vars", {}) if k in job_vars)
+    return ours, dropped
 
 
 def local_gpu_index(assigned: list, visible: str | None, rank: int, device_count: int) -> int:

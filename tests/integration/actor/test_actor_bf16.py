@@ -116,6 +116,10 @@ def test_two_bf16_ranks_reduce_over_gloo_and_stay_equal(ray_local, tiny_model_di
         # each rank set its own partition of the masters, the last one padded under ZeRO-3
         for masters in ray.get([w.__ray_call__.remote(_masters) for w in group.workers]):
             _check_masters_are_the_checkpoints(masters, tiny_model_dir)
+        # each rank reported its device and precision at start (bandpo.actor.rank_device), checked against the plan
+        assert [(r["rank"], r["accelerator"], r["device"], r["precision"]) for r in group.reports] == [
+            (rank, "cpu", "cpu", "computes in bfloat16, weights bfloat16") for rank in (0, 1)
+        ]
 
         def run(name, *args):
             return (

@@ -7,7 +7,10 @@ directory, as a ``ray start`` on another machine does. The driver (this process)
 - ``trainer.device=auto`` is decided by the cluster's GPUs (``cuda``), not the driver's;
 - the worker log folder, given relative to the driver's directory, is where the second node's
   workers write (the driver passes it absolute);
-- an actor rank's device index comes from the GPU Ray assigned to it.
+- an actor rank's device index comes from the GPU Ray assigned to it;
+- a real actor rank seated on a GPU share gets DeepSpeed's CUDA accelerator whatever the driver's
+  ``DS_ACCELERATOR`` (``cpu`` here, as train.sh exports on a head without GPUs), and, finding no GPU
+  (the GPUs are fake), stops with one line naming the rank and its node before it builds anything.
 """
 
 import os
@@ -106,3 +109,35 @@ def test_actor_rank_device_index_is_the_gpu_ray_assigned(cluster, noset):
         assert len(ids) == 1
         # Ray narrows CUDA_VISIBLE_DEVICES to the assigned GPU (index 0); with NOSET all stay visible
         assert (visible, index) == ((None, int(ids[0])) if noset else (str(ids[0]), 0))
+
+
+def test_a_rank_on_a_gpu_share_checks_its_device_against_the_plan(cluster, monkeypatch):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from bandpo.actor import ActorGroup
+    from bandpo.errors import WorkerFailure
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # the driver's: a head without GPUs
+    pg = placement_group([{"GPU": 1, "CPU": 1}], strategy="STRICT_PACK")
+    ray.get(pg.ready())
+    seat = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+    group = None
+    try:
+        with pytest.raises(WorkerFailure) as e:
+            # bandpo.distributed.placement.actor_options' keys; the model is never read
+            group = ActorGroup(
+                "/no/model",
+                1,
+                options_per_rank=[{"num_cpus": 1, "num_gpus": 0.5, "scheduling_strategy": seat}],
+                mini_batch_size=1,
+                micro_batch_size=1,
+            )
+    finally:
+        if group is not None:
+            group.shutdown()
+        remove_placement_group(pg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("actor rank 0 on node "), msg
+    assert "the plan puts it on cuda but torch sees no CUDA device" in msg and "DS_ACCELERATOR=cuda" in msg

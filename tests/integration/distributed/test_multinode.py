@@ -25,16 +25,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SET = {
     "HF_TOKEN": "hf_secret",
     "HF_ENDPOINT": "https://mirror.example",
-    "NCCL_SOCKET_IFNAME": "eth9",
+    "NCCL_DEBUG": "INFO",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "CUDA_LAUNCH_BLOCKING": "1",
-    "GLOO_SOCKET_IFNAME": "eth9",
     "WANDB_PROJECT": "p",
     "TRANSFORMERS_VERBOSITY": "error",
 }
-PER_NODE = {"VLLM_HOST_IP": "10.9.9.9", "CUDA_VISIBLE_DEVICES": "7"}
+# each node's own: set before its `ray start`, never the driver's
+PER_NODE = {
+    "VLLM_HOST_IP": "10.9.9.9",
+    "HF_HOME": "/driver/hf",
+    "NCCL_SOCKET_IFNAME": "eth9",
+    "NCCL_IB_HCA": "mlx5_9",
+    "GLOO_SOCKET_IFNAME": "eth9",
+}
+PER_WORKER = {"CUDA_VISIBLE_DEVICES": "7"}  # Ray sets it for each worker
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +63,9 @@ def cluster(tmp_path_factory):
         c.add_node(num_cpus=1, resources={"other_node": 1})
         os.chdir(driver_dir)
         c.wait_for_nodes()
-        os.environ.update({**SET, **PER_NODE})  # after the raylets started: only the job can carry them
+        os.environ.update(
+            {**SET, **PER_NODE, **PER_WORKER}
+        )  # after the raylets started: only the job can carry them
         assert init_ray(c.address, "cpu") == "cpu"
         nodes = {("other" if n["Resources"].get("other_node") else "head"): n["NodeID"] for n in ray.nodes()}
         yield nodes, driver_dir, other_dir
@@ -85,7 +94,7 @@ def test_the_variables_users_set_reach_both_nodes_and_the_per_node_ones_do_not(c
     import ray
 
     nodes, _, _ = cluster
-    names = [*SET, *PER_NODE, "RANK_OWN"]
+    names = [*SET, *PER_NODE, *PER_WORKER, "RANK_OWN"]
     seen = ray.get([ray.remote(_seen).options(**_on(nodes[n])).remote(names) for n in ("head", "other")])
 
     @ray.remote
@@ -98,7 +107,8 @@ def test_the_variables_users_set_reach_both_nodes_and_the_per_node_ones_do_not(c
     repo = Path(__file__).resolve().parents[3]
     for env, package in seen:
         assert {k: env[k] for k in SET} == SET
-        assert env["VLLM_HOST_IP"] is None and env["CUDA_VISIBLE_DEVICES"] != PER_NODE["CUDA_VISIBLE_DEVICES"]
+        assert {k: env[k] for k in PER_NODE} == dict.fromkeys(PER_NODE)  # the raylets started without them
+        assert env["CUDA_VISIBLE_DEVICES"] != PER_WORKER["CUDA_VISIBLE_DEVICES"]
         # the package Ray unpacked from the job (py_modules), ahead of the worktree on PYTHONPATH
         assert not Path(package).resolve().is_relative_to(repo), package
     assert [env["RANK_OWN"] for env, _ in seen] == [None, None, "1"]
