@@ -6,7 +6,9 @@ n GPUs: the actor ranks and the vLLM engines share the GPUs (colocated, vLLM sle
 update) unless the config splits them. A multi-node cluster is joined through ``RAY_ADDRESS``
 (or ``trainer.ray_address``): the job carries the bandpo package and the variables users set
 (``forwarded_env``) to every node, and ``bandpo.distributed.nodes`` checks at start-up that every
-node imports bandpo and sees the run folder. On CPU everything runs in one local Ray instance.
+node imports bandpo, runs the driver's library versions and sees the run folder (and a local
+model). Under Ray's Jobs API (``ray job submit``) the job's own runtime_env comes first: the driver
+adds only what it lacks (``ray_init_options``). On CPU everything runs in one local Ray instance.
 """
 
 from __future__ import annotations

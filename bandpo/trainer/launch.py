@@ -44,7 +44,9 @@ def ensure_model(model_cfg) -> str:
     ``model.build_args.folder`` (a local ``model.path`` is always built where it points) and returns
     that folder (``bandpo.models.smollm2.resolve``). An unknown recipe or argument is a ``ConfigError``.
     A hub id is returned as it is: its first read (the tokenizer, ``bandpo.hub.load_tokenizer``) names
-    ``model.path`` when it is neither reachable nor cached.
+    ``model.path`` when it is neither reachable nor cached. A local folder (or one a recipe builds) is
+    returned absolute: the workers on other nodes start in other directories (``check_nodes`` then
+    checks that every node sees it).
     """
     import dataclasses
     import importlib
@@ -53,7 +55,7 @@ def ensure_model(model_cfg) -> str:
     build = model_cfg.get("build")
     build_args = dict(to_plain(model_cfg.get("build_args") or {}))
     if not build:
-        return path
+        return os.path.abspath(path) if os.path.exists(path) else path
     if build not in BUILDS:
         raise ConfigError(
             f"config error: model.build={build!r} is not a known recipe; valid: {', '.join(BUILDS)}"
@@ -66,7 +68,9 @@ def ensure_model(model_cfg) -> str:
             f"config error: model.build_args.{unknown[0]} is not an argument of the {build} build; valid: {valid}"
         )
     if build == "smollm2_gguf":
-        return recipe.resolve(path, **build_args)
+        built = recipe.resolve(path, **build_args)
+        return os.path.abspath(built) if os.path.exists(built) else built
+    path = os.path.abspath(path)
     recipe.build(path, **build_args)  # cached: it returns at once when the folder is current
     return path
 

@@ -131,8 +131,8 @@ class Trainer:
         with self.startup_phase("model"):
             self.model_path = ensure_model(cfg.model)
         if self.model_path != os.path.expanduser(str(cfg.model.path)):
-            # A build stood in for an unreachable hub id: the run's config.yaml names the weights it
-            # trained, which is where evaluating its checkpoints takes the config and tokenizer from.
+            # A build stood in for an unreachable hub id, or a local path became absolute: config.yaml names
+            # the weights it trained, where evaluating its checkpoints takes the config and tokenizer from.
             from omegaconf import OmegaConf
 
             cfg.model.path = self.model_path
@@ -156,7 +156,7 @@ class Trainer:
         shm_before = clean_shm(self.out)
         with self.startup_phase("ray"):
             self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
-            check_nodes(str(self.out))  # other nodes: bandpo imports there and the run folder is this one
+            check_nodes(str(self.out), model_path=self.model_path)  # bandpo, releases, run folder, model
             check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
             self.plan = placement_plan(cfg, self.device)
         start_workers(

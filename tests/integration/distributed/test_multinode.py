@@ -6,12 +6,14 @@ working directory and before the driver exported its variables, so its workers h
 driver's environment nor its directory unless the job carries them.
 
 - the variables users set (by prefix and name) reach workers on both nodes, a task's and an
-  actor's with its own runtime_env (the actor ranks'), and the per-node ones do not;
+  actor's with its own runtime_env (the actor ranks'), and the per-node ones (a node's caches and
+  network interfaces, the GPUs Ray gives a worker) do not;
 - the workers import the bandpo package the job shipped, not the one on the node's path;
 - ``check_nodes`` passes for an absolute folder both nodes see, and names the second node when
-  it sees another folder at the same path. The second case uses ``/proc/self/cwd/...``: an
-  absolute path each process resolves against its own working directory, so the second node's
-  tasks look into another directory, as a machine without the shared mount would.
+  it sees another folder at the same path, and the same for a local model folder (``model.path``).
+  The second cases use ``/proc/self/cwd/...``: an absolute path each process resolves against its own
+  working directory, so the second node's tasks look into another directory, as a machine without
+  the shared mount would.
 """
 
 import os
@@ -136,3 +138,24 @@ def test_a_node_that_sees_another_folder_is_named(cluster):
     assert nodes["other"][:12] in msg and nodes["head"][:12] not in msg
     assert "every node mounts at the same path" in msg
     assert os.listdir(driver_dir / "run") == os.listdir(other_dir / "run") == []
+
+
+def test_a_local_model_every_node_sees_passes_and_one_a_node_lacks_is_named(cluster, tmp_path):
+    from bandpo.distributed.nodes import check_nodes
+    from bandpo.errors import ConfigError
+
+    nodes, driver_dir, other_dir = cluster
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert check_nodes(str(tmp_path), model_path=str(tmp_path / "model")) == [nodes["other"]]
+    assert check_nodes(str(tmp_path), model_path="Qwen/Qwen2.5-7B-Instruct") == [nodes["other"]]  # a hub id
+    (driver_dir / "model").mkdir()
+    (driver_dir / "model" / "config.json").write_text("{}")
+    (other_dir / "model").mkdir()  # the same path on the other node: a folder without the model
+    with pytest.raises(ConfigError) as e:
+        check_nodes(str(tmp_path), model_path="/proc/self/cwd/model")
+    msg = str(e.value)
+    assert msg.startswith(
+        "config error: model.path=/proc/self/cwd/model is a folder on the driver that 1 node(s)"
+    )
+    assert nodes["other"][:12] in msg and nodes["head"][:12] not in msg
