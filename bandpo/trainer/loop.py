@@ -404,7 +404,8 @@ class Trainer:
         a difference stops the run with ``WeightSyncMismatch`` naming the tensor and the engine."""
         from bandpo.weight_sync.checksums import verify_engines
 
-        verify_engines(self.workers.actor.workers, self.workers.rollout.workers)
+        w = self.workers
+        verify_engines(w.actor.workers, w.rollout.workers, float(self.cfg.rollout.weight_sync_timeout))
 
     def evaluate(self) -> dict:
         from bandpo.eval.evaluate import run_eval

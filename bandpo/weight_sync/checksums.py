@@ -271,15 +271,28 @@ def _name_parts(full: str) -> tuple[str, str, str]:
 # ---- the driver -------------------------------------------------------------------------------------
 
 
-def verify_engines(actors: list[ActorHandle], engines: list[ActorHandle]) -> int:
+def verify_engines(actors: list[ActorHandle], engines: list[ActorHandle], timeout_s: float) -> int:
     """Compare every engine's weights with the actor's (``compare``); returns the entries checked.
 
     Collective on the actor: every rank runs ``weight_checksums`` (ZeRO-3 gathers bucket by bucket),
-    rank 0 returns them.
+    rank 0 returns them. Each side's wait ends after ``timeout_s`` (``rollout.weight_sync_timeout``)
+    with a ``WeightSyncTimeout`` naming the engines or ranks that had not answered.
     """
-    import ray
+    from bandpo.weight_sync.waits import ACTOR_HINT, ENGINE_HINT, get_within
 
-    reports = ray.get([e.weight_checksums.remote() for e in engines])
+    reports = get_within(
+        [e.weight_checksums.remote() for e in engines],
+        timeout_s,
+        "the engines' weight checksums",
+        ENGINE_HINT,
+        names=[f"rollout engine {i}" for i in range(len(engines))],
+    )
     wanted = requested_dtypes(reports)
-    sent = ray.get([a.weight_checksums.remote(wanted) for a in actors])[0]
+    sent = get_within(
+        [a.weight_checksums.remote(wanted) for a in actors],
+        timeout_s,
+        "the actor's weight checksums",
+        ACTOR_HINT,
+        names=[f"actor rank {r}" for r in range(len(actors))],
+    )[0]
     return compare(sent, reports)

@@ -104,9 +104,11 @@ class DeviceWeightSync:
         engine_tp: GPUs per engine (nccl: engine i's workers take ranks 1 + i * tp ...).
         timeout_s: the longest any one wait inside a rank may take (``rollout.weight_sync_timeout``);
             the ranks name the stage that ran out (``bandpo.weight_sync.waits``). The driver waits
-            ``timeout_s + RANKS_GRACE_S`` for the whole sync, so a rank's own error arrives first; its
-            own limit ends a sync only for a rank stuck where no wait of ours is (a collective), or
-            one whose many waits add up past it.
+            ``timeout_s + RANKS_GRACE_S`` for the whole sync (``limit_s``), so a rank's own error
+            arrives first; its own limit ends a sync only for a rank stuck where no wait of ours is
+            (a collective), or one whose many waits add up past it. nccl's first sync adds one
+            ``timeout_s``: its NCCL rendezvous is a wait of its own, which may take most of its
+            limit on a slow fabric before the broadcast's waits begin.
     """
 
     adapter_only = False  # full weights: the checksums verify them (bandpo.weight_sync.checksums)
@@ -125,14 +127,20 @@ class DeviceWeightSync:
         self.timeout_s = timeout_s
         self.last_bytes = 0
 
+    def limit_s(self) -> float:
+        """The driver's wait for this sync's ranks (the class docstring)."""
+        rendezvous = self.transport == "nccl" and not self.last_bytes  # set once the first sync is done
+        return self.timeout_s * (2 if rendezvous else 1) + RANKS_GRACE_S
+
     def sync(self) -> None:
+        limit = self.limit_s()
         refs = [
             a.send_weights.remote(self.transport, self.engines, self.engine_tp, self.timeout_s)
             for a in self.actors
         ]
         get_within(
             refs,
-            self.timeout_s + RANKS_GRACE_S,
+            limit,
             f"{self.transport} sync (the actor ranks)",
             "a rank is stuck in a collective with the others: see the run's logs/actor.log; "
             "rollout.weight_sync_timeout sets the limit",

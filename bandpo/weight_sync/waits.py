@@ -39,14 +39,21 @@ def timeout_error(what: str, timeout_s: float, hint: str = "") -> WeightSyncTime
 
 
 def get_within(
-    refs: list, timeout_s: float, what: str, hint: str = "", *, alongside: InThread | None = None
+    refs: list,
+    timeout_s: float,
+    what: str,
+    hint: str = "",
+    *,
+    alongside: InThread | None = None,
+    names: list[str] | None = None,
 ) -> list:
     """``ray.get(refs)``, or ``WeightSyncTimeout`` naming ``what`` when it takes over ``timeout_s``.
 
     The first failure among ``refs`` (an engine's error or death) is raised at once, not once the
     others are done: they may be waiting for the one that failed. ``alongside``: this process's own
     side of the stage, running meanwhile; its failure ends the wait too, and its result is waited
-    for within the same limit (returned after the refs' values).
+    for within the same limit (returned after the refs' values). ``names`` (one per ref, e.g.
+    "rollout engine 1"): the timeout names those that had not answered.
     """
     import ray
 
@@ -55,6 +62,9 @@ def get_within(
     while pending or (alongside is not None and not alongside.done()):
         left = deadline - time.monotonic()
         if left <= 0:
+            if names is not None and pending:
+                late = [n for n, r in zip(names, refs) if r in pending]
+                what = f"{what} ({', '.join(late)} had not answered)"
             raise timeout_error(what, timeout_s, hint)
         if alongside is not None and alongside.done():
             alongside.result()  # raises its failure

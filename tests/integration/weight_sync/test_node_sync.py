@@ -97,11 +97,11 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
         with pytest.raises(
             WeightSyncMismatch, match=r"engine 0 tensor \S+, TP rank 0 differs from the actor's"
         ):
-            verify_engines(group.workers, engines)
+            verify_engines(group.workers, engines, 300.0)
 
         sync.sync()
         sent = len(group.call("weight_specs")[0])
-        assert verify_engines(group.workers, engines) == 3 * sent  # every tensor on each engine, exact
+        assert verify_engines(group.workers, engines, 300.0) == 3 * sent  # every tensor on each engine, exact
         # Each engine loaded the file named for its own node; every node's file holds the same bytes.
         assert sync.last_loads == [(node_of[n], sync.path(node_of[n])) for n in NODES]
         assert set(sync.publishers().values()) == {sync.path(node_of["node_a"]), sync.path(node_of["node_b"])}

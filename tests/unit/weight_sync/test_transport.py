@@ -84,6 +84,20 @@ def test_make_weight_sync_per_transport():
         DeviceWeightSync("shm", [], [])
 
 
+def test_the_drivers_bound_on_a_sync_leaves_nccls_first_rendezvous_a_limit_of_its_own():
+    from bandpo.weight_sync.transport import RANKS_GRACE_S
+
+    nccl, ipc = (
+        DeviceWeightSync("nccl", [], [], timeout_s=300.0),
+        DeviceWeightSync("ipc", [], [], timeout_s=300.0),
+    )
+    # first nccl sync: the rendezvous (up to 300 s) then the broadcast's waits (up to 300 s), plus the grace
+    assert nccl.limit_s() == 2 * 300.0 + RANKS_GRACE_S == 660.0
+    assert ipc.limit_s() == 300.0 + RANKS_GRACE_S
+    nccl.last_bytes = 1  # the first sync done: the group exists
+    assert nccl.limit_s() == 300.0 + RANKS_GRACE_S
+
+
 def test_nccl_group_ranks_and_update_info():
     from bandpo.weight_sync.format import plan_layout
     from bandpo.weight_sync.nccl import update_info, worker_init_infos

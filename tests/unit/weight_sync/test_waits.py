@@ -67,3 +67,23 @@ def test_the_engines_and_this_process_s_side_both_done_returns_both(monkeypatch)
     assert get_within(["a", "b"], 5, "x", alongside=InThread(lambda: "group", "x")) == ["a", "b", "group"]
     with pytest.raises(WeightSyncTimeout, match="x did not finish within 0.05 s"):
         get_within([], 0.05, "x", alongside=InThread(threading.Event().wait, "x"))
+
+
+def test_a_timeout_names_the_workers_that_had_not_answered(monkeypatch):
+    # "a" answers, "b" and "c" never do: the error names the two late ones (verify_engines names engines)
+    def wait(pending, num_returns, timeout):
+        if "a" in pending:
+            return ["a"], [r for r in pending if r != "a"]
+        threading.Event().wait(timeout)
+        return [], pending
+
+    monkeypatch.setitem(
+        sys.modules, "ray", types.SimpleNamespace(wait=wait, get=lambda ref, timeout=None: ref)
+    )
+    with pytest.raises(WeightSyncTimeout) as e:
+        get_within(
+            ["a", "b", "c"], 0.05, "the engines' weight checksums", names=["engine 0", "engine 1", "engine 2"]
+        )
+    assert str(e.value) == (
+        "weight sync: the engines' weight checksums (engine 1, engine 2 had not answered) did not finish within 0.05 s"
+    )
