@@ -1,8 +1,10 @@
 """The node-local LoRA adapter folders of ``rollout.lora_sync=adapter`` (``bandpo.weight_sync.lora_adapter``).
 
-Each is ``ADAPTER_PREFIX`` + driver pid + ``-`` + Ray node id, a folder in /dev/shm (RAM) holding
-the adapter's two PEFT files; those of a driver that no longer runs are removed at the next sync's
-start (``remove_stale_adapter_dirs``), as the weight files' are (``bandpo.shm.weight_files``).
+Each is ``ADAPTER_PREFIX`` + driver pid + ``-`` + the driver's node address + ``-`` + the folder's
+Ray node id, a folder in /dev/shm (RAM) holding the adapter's two PEFT files. Those of a driver
+that no longer runs are removed at the next run's first sync on every node it syncs to
+(``stale_adapter_dirs``): a pid tells whether its driver still runs only on the driver's own
+machine, so the name carries that machine's address, and the next driver there judges them all.
 """
 
 from __future__ import annotations
@@ -25,15 +27,27 @@ def remove_adapter_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_adapter_dirs() -> list[str]:
-    """Delete this machine's adapter folders of drivers that no longer run; returns their paths."""
-    removed = []
-    for path in Path(ADAPTER_PREFIX).parent.glob(Path(ADAPTER_PREFIX).name + "*"):
-        pid = path.name[len(Path(ADAPTER_PREFIX).name) :].split("-")[0]
-        if path.is_dir() and pid.isdigit() and not alive(int(pid)):
-            remove_adapter_dir(str(path))
-            removed.append(str(path))
-    return removed
+def adapter_dir_names() -> list[str]:
+    """The names of this machine's adapter folders (run on each node the driver syncs to)."""
+    base = Path(ADAPTER_PREFIX)
+    return sorted(p.name for p in base.parent.glob(base.name + "*") if p.is_dir())
+
+
+def stale_adapter_dirs(names: list[str], driver_ip: str, local: bool, alive_pid=alive) -> list[str]:
+    """The folders among ``names`` whose driver ran on the machine at ``driver_ip`` (this driver's) and
+    no longer does (``alive_pid(pid)`` False, asked on that machine). A driver on another machine is
+    that machine's to judge. ``local``: ``names`` were listed on the driver's machine, where a name
+    without the driver's address (bandpo before it carried one) is judged by its pid alone."""
+    base = Path(ADAPTER_PREFIX).name
+    stale = []
+    for name in names:
+        parts = name[len(base) :].split("-") if name.startswith(base) else []
+        if len(parts) not in (2, 3) or not parts[0].isdigit():
+            continue  # not a driver's
+        ours = parts[1] == driver_ip if len(parts) == 3 else local
+        if ours and not alive_pid(int(parts[0])):
+            stale.append(name)
+    return stale
 
 
 def driver_adapter_dirs(pids: list[int]) -> list[str]:

@@ -26,6 +26,7 @@ engine on each such node writes there before every engine loads its own node's c
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ class AdapterWeightSync:
     Args:
         actors: the actor ranks' handles, all called (rank 0 writes; under ZeRO-3 all gather the factors).
         engines: the rollout workers' handles.
-        prefix: folder name prefix, ``bandpo.shm.adapter_dirs.ADAPTER_PREFIX`` + the driver's pid.
+        prefix: folder name prefix, ``bandpo.shm.adapter_dirs.ADAPTER_PREFIX`` + the driver's pid + ``-`` +
+            its node's address (whose pid it is: ``bandpo.shm.adapter_dirs.stale_adapter_dirs``).
         timeout_s: the longest each of the sync's waits may take (``rollout.weight_sync_timeout``), as
             the GPU transports' (``bandpo.weight_sync.waits``): a stuck rank or engine is an error
             naming the stage, a dead one ends the wait at once.
@@ -138,13 +140,11 @@ class AdapterWeightSync:
 
     def sync(self) -> None:
         if self.engine_nodes is None:
-            from bandpo.shm.adapter_dirs import remove_stale_adapter_dirs
-
-            remove_stale_adapter_dirs()  # a killed run's: this run's names differ (another pid)
             (self.actor_node,) = self._get(
                 [self.actors[0].node_id.remote()], "actor rank 0's node id", actors=True
             )
             self.engine_nodes = self._get([e.node_id.remote() for e in self.engines], "the engines' node ids")
+            self._remove_stale({self.actor_node, *self.engine_nodes})
         others = {n: i for i, n in reversed(list(enumerate(self.engine_nodes))) if n != self.actor_node}
         # Every rank, as the shm sync: under ZeRO-3 they all take part in the factors' gather; rank 0 writes.
         folder = self.folder(self.actor_node)
@@ -163,6 +163,31 @@ class AdapterWeightSync:
             if got != node:  # an engine restarted elsewhere would read a folder its node lacks
                 raise RuntimeError(f"rollout worker expected on node {node} runs on {got}")
         self.last_bytes = nbytes
+
+    def _remove_stale(self, nodes: set[str]) -> None:
+        """Before the first write: remove on ``nodes`` (and this machine) the folders of drivers on this
+        machine that no longer run (``bandpo.shm.adapter_dirs.stale_adapter_dirs``); this run's names
+        differ (another pid)."""
+        import ray
+
+        from bandpo.shm import adapter_dirs as dirs
+        from bandpo.weight_sync.node import _on_node
+
+        here, ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        others = sorted(nodes & live - {here})  # a node not in the cluster (a stand-in's) has nothing to list
+        listed = self._get(
+            [_on_node(dirs.adapter_dir_names, n).remote() for n in others], "the adapter folders' listing"
+        )
+        parent = os.path.dirname(dirs.ADAPTER_PREFIX)
+        for name in dirs.stale_adapter_dirs(dirs.adapter_dir_names(), ip, local=True):
+            dirs.remove_adapter_dir(os.path.join(parent, name))
+        removals = [
+            _on_node(dirs.remove_adapter_dir, node).remote(os.path.join(parent, name))
+            for node, names in zip(others, listed)
+            for name in dirs.stale_adapter_dirs(names, ip, local=False)
+        ]
+        self._get(removals, "the removal of dead runs' adapter folders")
 
     def close(self) -> None:
         """Remove the folders on every node they were written on (best effort: nodes may be gone)."""

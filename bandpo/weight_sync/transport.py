@@ -78,14 +78,17 @@ def make_weight_sync(
     engine, ``close()`` removes what it left (shm: the node files named ``<prefix>-<node id>.bin``),
     ``last_bytes`` is what the last sync moved to each engine node. ``timeout_s`` bounds each wait of
     the ipc, nccl and adapter syncs. ``adapter``: the LoRA adapter alone (``rollout.lora_sync``,
-    ``bandpo.weight_sync.lora_adapter``), in folders named after the driver's pid."""
+    ``bandpo.weight_sync.lora_adapter``), in folders named after the driver's pid and node."""
     if transport == "adapter":
         import os
+
+        import ray
 
         from bandpo.shm.adapter_dirs import ADAPTER_PREFIX
         from bandpo.weight_sync.lora_adapter import AdapterWeightSync
 
-        return AdapterWeightSync(actors, engines, f"{ADAPTER_PREFIX}{os.getpid()}", timeout_s)
+        driver = f"{os.getpid()}-{ray.util.get_node_ip_address()}"  # whose pid it is (stale_adapter_dirs)
+        return AdapterWeightSync(actors, engines, f"{ADAPTER_PREFIX}{driver}", timeout_s)
     if transport == "shm":
         from bandpo.weight_sync.node import NodeWeightSync
 

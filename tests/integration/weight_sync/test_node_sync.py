@@ -9,6 +9,8 @@ adapter sync's per-node folders are checked the same way.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -172,9 +174,14 @@ def test_adapter_sync_writes_each_engine_node_its_own_copy(cluster, tiny_model_d
         lora={"rank": 4, "alpha": 8},
     )
     engines = [ray.remote(_AdapterEngine).options(num_cpus=0, resources={n: 0.1}).remote() for n in NODES]
-    sync = AdapterWeightSync(group.workers, engines, f"{ADAPTER_PREFIX}{os.getpid()}", timeout_s=120)
+    ip = ray.util.get_node_ip_address()
+    sync = AdapterWeightSync(group.workers, engines, f"{ADAPTER_PREFIX}{os.getpid()}-{ip}", timeout_s=120)
     try:
         node_of = {n: ray.get(e.node_id.remote()) for n, e in zip(NODES, engines)}
+        # a killed run's folder on node c, by a driver of this machine: the first sync removes it there
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+        stale = f"{ADAPTER_PREFIX}{int(dead.stdout)}-{ip}-{node_of['node_c']}"
+        os.makedirs(stale)
         (actor_node,) = group.call("node_id")
         assert actor_node in (node_of["node_a"], node_of["node_b"])
         loads = []
@@ -187,6 +194,7 @@ def test_adapter_sync_writes_each_engine_node_its_own_copy(cluster, tiny_model_d
                 )
                 group.update(batch, BANDPO)
             sync.sync()
+            assert not os.path.exists(stale)
             got = ray.get([e.last_load.remote() for e in engines])
             assert [folder for folder, _ in got] == [sync.folder(node_of[n]) for n in NODES]
             assert len({folder for folder, _ in got}) == 3  # one folder per node (they share a /dev/shm here)
