@@ -159,12 +159,23 @@ def test_contract_extension_names_do_not_clash_with_vllms_workers(vllm):
     assert [n for n in names if hasattr(Worker, n) or hasattr(CPUWorker, n)] == []
 
 
-def test_contract_model_runner_methods_used_by_the_extension(vllm):
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_contract_model_runner_methods_used_by_the_extension(vllm, runner):
+    # vLLM 0.32 runs its V2 model runner on CUDA when Triton is there (VllmConfig.use_v2_model_runner);
+    # VLLM_USE_V2_MODEL_RUNNER=0 brings back V1, which is also the base of the CPU runner every CPU
+    # test runs. The extension's calls must bind on both.
+    if runner == "v1":
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    else:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     calls = method_calls("self.model_runner", under="bandpo/rollout")
-    assert {"reload_weights", "get_model"} <= {c.target for c in calls}
+    assert {"reload_weights", "get_model", "reset_lora_state"} <= {c.target for c in calls}
     assert bind_errors(calls, owner=GPUModelRunner) == ([], len(calls))
+    # what vLLM's worker calls on its runner for the LLM methods bandpo uses (sleep / wake_up read
+    # .model; add_lora, finish_weight_update and the weight-transfer engine go through these)
+    for method in ("add_lora", "remove_lora", "reset_lora_state", "get_model", "reload_weights"):
+        assert callable(getattr(GPUModelRunner, method)), method
 
 
 def test_contract_wake_up_tags_are_vllms_memory_pool_tags(vllm):
