@@ -8,7 +8,9 @@ env", ray/_private/worker.py). The Jobs API server needs Ray's dashboard package
 lacks, so this test starts the driver as the supervisor would (that variable, those variables) and
 lets Ray's own ``ray.init`` do the merge, joining a running cluster as a submitted job does (the
 package shipped). The job sets a variable bandpo forwards (``HF_TOKEN``) and a field bandpo sets
-(``excludes``), as a user's ``ray job submit --runtime-env-json`` does.
+(``excludes``), as a user's ``ray job submit --runtime-env-json`` does, and ``DS_ACCELERATOR=cpu``,
+which an actor rank's own runtime_env overrides with its plan's device (Ray merges a child's
+variables over its job's).
 """
 
 import json
@@ -19,17 +21,24 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-JOB = {"env_vars": {"HF_TOKEN": "job-token"}, "excludes": ["*.ckpt"]}
+# DS_ACCELERATOR=cpu: a job submitted from a head without GPUs may carry it to every worker
+JOB = {"env_vars": {"HF_TOKEN": "job-token", "DS_ACCELERATOR": "cpu"}, "excludes": ["*.ckpt"]}
 
 
 def _seen():
-    return os.environ.get("HF_TOKEN"), os.environ.get("WANDB_PROJECT")
+    return os.environ.get("HF_TOKEN"), os.environ.get("WANDB_PROJECT"), os.environ.get("DS_ACCELERATOR")
+
+
+class _Rank:
+    def seen(self):
+        return _seen()
 
 
 def test_a_job_whose_runtime_env_shares_keys_with_bandpos_starts(monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
+    from bandpo.actor.group import rank_env
     from bandpo.distributed import init_ray
 
     # the task below travels by value: the workers import the bandpo the job shipped, not the tests
@@ -39,9 +48,13 @@ def test_a_job_whose_runtime_env_shares_keys_with_bandpos_starts(monkeypatch):
         monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": JOB, "metadata": {}}))
         # the supervisor's environment carries the job's variables; WANDB_PROJECT is the driver's own
         monkeypatch.setenv("HF_TOKEN", "job-token")
+        monkeypatch.setenv("DS_ACCELERATOR", "cpu")
         monkeypatch.setenv("WANDB_PROJECT", "p")
         assert init_ray(c.address, "cpu") == "cpu"  # raised "Failed to merge the Job's runtime env"
-        assert ray.get(ray.remote(_seen).remote()) == ("job-token", "p")
+        assert ray.get(ray.remote(_seen).remote()) == ("job-token", "p", "cpu")
+        # an actor rank's own variables (bandpo.actor.group.rank_env) win over the job's
+        rank = ray.remote(_Rank).options(num_cpus=0, runtime_env={"env_vars": rank_env("cuda")}).remote()
+        assert ray.get(rank.seen.remote()) == ("job-token", "p", "cuda")
         job_env = ray.get_runtime_context().runtime_env  # the merged one (Ray consumed "excludes" uploading)
         assert job_env["py_modules"] and job_env["env_vars"]["HF_TOKEN"] == "job-token"
     finally:
