@@ -20,8 +20,9 @@ With LoRA off there is no adapter: ``adapter`` is a config error naming ``actor.
 is accepted (a full-weight sync is a merge with B = 0, today's behaviour).
 
 Multi-node: the folder is per node (/dev/shm is per machine). Actor rank 0 writes its node's copy and,
-when engines run on other nodes, returns the files' bytes (an adapter is small: megabytes), which one
-engine on each such node writes there before every engine loads its own node's copy.
+when engines run on other nodes, returns the files' bytes as a second Ray object (323 MB for
+Qwen2.5-7B at rank 64), which one engine on each such node reads straight from rank 0's node and
+writes there before every engine loads its own node's copy; the driver handles only the reference.
 """
 
 from __future__ import annotations
@@ -148,8 +149,11 @@ class AdapterWeightSync:
         others = {n: i for i, n in reversed(list(enumerate(self.engine_nodes))) if n != self.actor_node}
         # Every rank, as the shm sync: under ZeRO-3 they all take part in the factors' gather; rank 0 writes.
         folder = self.folder(self.actor_node)
-        publish = [a.publish_adapter.remote(folder, bool(others)) for a in self.actors]
-        nbytes, files = self._get(publish, "the actor ranks' adapter write", actors=True)[0]
+        # Two returns: the driver waits on the sizes; the files (rank 0's) go from rank 0's node to the
+        # engines' nodes as an object reference, never through the driver's process.
+        publish = [a.publish_adapter.options(num_returns=2).remote(folder, bool(others)) for a in self.actors]
+        nbytes = self._get([size for size, _ in publish], "the actor ranks' adapter write", actors=True)[0]
+        files = publish[0][1]
         if others:
             copies = [
                 self.engines[i].write_adapter_files.remote(self.folder(n), files) for n, i in others.items()
