@@ -19,8 +19,9 @@ from bandpo.errors import WeightSyncTimeout
 
 DEFAULT_TIMEOUT_S = 300.0  # rollout.weight_sync_timeout's default
 NCCL_HINT = (
-    "check that the engines' nodes reach {address}:{port} and that NCCL_SOCKET_IFNAME / NCCL_IB_HCA "
-    "name the network the nodes share (NCCL_DEBUG=INFO shows what NCCL picked); "
+    "check that the engines' nodes reach {address}:{port} and that NCCL_SOCKET_IFNAME / NCCL_IB_HCA, "
+    "set on each node before its `ray start`, name the network the nodes share (NCCL_DEBUG=INFO shows "
+    "what NCCL picked); "
     "rollout.weight_sync_timeout sets the limit"
 )
 POLL_S = 0.5  # how often a wait on engines looks at this process's own side running alongside
