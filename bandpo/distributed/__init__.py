@@ -25,7 +25,7 @@ from bandpo.errors import WorkerFailure
 # What users set for the workers, forwarded to every Ray worker on every node (the job's
 # runtime_env and each actor rank's): variables by prefix and by name. Ray starts a node's workers
 # from that node's raylet, so anything exported only in the driver's shell (a token for a gated
-# model, the network NCCL must use) would otherwise never reach a worker on another machine.
+# model, NCCL's debug level) would otherwise never reach a worker on another machine.
 # Ray shows a job's runtime_env in its dashboard: HF_TOKEN is visible there like every other one.
 FORWARDED_PREFIXES = (
     "HF_",
