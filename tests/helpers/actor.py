@@ -119,7 +119,9 @@ def new_actor(model_dir, **kw) -> Actor:
     """Adam's first steps map a gradient g to about lr * g / (|g| + 1e-8): for entries with |g| near
     1e-8, fp32 summation-order noise (~1e-10) moves the update by ~1% of lr. Equivalence tests
     therefore use lr = 1e-4 (weights agree to ~1e-6) and also compare the pre-clip grad norm,
-    which, unlike Adam's update, would expose a wrongly scaled loss."""
+    which, unlike Adam's update, would expose a wrongly scaled loss. Precision: fp32 (``Actor``'s
+    default, ``bf16=False``) on every machine unless a test passes ``bf16=True``; the tolerances of the
+    tests that use it are fp32's, and the bf16 ones are derived where used (``bf16_logprob_bound``)."""
     kw = {"mini_batch_size": 8, "micro_batch_size": 2, "lr": 1e-4, "weight_decay": 0.0, **kw}
     return Actor(model_dir, **kw)
 

