@@ -6,6 +6,8 @@ exclude the layer's parameters and the rotary cos/sin (built once per forward, s
 layers). Both sides are integer byte counts, so the comparison is exact.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -82,9 +84,30 @@ def _saved_bytes_per_token(
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch_linear(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin), **extra)
     return sum(seen.values()) / T
+
+
+@contextlib.contextmanager
+def torch_linear():
+    """torch's own ``F.linear`` for the measurement. An earlier test in the same process that built a
+    ZeRO-3 model left DeepSpeed's replacement in place (``zero.Init``'s ``mem_efficient_linear``
+    patches ``torch.nn.functional.linear`` for the whole process), and its backward keeps every
+    linear's input, frozen or not: what this test measures would then depend on the test order."""
+    import torch.nn.functional as F
+
+    original = F.linear
+    try:
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as Init
+
+        F.linear = getattr(Init, "linear_bk", F.linear)
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        F.linear = original
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
