@@ -239,6 +239,34 @@ class Workers:
     pgs: list = field(default_factory=list)  # GPU: the plan's placement groups, one per node
 
 
+def actor_settings(cfg, bf16: bool) -> dict[str, Any]:
+    """An actor rank's training settings from ``actor.*`` (and the rollout's group size and temperature,
+    the model's checkpointing, the KL's reference model, the run's seed): what every rank gets, whatever
+    the placement (``start_workers`` adds the Ray and thread options)."""
+    ac, ro = cfg.actor, cfg.rollout
+    return dict(
+        zero_stage=ac.zero_stage,
+        lr=ac.lr,
+        betas=tuple(ac.betas),
+        weight_decay=ac.weight_decay,
+        warmup_steps=ac.warmup_steps,
+        grad_clip=ac.grad_clip,
+        bf16=bf16,
+        gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
+        mini_batch_size=ac.mini_batch_prompts * ro.n,
+        micro_batch_size=ac.micro_batch_size,
+        logprob_token_budget=ac.logprob_token_budget,
+        padding_free=ac.padding_free,
+        max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
+        logits_chunk_tokens=ac.logits_chunk_tokens,
+        share_prompts=ac.share_prompts,
+        ref_model=cfg.algorithm.kl_coef > 0,
+        lora=to_plain(ac.lora),
+        temperature=ro.temperature,
+        seed=cfg.trainer.seed,
+    )
+
+
 def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: Workers) -> Workers:
     """Start the rollout engines, the actor ranks and the verifier, overlapped, into ``into``.
 
@@ -308,26 +336,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
                 num_gpus_per_rank=0,
                 options_per_rank=actor_opts if gpu else None,
                 reuse_old_logprobs=reuse_old_logprobs(cfg),
-                zero_stage=ac.zero_stage,
-                lr=ac.lr,
-                betas=tuple(ac.betas),
-                weight_decay=ac.weight_decay,
-                warmup_steps=ac.warmup_steps,
-                grad_clip=ac.grad_clip,
-                bf16=bf16,
-                gradient_checkpointing=ac.gradient_checkpointing
-                or cfg.model.get("gradient_checkpointing", False),
-                mini_batch_size=ac.mini_batch_prompts * ro.n,
-                micro_batch_size=ac.micro_batch_size,
-                logprob_token_budget=ac.logprob_token_budget,
-                padding_free=ac.padding_free,
-                max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
-                logits_chunk_tokens=ac.logits_chunk_tokens,
-                share_prompts=ac.share_prompts,
-                ref_model=cfg.algorithm.kl_coef > 0,
-                lora=to_plain(ac.lora),
-                temperature=ro.temperature,
-                seed=cfg.trainer.seed,
+                **actor_settings(cfg, bf16),
                 cpu_threads=ac.cpu_threads if gpu else actor_threads,
                 collective_timeout_min=ac.collective_timeout_min,
                 wait=False,

@@ -121,32 +121,11 @@ def compose_arms(overrides: list[str]) -> dict:
 
 
 def actor_kwargs(cfg) -> dict:
-    """The trainer's actor settings (``bandpo.trainer.launch.start_workers``) for one CPU rank."""
-    from bandpo.config import to_plain
+    """The trainer's actor settings (``bandpo.trainer.launch.actor_settings``) for one CPU rank."""
     from bandpo.distributed.precision import resolve_bf16
+    from bandpo.trainer.launch import actor_settings
 
-    ac, ro = cfg.actor, cfg.rollout
-    return dict(
-        zero_stage=ac.zero_stage,
-        lr=ac.lr,
-        betas=tuple(ac.betas),
-        weight_decay=ac.weight_decay,
-        warmup_steps=ac.warmup_steps,
-        grad_clip=ac.grad_clip,
-        bf16=resolve_bf16(ac.bf16, "cpu"),
-        gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
-        mini_batch_size=ac.mini_batch_prompts * ro.n,
-        micro_batch_size=ac.micro_batch_size,
-        logprob_token_budget=ac.logprob_token_budget,
-        padding_free=ac.padding_free,
-        max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
-        logits_chunk_tokens=ac.logits_chunk_tokens,
-        share_prompts=ac.share_prompts,
-        ref_model=cfg.algorithm.kl_coef > 0,
-        lora=to_plain(ac.lora),
-        temperature=ro.temperature,
-        seed=cfg.trainer.seed,
-    )
+    return actor_settings(cfg, resolve_bf16(cfg.actor.bf16, "cpu"))
 
 
 def settings_of(cfg, overrides: list[str], args) -> dict:
