@@ -184,20 +184,14 @@ def _clip_section(summaries: dict[str, list[dict]]) -> list[str]:
         "",
         *_table_head(["algorithm", *[clip_label(k) for k in keys]]),
     ]
-    for label, group in summaries.items():
-        lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
+    lines += _clip_rows(summaries, keys)
     lines += [""] + _signed_table(summaries, found, bins)
     lines += [
         "Share of response tokens in each bin (%), for scale:",
         "",
         *_table_head(["algorithm", *[clip_label(b) for b in bins]]),
     ]
-    for label, group in summaries.items():
-        shares = [
-            mean_std([s["clip"].get(b.replace("clip_frac_bin/", "token_frac_bin/")) for s in group], 100, 2)
-            for b in bins
-        ]
-        lines.append(_row([label, *shares]))
+    lines += _clip_rows(summaries, [b.replace("clip_frac_bin/", "token_frac_bin/") for b in bins])
     return lines + [""]
 
 
@@ -216,9 +210,15 @@ def _signed_table(summaries: dict[str, list[dict]], found: set[str], bins: list[
         "",
         *_table_head(["algorithm", *[clip_label(k) for k in keys]]),
     ]
-    for label, group in summaries.items():
-        lines.append(_row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]]))
-    return lines + [""]
+    return lines + _clip_rows(summaries, keys) + [""]
+
+
+def _clip_rows(summaries: dict[str, list[dict]], keys: list[str]) -> list[str]:
+    """One row per algorithm: each key's per-run mean, mean ± sample std over seeds, in %."""
+    return [
+        _row([label, *[mean_std([s["clip"].get(k) for s in group], 100, 2) for k in keys]])
+        for label, group in summaries.items()
+    ]
 
 
 def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
