@@ -36,25 +36,12 @@ import torch
 
 from bandpo.actor import Actor
 from bandpo.algo.advantages import compute_advantages
-from bandpo.algo.options import LossOptions
 from bandpo.data.prompts import render_prompt
 from bandpo.data.tiny_arith_problems import make_split
 from bandpo.reward.verify import verify_one
 from bandpo.types import RolloutBatch, TrainBatch
 
-# The learning test's algorithm (configs/algorithm/bandpo.yaml) and batch.
-OPTIONS = LossOptions(
-    algorithm="bandpo",
-    divergence="kl",
-    delta=0.05,
-    upper_cap=10.0,
-    agg="seq-mean-token-mean",
-    kl_coef=0.001,
-    eps_low=0.2,
-    eps_high=0.28,
-    dual_clip=10.0,
-    norm_len=64.0,
-)
+# The learning test's algorithm (configs/algorithm/bandpo.yaml, composed in main) and batch.
 SAMPLES, MAX_TOKENS = 8, 64
 
 
@@ -101,7 +88,13 @@ def sample(
 
 
 def one_step(
-    model_dir: str, bf16: bool, batch: RolloutBatch, rewards: torch.Tensor, lr: float, save: str | None = None
+    model_dir: str,
+    bf16: bool,
+    batch: RolloutBatch,
+    rewards: torch.Tensor,
+    lr: float,
+    options,
+    save: str | None = None,
 ):
     """One optimizer step from ``model_dir``: ``(grad, master before, master after)`` flat fp32, and the
     update's metrics; with ``save``, the fp32 weights after it are written there as an HF folder."""
@@ -131,7 +124,7 @@ def one_step(
     adam.step = capture
     advantages, _ = compute_advantages(rewards, SAMPLES)
     train = TrainBatch.from_rollout(batch, advantages=advantages, rewards=rewards, ref_logprobs=ref)
-    metrics, _, _ = actor.update_on_policy(train, OPTIONS)
+    metrics, _, _ = actor.update_on_policy(train, options)
     adam.step = step
     if save:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,6 +149,8 @@ def sign_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
 def main() -> None:
     from transformers import AutoTokenizer
 
+    from bandpo.config import compose
+    from bandpo.config.algorithm import loss_options
     from bandpo.distributed.precision import cpu_has_fast_bf16
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -167,6 +162,7 @@ def main() -> None:
     ap.add_argument("--out", default="bf16_update.json")
     args = ap.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    options = loss_options(compose(["algorithm=bandpo", f"rollout.max_tokens={MAX_TOKENS}"]))
     problems = [r["problem"] for r in make_split("train", 256, seed=7)]  # the learning test's prompts
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
@@ -176,10 +172,10 @@ def main() -> None:
     for state in range(args.states):
         batch_a, rewards_a = sample(path, problems, tokenizer, 1000 + state, args.prompts)
         batch_b, rewards_b = sample(path, problems, tokenizer, 2000 + state, args.prompts)
-        fp32_b, _ = one_step(path, False, batch_b, rewards_b, args.lr)
-        bf16_a, m16 = one_step(path, True, batch_a, rewards_a, args.lr)
+        fp32_b, _ = one_step(path, False, batch_b, rewards_b, args.lr, options)
+        bf16_a, m16 = one_step(path, True, batch_a, rewards_a, args.lr, options)
         nxt = os.path.join(work, f"state{state + 1}")
-        fp32_a, m32 = one_step(path, False, batch_a, rewards_a, args.lr, save=nxt)
+        fp32_a, m32 = one_step(path, False, batch_a, rewards_a, args.lr, options, save=nxt)
         move16, move32 = bf16_a["after"] - bf16_a["before"], fp32_a["after"] - fp32_a["before"]
         row = {
             "state": state,
