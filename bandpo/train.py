@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bandpo] run stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     out = Path(cfg.trainer.output_dir)
-    print(summary(out / "metrics.jsonl", cfg.trainer.total_steps, reference_result(cfg)))
+    print(summary(out / "metrics.jsonl", cfg.trainer.total_steps))
     try:
         from bandpo.viz import plot_run_metrics
 
@@ -54,50 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a plot must never turn a finished run into a failure
         print(f"  curves not written: {e}")
     return 0
-
-
-# Keys that do not change what a run computes beyond its seed (the reference covers seeds) or
-# only say where and how it is logged: a run that differs from the default in these alone is the
-# run the reference describes.
-REFERENCE_FREE_KEYS = (
-    "trainer.seed",
-    "data.shuffle_seed",
-    "trainer.output_dir",
-    "trainer.resume",
-    "trainer.wandb",
-    "trainer.verbose",
-    "trainer.ray_address",
-    "trainer.trace_every",
-    "trainer.trace_max_chars",
-    "trainer.keep_last",
-    "trainer.save_every",
-    "trainer.export_hf",
-    "rollout.cpu_threads",
-    "actor.cpu_threads",
-)
-
-
-def reference_result(cfg) -> str | None:
-    """``trainer.reference_result`` when this run is the configuration it was measured with: the
-    default config (no overrides) up to ``REFERENCE_FREE_KEYS``; None for any other run (another
-    model, algorithm, batch or step count), which that number does not describe."""
-    from bandpo.config import compose, to_plain
-
-    reference = cfg.trainer.get("reference_result")
-    if not reference:
-        return None
-
-    def comparable(c) -> dict:
-        plain = to_plain(c)
-        for key in REFERENCE_FREE_KEYS:
-            *parents, leaf = key.split(".")
-            node = plain
-            for p in parents:
-                node = node.get(p, {})
-            node.pop(leaf, None)
-        return plain
-
-    return reference if comparable(cfg) == comparable(compose([])) else None
 
 
 def dry_run(cfg) -> int:
@@ -122,9 +78,9 @@ def dry_run(cfg) -> int:
     return 0
 
 
-def summary(metrics_path: Path, total_steps: int, reference: str | None = None) -> str:
+def summary(metrics_path: Path, total_steps: int) -> str:
     """Lines for the end of a run: training reward/accuracy and held-out metrics, first vs last (with
-    the change in points), and ``reference`` (what the same config gave on other seeds) when set."""
+    the change in points)."""
     from bandpo.viz import read_metrics
 
     rows = read_metrics(metrics_path)
@@ -149,8 +105,6 @@ def summary(metrics_path: Path, total_steps: int, reference: str | None = None) 
             lines.append(
                 f"  {key:<34} step {before['step']}: {was} -> step {after['step']}: {after[key]:.4f}{change}"
             )
-    if reference:
-        lines.append(f"  reference: {reference}")
     return "\n".join(lines)
 
 

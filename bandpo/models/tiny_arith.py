@@ -8,12 +8,14 @@ Steps (all on CPU, a few minutes on 2 cores):
 3. Supervised warm start on (prompt, solution) pairs of the train split
    (``bandpo.models.tiny_arith_sft``): the prompt is the DAPO template through the chat
    template, the loss covers only the solution and the closing ``<|im_end|>``. ``sft_steps``
-   sets where RL starts: the default 500 steps leave ~20% held-out accuracy (the e2e tests'
-   model); the recipe's config (configs/model/tiny.yaml, ``model.build_args``) takes 1,500
-   (~76% on 2026-11-24's machine), from which RL's held-out gain is measurable
-   (recipes/tiny_arith/default.md). The warm start is not reproducible across machines and
-   library versions: 1,500 steps at lr 3e-3 amplify float differences (a 2026-11-27 build of
-   the same arguments reached 92.5%), so the marker's report records the environment.
+   sets the schedule's length; ``target_accuracy`` (the recipe's config, configs/model/tiny.yaml,
+   sets 0.76) stops it early, at the first check (every ``check_every`` steps) where the expected
+   T=1 accuracy on ``n_val`` train-split problems the warm start never sees reaches the target.
+   Without a target the model is whatever ``sft_steps`` steps give (the e2e tests' 500 steps:
+   ~20% held-out). Why stop on accuracy: 1,500 steps at lr 3e-3 amplify the last-bit differences
+   between CPUs' kernels (the same arguments gave 76% held-out on an EPYC with avx512 and 92.5% on
+   a Zen 3 without it), and RL's gain depends on where it starts (recipes/tiny_arith/default.md).
+   The checks and the step it stopped at go into the marker's report, with the environment.
 4. A quick held-out check: one sample per problem at temperature 1.0 (and greedy) with
    transformers ``generate``, exact match on the last "Answer:" line. Printed and stored.
 
@@ -36,11 +38,20 @@ from pathlib import Path
 
 from bandpo.data.tiny_arith_problems import DEFAULT_DIFFICULTY, make_split
 from bandpo.models.tiny import build_tiny_model
-from bandpo.models.tiny_arith_sft import DAPO_TEMPLATE, sample_accuracy, supervised_warm_start
+from bandpo.models.tiny_arith_sft import (
+    DAPO_TEMPLATE,
+    encode_pairs,
+    expected_accuracy,
+    sample_accuracy,
+    supervised_warm_start,
+)
 
 MARKER = "bandpo_tiny_arith.json"
 # Bump when the build procedure changes, so cached folders from older code are rebuilt.
 BUILD_VERSION = 1
+# Fields that only matter when ``target_accuracy`` is set: left out of the hash otherwise, so
+# builds without a target keep the hash (and the cached folder) they had before early stopping.
+_STOP_FIELDS = ("target_accuracy", "check_every", "n_val")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +73,15 @@ class BuildArgs:
     weight_decay: float = 0.01
     n_sft: int = 2500
     n_eval: int = 200
+    target_accuracy: float | None = None  # stop the warm start when validation reaches it
+    check_every: int = 25  # steps between validation checks (~0.3 s each against ~4 s of steps)
+    n_val: int = 150  # validation problems: the test split's problems after the n_eval held-out ones
+
+    def __post_init__(self):
+        if self.target_accuracy is not None and not 0 < self.target_accuracy < 1:
+            raise ValueError(f"target_accuracy must be in (0, 1) or None, got {self.target_accuracy}")
+        if self.check_every < 1 or self.n_val < 1:
+            raise ValueError(f"check_every and n_val must be >= 1, got {self.check_every}, {self.n_val}")
 
 
 def _environment() -> dict[str, str | int]:
@@ -106,7 +126,8 @@ def build(
     Args:
         out_dir: target folder; created, or replaced if it holds an older tiny-arith build.
         seed: seed for data, initialisation, batching and the accuracy check.
-        sft_steps: optimizer steps of the warm start (0 leaves the model random).
+        sft_steps: length of the warm start's schedule in optimizer steps, all of them taken unless
+            ``target_accuracy`` stops it earlier (0 leaves the model random).
         verbose: print progress and the held-out accuracy.
         **overrides: any other ``BuildArgs`` field (model size, lr, batch_size, ...).
 
@@ -150,7 +171,7 @@ def build(
         if tmp.exists():
             shutil.rmtree(tmp)
     log(
-        f"built {out} in {report['build_seconds']:.0f}s: held-out accuracy "
+        f"built {out} in {report['build_seconds']:.0f}s ({report['sft_steps_taken']} warm-start steps): held-out accuracy "
         f"{report['acc_t1']:.1%} at temperature 1.0, {report['acc_greedy']:.1%} greedy "
         f"({args.n_eval} problems)"
     )
@@ -158,7 +179,10 @@ def build(
 
 
 def _args_hash(args: BuildArgs) -> str:
-    blob = json.dumps({"version": BUILD_VERSION, **dataclasses.asdict(args)}, sort_keys=True)
+    fields = dataclasses.asdict(args)
+    if args.target_accuracy is None:
+        fields = {k: v for k, v in fields.items() if k not in _STOP_FIELDS}
+    blob = json.dumps({"version": BUILD_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -189,9 +213,30 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
         f"tiny_arith: vocab {len(tok)}, {n_params / 1e6:.2f}M parameters; warm start {args.sft_steps} steps "
         f"x {args.batch_size} on {len(train)} train problems (difficulty {args.difficulty})"
     )
+    checks: list[tuple[int, float]] = []
+    stop = None
+    if args.target_accuracy is not None:
+        # The next n_val problems of the test split: never trained on (neither in the warm start
+        # nor in RL, which samples the train split) and not the n_eval problems RL is judged on.
+        val_rows = make_split("test", args.n_eval + args.n_val, args.seed, difficulty=args.difficulty)
+        val = encode_pairs(tok, val_rows[args.n_eval :])
+
+        def stop(step: int) -> bool:
+            checks.append((step, round(expected_accuracy(model, tok, val), 4)))
+            if step % 250 == 0 or checks[-1][1] >= args.target_accuracy:
+                log(
+                    f"  sft step {step}: expected T=1 accuracy on {len(val)} validation problems {checks[-1][1]:.3f}"
+                )
+            return checks[-1][1] >= args.target_accuracy
+
     t0 = time.time()
-    final_loss = supervised_warm_start(model, tok, train, args, log)
+    final_loss, steps = supervised_warm_start(model, tok, train, args, log, stop)
     sft_seconds = time.time() - t0
+    if args.target_accuracy is not None and checks[-1][1] < args.target_accuracy:
+        log(
+            f"  warning: the warm start ended at {steps} steps with expected validation accuracy "
+            f"{checks[-1][1]:.3f}, below the target {args.target_accuracy}; raise sft_steps"
+        )
     model.save_pretrained(path, safe_serialization=True)
     acc_t1 = sample_accuracy(model, tok, held_out, temperature=1.0, seed=args.seed)
     acc_greedy = sample_accuracy(model, tok, held_out, temperature=0.0, seed=args.seed)
@@ -199,9 +244,12 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
         n_params=n_params,
         vocab=len(tok),
         sft_loss=round(final_loss, 4),
+        sft_steps_taken=steps,
         sft_seconds=round(sft_seconds, 1),
         acc_t1=acc_t1,
         acc_greedy=acc_greedy,
+        expected_acc_held_out=round(expected_accuracy(model, tok, encode_pairs(tok, held_out)), 4),
+        val_checks=checks,
     )
 
 

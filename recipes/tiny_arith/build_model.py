@@ -26,9 +26,23 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft-steps", type=int, default=BuildArgs.sft_steps)
     parser.add_argument("--difficulty", type=int, default=BuildArgs.difficulty)
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="stop the warm start when the expected T=1 accuracy on the validation problems reaches it "
+        "(the recipe's config: 0.84 with --sft-steps 2000)",
+    )
     parser.add_argument("--quiet", action="store_true")
     ns = parser.parse_args(argv)
-    out = build(ns.out, seed=ns.seed, sft_steps=ns.sft_steps, difficulty=ns.difficulty, verbose=not ns.quiet)
+    out = build(
+        ns.out,
+        seed=ns.seed,
+        sft_steps=ns.sft_steps,
+        difficulty=ns.difficulty,
+        target_accuracy=ns.target_accuracy,
+        verbose=not ns.quiet,
+    )
     report = json.loads((out / MARKER).read_text())["report"]
     print(
         f"tiny_arith model: {out}  (held-out acc {report['acc_t1']:.1%} @ T=1.0, "

@@ -102,4 +102,3 @@ def test_the_config_composes_with_the_architecture_sizes():
         49152,
         134515008,
     )
-    assert cfg.trainer.reference_result is None

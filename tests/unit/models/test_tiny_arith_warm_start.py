@@ -1,0 +1,100 @@
+"""The tiny-arith warm start's stopping rule: the expected-accuracy check against hand-computed and
+slow references, the early stop, and the cache hash of builds without a target."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bandpo.models import tiny_arith, tiny_arith_sft
+
+PAD = 0
+
+
+def _model(vocab: int = 32, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+        pad_token_id=PAD,
+    )
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+# (prompt ids, completion ids) of different lengths, so the batch is padded
+PAIRS = [([5, 6, 7], [8, 9]), ([5, 11], [12, 13, 14]), ([4, 3, 2, 1, 9], [10])]
+TOK = SimpleNamespace(pad_token_id=PAD)
+
+
+def test_a_uniform_model_writes_the_reference_with_probability_v_to_the_minus_length():
+    model = _model()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # logits 0 everywhere: every token has probability 1/32
+    # completions of 2, 3 and 1 tokens: (32^-2 + 32^-3 + 32^-1) / 3
+    want = (32.0**-2 + 32.0**-3 + 32.0**-1) / 3
+    assert tiny_arith_sft.expected_accuracy(model, TOK, PAIRS, batch_size=2) == pytest.approx(want, rel=1e-6)
+
+
+def test_expected_accuracy_equals_a_one_sequence_at_a_time_product():
+    model = _model(seed=1)
+    slow = []
+    for prompt, completion in PAIRS:  # no padding, no batch: the product written out
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            probs = torch.softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+        p = 1.0
+        for i, token in enumerate(completion):
+            p *= probs[len(prompt) + i - 1, token].item()
+        slow.append(p)
+    # float32 logits through log_softmax and a sum of <= 3 terms: relative error ~1e-6
+    fast = tiny_arith_sft.expected_accuracy(model, TOK, PAIRS, batch_size=2)
+    assert fast == pytest.approx(sum(slow) / len(slow), rel=1e-5)
+    assert 0 < fast < 1
+
+
+def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
+    model = _model(seed=2)
+    monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
+    args = SimpleNamespace(
+        sft_steps=20, batch_size=2, lr=1e-3, warmup_steps=2, weight_decay=0.0, seed=0, check_every=3
+    )
+    calls = []
+
+    def stop(step):
+        calls.append((step, model.training))
+        return step >= 7
+
+    loss, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None, stop)
+    # checks after steps 3, 6, 9 (every check_every), each with the model in eval mode; 9 >= 7 stops
+    assert calls == [(3, False), (6, False), (9, False)] and steps == 9
+    assert math.isfinite(loss) and not model.training
+    loss, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None)
+    assert steps == 20
+
+
+def test_builds_without_a_target_keep_their_hash():
+    # the hashes of the default (500 steps) and 1,500-step builds from before the target existed:
+    # cached folders built then are still current
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs()) == "ee3591da12bcd673"
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs(sft_steps=1500)) == "284f873cf25e4194"
+    with_target = tiny_arith.BuildArgs(sft_steps=1500, target_accuracy=0.76)
+    assert tiny_arith._args_hash(with_target) != "284f873cf25e4194"
+    assert tiny_arith._args_hash(with_target) != tiny_arith._args_hash(
+        tiny_arith.BuildArgs(sft_steps=1500, target_accuracy=0.76, check_every=50)
+    )
+
+
+@pytest.mark.parametrize("bad", [dict(target_accuracy=1.0), dict(target_accuracy=0.0), dict(check_every=0)])
+def test_bad_stop_arguments_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        tiny_arith.BuildArgs(**bad)
