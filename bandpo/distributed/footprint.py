@@ -57,10 +57,11 @@ Gradient checkpointing (non-reentrant, as the actor enables it) keeps each layer
 per token and layer) and recomputes one layer at a time in backward, whose activations then
 add up as above: L lp H + A per token.
 
-The optimizer step's temporaries: torch's AdamW on the foreach path (``_multi_tensor_adam``,
-CUDA's default) updates m, v, the weight decay and the parameters in place, and allocates one
-temporary, ``sqrt(v)``, for all the tensors of a device/dtype group at once: 4 bytes per fp32
-parameter it steps. Under DeepSpeed ZeRO-2 it steps the rank's flat fp32 partition (P / W),
+The optimizer step's temporaries: the actor's AdamW is torch's fused kernel
+(``bandpo.actor.setup.adamw``), which updates m, v, the weight decay and the parameters in place
+without one; the estimate keeps the foreach path's (``_multi_tensor_adam``: one ``sqrt(v)`` for all
+the tensors of a device/dtype group at once), 4 bytes per fp32 parameter it steps, as headroom, so
+this term is an upper bound. Under DeepSpeed ZeRO-2 it steps the rank's flat fp32 partition (P / W),
 built just before from the gradients (a flat copy of them while the per-parameter ones are still
 held, then freed): one fp32 partition's size more than the gradients at either moment. ZeRO-3
 steps its partition in sub-groups of at most ``ZERO3_SUB_GROUP_ELEMENTS`` at a time. With LoRA
