@@ -9,8 +9,9 @@ Steps (all on CPU, a few minutes on 2 cores):
    (``bandpo.models.tiny_arith_sft``): the prompt is the DAPO template through the chat
    template, the loss covers only the solution and the closing ``<|im_end|>``. ``sft_steps``
    sets the schedule's length; ``target_accuracy`` (the recipe's config, configs/model/tiny.yaml,
-   sets 0.76) stops it early, at the first check (every ``check_every`` steps) where the expected
-   T=1 accuracy on ``n_val`` train-split problems the warm start never sees reaches the target.
+   sets 0.84) stops it early, at the first check (every ``check_every`` steps) where the expected
+   T=1 accuracy on ``n_val`` validation problems (the test split's after the ``n_eval`` held out)
+   reaches the target.
    Without a target the model is whatever ``sft_steps`` steps give (the e2e tests' 500 steps:
    ~20% held-out). Why stop on accuracy: 1,500 steps at lr 3e-3 amplify the last-bit differences
    between CPUs' kernels (the same arguments gave 76% held-out on an EPYC with avx512 and 92.5% on

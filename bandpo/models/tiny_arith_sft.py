@@ -102,7 +102,7 @@ def expected_accuracy(model, tok, pairs: list[tuple[list[int], list[int]]], batc
     writes exactly the reference solution: prod_t p(y_t | x, y_<t) over the solution and its closing
     token. Every tiny-arith solution has one canonical form, so this is T=1 accuracy up to the rare
     sample that reaches the right answer another way (a lower bound; on a 1,500-step build: 0.761
-    here against 0.760 sampled), computed in one forward pass per batch and free of sampling noise."""
+    expected against 0.760 sampled), computed in one forward pass per batch and free of sampling noise."""
     import torch
 
     total = 0.0
