@@ -45,7 +45,6 @@ depend on it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -289,8 +288,3 @@ def lora_factors(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The adapter factors (``lora_A`` / ``lora_B`` weights) of ``module`` in ``named_parameters`` order:
     what the adapter file holds and, under ZeRO-3, what its writing gathers."""
     return [p for name, p in module.named_parameters() if ".lora_" in name]
-
-
-def trainable_names(module: torch.nn.Module) -> Iterator[str]:
-    """Names of ``module``'s parameters that require a gradient (with LoRA on: the factors only)."""
-    return (name for name, p in module.named_parameters() if p.requires_grad)

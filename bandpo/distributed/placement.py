@@ -14,7 +14,6 @@ Engines (as OpenRLHF / verl start vLLM in a hybrid engine):
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from bandpo.distributed.plan import ACTOR_GPU_SHARE, ENGINE_GPU_SHARE, Plan
@@ -100,17 +99,3 @@ def remove_placement_groups(pgs: list) -> None:
 
     for pg in pgs:
         remove_placement_group(pg)
-
-
-def wait_all(refs: list, timeout_s: float, what: str) -> list:
-    """``ray.get`` of ``refs`` with a deadline; a ``PlacementError`` names how many are still unplaced."""
-    import ray
-
-    t0 = time.monotonic()
-    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if pending:
-        raise PlacementError(
-            f"{len(pending)} of {len(refs)} {what} not started within {timeout_s:.0f} s "
-            f"({time.monotonic() - t0:.0f} s waited)"
-        )
-    return ray.get(refs)
