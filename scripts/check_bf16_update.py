@@ -151,7 +151,7 @@ def main() -> None:
 
     from bandpo.config import compose
     from bandpo.config.algorithm import loss_options
-    from bandpo.distributed.precision import cpu_has_fast_bf16
+    from bandpo.distributed.precision import cpu_has_fast_bf16, cpu_name
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default = Path(os.environ.get("BANDPO_CACHE", Path.home() / ".cache/bandpo")) / "tiny_arith/model-sft500"
@@ -164,9 +164,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     options = loss_options(compose(["algorithm=bandpo", f"rollout.max_tokens={MAX_TOKENS}"]))
     problems = [r["problem"] for r in make_split("train", 256, seed=7)]  # the learning test's prompts
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
+    cpu = cpu_name()
     print(f"cpu {cpu}, native bf16 {cpu_has_fast_bf16()}, threads {torch.get_num_threads()}")
     rows, path, work = [], args.model, tempfile.mkdtemp(prefix="bf16-update-")
     for state in range(args.states):

@@ -36,6 +36,20 @@ BF16_CHOICES = ("auto", True, False)
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The processor's model name, as benchmarks and build reports print it: the first ``model name``
+    line of ``/proc/cpuinfo`` (``cpuinfo`` replaces the file's text), else ``platform.processor()``,
+    else "unknown CPU"."""
+    try:
+        text = CPUINFO.read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
 def cpu_has_fast_bf16(cpuinfo: str | None = None, system: str | None = None) -> bool:
     """Whether this machine's CPU multiplies bf16 in hardware.
 

@@ -87,30 +87,18 @@ class BuildArgs:
 
 def _environment() -> dict[str, str | int]:
     """What the build ran on (library versions, threads, CPU): the report's context, not hashed."""
-    import platform
-
     import tokenizers
     import torch
     import transformers
 
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else ""
-    )
+    from bandpo.distributed.precision import cpu_name
+
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
     }
 
 

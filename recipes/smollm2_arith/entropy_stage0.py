@@ -385,10 +385,9 @@ class Stage0:
 def host() -> dict:
     import torch
 
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    from bandpo.distributed.precision import cpu_name
+
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def check_settings(path: Path, record: dict, settings: dict, source: str) -> None:

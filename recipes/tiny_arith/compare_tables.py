@@ -8,10 +8,10 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 from compare_runs import _mean, budget_check
 
+from bandpo.distributed.precision import cpu_name
 from bandpo.viz import clip_label, report_datasets
 
 # The per-bin clip fractions by sign (``bandpo.algo.losses``); the unsigned ``clip_frac_bin/`` is their sum.
@@ -54,7 +54,7 @@ def _header_section(commands: list[str], summaries: dict[str, list[dict]]) -> li
         *commands,
         "```",
         "",
-        f"- machine: `{u.system} {u.release} {u.machine}`, {_cpu_model()}, {os.cpu_count()} CPUs (nproc)",
+        f"- machine: `{u.system} {u.release} {u.machine}`, {cpu_name()}, {os.cpu_count()} CPUs (nproc)",
         f"- runs: {span}",
         f"- summarised: {_date(time.time())} (load average {os.getloadavg()[0]:.1f})",
         "",
@@ -260,16 +260,6 @@ def _runs_section(summaries: dict[str, list[dict]]) -> list[str]:
             )
         )
     return lines + [""]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _date(timestamp: float) -> str:

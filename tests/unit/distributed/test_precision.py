@@ -106,3 +106,10 @@ def test_engine_dtype_follows_the_actor_unless_model_dtype_names_one():
         ConfigError, match="model.dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"
     ):
         engine_dtype("fp8", True)
+
+
+def test_cpu_name_is_the_first_model_name_line(monkeypatch):
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert precision.cpu_name(text) == "AMD EPYC 9R14"
+    monkeypatch.setattr(precision.platform, "processor", lambda: "")
+    assert precision.cpu_name("processor\t: 0\n") == "unknown CPU"
