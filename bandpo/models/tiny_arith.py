@@ -221,10 +221,12 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
     t0 = time.time()
     final_loss, steps = supervised_warm_start(model, tok, train, args, log, stop)
     sft_seconds = time.time() - t0
-    if args.target_accuracy is not None and checks[-1][1] < args.target_accuracy:
+    if args.target_accuracy is not None and (not checks or checks[-1][1] < args.target_accuracy):
+        # no check at all when sft_steps < check_every
+        last = f"{checks[-1][1]:.3f}" if checks else "never checked"
         log(
             f"  warning: the warm start ended at {steps} steps with expected validation accuracy "
-            f"{checks[-1][1]:.3f}, below the target {args.target_accuracy}; raise sft_steps"
+            f"{last}, below the target {args.target_accuracy}; raise sft_steps"
         )
     model.save_pretrained(path, safe_serialization=True)
     acc_t1 = sample_accuracy(model, tok, held_out, temperature=1.0, seed=args.seed)

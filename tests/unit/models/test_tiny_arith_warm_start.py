@@ -3,6 +3,7 @@ slow references, the early stop, and the cache hash of builds without a target."
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -98,3 +99,24 @@ def test_builds_without_a_target_keep_their_hash():
 def test_bad_stop_arguments_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         tiny_arith.BuildArgs(**bad)
+
+
+def test_a_target_with_fewer_steps_than_one_check_interval_builds_and_warns(tmp_path, capsys):
+    # 3 steps, checks every 25: no check runs; the build finishes and says the target was not reached
+    out = tiny_arith.build(
+        tmp_path / "m",
+        sft_steps=3,
+        target_accuracy=0.5,
+        hidden_size=64,
+        num_heads=1,
+        num_kv_heads=1,
+        intermediate_size=64,
+        n_sft=40,
+        n_eval=4,
+        n_val=4,
+    )
+    report = json.loads((out / tiny_arith.MARKER).read_text())["report"]
+    assert report["sft_steps_taken"] == 3 and report["val_checks"] == []
+    assert "warning: the warm start ended at 3 steps with expected validation accuracy never checked" in (
+        capsys.readouterr().out
+    )
