@@ -15,6 +15,7 @@ import torch
 
 from bandpo.types import TrainBatch
 from tests.helpers.actor import BANDPO, full_weights, make_rollout, make_train_batch, max_diff, new_actor
+from tests.helpers.models import tiny_qwen2
 from tests.unit.actor.test_actor_packed import group_rollout
 
 pytestmark = pytest.mark.integration
@@ -151,20 +152,14 @@ def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     alone are 1,024 x 151,936 x 4 B = 622 MB (and its entropy softmax as much again). With
     64-token chunks one [chunk, V] buffer is 39 MB; forward holds 2 and backward 3 of them,
     plus the lm_head gradient (39 MB) and Adam's state (2 x 39 MB, first step): < 300 MB."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     vocab = 151_936
-    cfg = Qwen2Config(
+    tiny_qwen2(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
         num_attention_heads=1,
-        num_key_value_heads=1,
         tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
+    ).save_pretrained(tmp_path)
     actor = new_actor(
         str(tmp_path), mini_batch_size=4, max_tokens_per_micro_batch=1024, logits_chunk_tokens=64
     )

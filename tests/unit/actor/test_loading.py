@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bandpo.actor.loading import load_model, model_config, weight_files
+from tests.helpers.models import tiny_qwen2
 
 
 def reference(path: str, dtype: torch.dtype):
@@ -34,20 +35,13 @@ def assert_same_model(a, b) -> None:
 
 
 def save_qwen2(path, *, tied: bool, dtype=torch.float32, shard: str | None = None) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
+    model = tiny_qwen2(
         vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=tied,
         attention_dropout=0.1,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(dtype)
+    ).to(dtype)
     model.save_pretrained(str(path), safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
     return str(path)
 

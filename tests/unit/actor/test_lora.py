@@ -19,25 +19,13 @@ from bandpo.actor.lora import (
 )
 from bandpo.config import compose
 from bandpo.errors import ConfigError
+from tests.helpers.models import tiny_qwen2
 
 pytest.importorskip("peft")
 
 
 def _tiny_qwen2(tied: bool = True, dtype=torch.float32):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=tied,
-        use_cache=False,
-    )
-    return Qwen2ForCausalLM(config).to(dtype).eval()
+    return tiny_qwen2(intermediate_size=48, tie_word_embeddings=tied, use_cache=False).to(dtype).eval()
 
 
 def _lora_model(settings: LoraSettings, **kw):

@@ -11,25 +11,13 @@ import pytest
 import torch
 
 from bandpo.models import tiny_arith, tiny_arith_sft
+from tests.helpers.models import tiny_qwen2
 
 PAD = 0
 
 
 def _model(vocab: int = 32, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=False,
-        pad_token_id=PAD,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(seed, vocab_size=vocab, tie_word_embeddings=False, pad_token_id=PAD).eval()
 
 
 # (prompt ids, completion ids) of different lengths, so the batch is padded
