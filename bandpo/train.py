@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def dry_run(cfg) -> int:
+def dry_run(cfg: TrainConfig) -> int:
     """Print the placement plan and its per-GPU memory by phase for the cluster this run would use;
     0 if it fits, 2 (with what is missing) if not."""
     from bandpo.distributed.memory import estimate_for, memory_errors, memory_table
     from bandpo.distributed.plan import decide_device, detect_shape, make_plan, shape_from_config, table
     from bandpo.errors import ConfigError
 
-    shape = shape_from_config(cfg) or detect_shape(cfg.trainer.get("ray_address"))
+    shape = shape_from_config(cfg) or detect_shape(cfg.trainer.ray_address)
     try:
         plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
         est = estimate_for(cfg, plan, shape)

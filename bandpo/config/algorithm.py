@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bandpo.config.keys import _check, _choice, _get, _number, _rule
 from bandpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 
 def band_delta_range(band) -> tuple[float, float]:
     """(delta_min, delta_max) of the adaptive band, nulls resolved to delta / 4 and 4 delta."""
-    lo = band.delta / 4 if band.get("delta_min") is None else band.delta_min
-    hi = band.delta * 4 if band.get("delta_max") is None else band.delta_max
+    lo = band.delta / 4 if band.delta_min is None else band.delta_min
+    hi = band.delta * 4 if band.delta_max is None else band.delta_max
     return float(lo), float(hi)
 
 
-def loss_options(cfg):
+def loss_options(cfg: TrainConfig):
     """The run's ``LossOptions`` (``bandpo.algo.options``), built once from ``algorithm.*`` and
     ``rollout.max_tokens`` (Dr. GRPO's constant length). The adaptive band's ``entropy_scale`` is
     left None: it is known only per step (``batch``) or once the model is loaded (``logv``)."""
@@ -22,8 +27,8 @@ def loss_options(cfg):
     from bandpo.algo.options import LossOptions
 
     a = cfg.algorithm
-    tis_cap = a.get("tis_cap")
-    if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.get("max_staleness", 0) > 0:
+    tis_cap = a.tis_cap
+    if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.max_staleness > 0:
         from bandpo.trainer.overlap import STALE_TIS_CAP
 
         tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
@@ -40,10 +45,10 @@ def loss_options(cfg):
         tis_cap=_float(tis_cap),
         mismatch=a.mismatch.mode,
         mismatch_cap=float(a.mismatch.cap),
-        ratio_cap=_float(a.get("ratio_cap")),
-        tau_pos=_float(a.get("tau_pos")),
-        tau_neg=_float(a.get("tau_neg")),
-        upper_cap=_float(a.get("upper_cap")),
+        ratio_cap=_float(a.ratio_cap),
+        tau_pos=_float(a.tau_pos),
+        tau_neg=_float(a.tau_neg),
+        upper_cap=_float(a.upper_cap),
     )
     if a.name != "bandpo":
         return opts
@@ -55,7 +60,7 @@ def loss_options(cfg):
         upper_cap=band.upper_cap,
         relax_high_p=band.relax_high_p,
     )
-    if band.get("adaptive", "none") == "entropy":
+    if band.adaptive == "entropy":
         lo, hi = band_delta_range(band)
         opts = replace(
             opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm
@@ -67,7 +72,7 @@ def _float(x):
     return None if x is None else float(x)
 
 
-def validate_algorithm(cfg) -> None:
+def validate_algorithm(cfg: TrainConfig) -> None:
     """``algorithm.*``: the name, the options the chosen algorithm reads, and those it does not."""
     from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS

@@ -1,6 +1,7 @@
-"""Compose the Hydra training config from ``configs/`` and the command line's overrides, refusing an
-override of a key the config does not have (naming the closest one), then validate it
-(``bandpo.config.rules``).
+"""Compose the Hydra training config from ``configs/`` and the command line's overrides over the schema
+(``bandpo.config.schema``), refusing an override of a key the config does not have (naming the closest
+one) or a value of the wrong type (naming the key), turn it into the schema's dataclasses, then
+validate it (``bandpo.config.rules``).
 """
 
 from __future__ import annotations
@@ -8,17 +9,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from bandpo.config.schema import TrainConfig
 from bandpo.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "train"):
-    """The composed config for ``overrides`` (as on the command line), validated."""
+SCHEMA_NAME = "train_schema"  # configs/train.yaml's first default: the typed base every group merges into
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainConfig:
+    """The composed config for ``overrides`` (as on the command line) as the schema's dataclasses, validated."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
 
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
 
@@ -31,18 +38,37 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train"):
                 check_override_keys(overrides, schema)
             try:
                 cfg = hydra_compose(config_name, overrides=list(overrides))
-            except HydraException:
+            except Exception:  # an override below a null section fails inside OmegaConf: name the key
                 check_override_keys(overrides, schema)
                 raise
     except HydraException as e:
         hint = ""
         if "'algorithm.band." in str(e):  # grpo / clip_higher have no band block to override
             hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
-        raise ConfigError(f"config error: {e}{hint}") from None
+        # a value the schema's type refuses: Hydra's line naming the override, then OmegaConf's reason
+        why = str(getattr(e.__cause__, "msg", "") or "").split("\n")[0]
+        message = f"{str(e).splitlines()[0]}: {why}" if why else str(e)
+        raise ConfigError(f"config error: {message}{hint}") from None
     from bandpo.config.rules import validate
 
-    validate(cfg)
-    return cfg
+    typed = to_typed(cfg)
+    validate(typed)
+    return typed
+
+
+def to_typed(cfg) -> TrainConfig:
+    """The composed DictConfig as ``TrainConfig`` (interpolations resolved); a ``???`` left, a broken
+    interpolation or a value of the wrong type is a ``ConfigError`` naming the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        key = e.full_key
+        raise ConfigError(f"config error: {key} is required (it is ???); set it with {key}=...") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config error: {e.full_key}: {e.msg}") from None
 
 
 def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
@@ -86,7 +112,12 @@ def _dotted_keys(node, prefix: str = "") -> set[str]:
 
 
 def to_plain(node):
-    """An OmegaConf node as plain Python containers (interpolations resolved); other values unchanged."""
+    """A config section (a schema dataclass or an OmegaConf node) as plain Python containers
+    (interpolations resolved); other values unchanged."""
+    import dataclasses
+
     from omegaconf import OmegaConf
 
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return dataclasses.asdict(node)
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node

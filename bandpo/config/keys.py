@@ -1,5 +1,5 @@
-"""Reading one config key for validation: its value (a ``???`` or a broken interpolation is an error
-naming the key), and the checks that name the key and the value they refuse. A rule written next
+"""Reading one config key of the typed config for validation, and the checks that name the key and
+the value they refuse. A rule written next
 to its mechanism (a ``check_*`` raising ``ValueError``) runs through ``_rule``, which re-raises its
 message as a ``ConfigError``.
 """
@@ -13,16 +13,15 @@ from bandpo.errors import ConfigError, check, check_choice, check_number
 
 
 def _get(cfg, key: str) -> Any:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import MissingMandatoryValue
-
-    try:
-        value = OmegaConf.select(cfg, key, throw_on_missing=True)
-    except MissingMandatoryValue:
-        raise ConfigError(f"config error: {key} is required (it is ???); set it with {key}=...") from None
-    except Exception as e:  # interpolation errors name the bad reference
-        raise ConfigError(f"config error: {key}: {e}") from None
-    return value
+    """The value at dotted ``key`` of the typed config (``bandpo.config.schema``): every key exists there
+    (the schema refused unknown ones); a section that is null (``algorithm.band`` of another algorithm)
+    gives None for its keys."""
+    node = cfg
+    for part in key.split("."):
+        if node is None:
+            return None
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    return node
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:

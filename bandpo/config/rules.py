@@ -8,14 +8,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bandpo.config.algorithm import validate_algorithm
 from bandpo.config.keys import _check, _choice, _get, _number, _rule
 from bandpo.distributed.precision import check_bf16, check_engine_dtype
 from bandpo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
-def validate(cfg) -> None:
+
+def validate(cfg: TrainConfig) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
     validate_algorithm(cfg)
 
@@ -138,7 +142,7 @@ def validate(cfg) -> None:
         )
 
 
-def reuse_old_logprobs(cfg) -> bool:
+def reuse_old_logprobs(cfg: TrainConfig) -> bool:
     """Whether the update's first optimizer step takes its old log-probs from its own forward
     (``actor.reuse_old_logprobs``).
 
@@ -153,11 +157,7 @@ def reuse_old_logprobs(cfg) -> bool:
         value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value
     )
     band = _get(cfg, "algorithm.band") if _get(cfg, "algorithm.name") == "bandpo" else None
-    needs_pass = (
-        band is not None
-        and band.get("adaptive", "none") == "entropy"
-        and band.get("adaptive_norm") == "batch"
-    )
+    needs_pass = band is not None and band.adaptive == "entropy" and band.adaptive_norm == "batch"
     if value is True and needs_pass:
         raise ConfigError(
             "config error: actor.reuse_old_logprobs=true cannot be used with algorithm.band.adaptive="
@@ -167,7 +167,7 @@ def reuse_old_logprobs(cfg) -> bool:
     return not needs_pass and value is not False
 
 
-def _validate_lora(cfg, reuse_old: bool) -> None:
+def _validate_lora(cfg: TrainConfig, reuse_old: bool) -> None:
     """``actor.lora.*``, and the settings LoRA cannot run with (``bandpo.actor.lora``)."""
     rank = _number(cfg, "actor.lora.rank", low=0, integer=True)
     _number(cfg, "actor.lora.alpha", low=0, strict_low=True)
@@ -198,7 +198,7 @@ def _validate_lora(cfg, reuse_old: bool) -> None:
         )
 
 
-def _validate_lora_sync(cfg) -> None:
+def _validate_lora_sync(cfg: TrainConfig) -> None:
     """``rollout.lora_sync`` (``bandpo.weight_sync.lora_adapter``), ``rollout.sync_check_tol``
     (``bandpo.trainer.sync_check``) and the stale-adapter test hook."""
     from bandpo.trainer.sync_check import check_sync_check_tol
@@ -243,7 +243,7 @@ def _validate_lora_sync(cfg) -> None:
     )
 
 
-def _validate_staleness(cfg) -> None:
+def _validate_staleness(cfg: TrainConfig) -> None:
     """``trainer.max_staleness`` and the CPU thread split it uses (``bandpo.trainer.overlap``); a colocated
     GPU layout is refused here when ``trainer.device=cuda`` (with ``auto``, once the trainer knows the device)."""
     from bandpo.distributed.plan import layout_of
@@ -262,7 +262,7 @@ def _validate_staleness(cfg) -> None:
         check_layout(staleness, layout_of(cfg, "cuda"))
 
 
-def _validate_placement(cfg) -> None:
+def _validate_placement(cfg: TrainConfig) -> None:
     """The placement keys; with a cluster shape in the config, the whole plan (bandpo.distributed.plan)."""
     _choice(cfg, "rollout.enforce_eager", ["auto", True, False])
     _choice(cfg, "trainer.dry_run", [True, False])
@@ -278,4 +278,4 @@ def _validate_placement(cfg) -> None:
         gpu_counts(cfg, layout)
     shape = shape_from_config(cfg)
     if shape is not None:
-        make_plan(cfg, shape, decide_device(cfg.trainer.device, cfg.trainer.get("gpus_per_node") or 0))
+        make_plan(cfg, shape, decide_device(cfg.trainer.device, cfg.trainer.gpus_per_node or 0))

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.nodes or args.gpus_per_node:
             shape = ClusterShape(args.nodes or 1, args.gpus_per_node if args.gpus_per_node is not None else 8)
         if shape is None:
-            shape = detect_shape(cfg.trainer.get("ray_address"))
+            shape = detect_shape(cfg.trainer.ray_address)
         plan = make_plan(cfg, shape, decide_device(cfg.trainer.device, shape.gpus_per_node))
         est = estimate_for(cfg, plan, shape, args.gpu_gib)
     except ConfigError as e:

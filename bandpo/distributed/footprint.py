@@ -81,8 +81,12 @@ so the adapter holds ``L x rank x sum over targets (in + out)`` parameters (``ad
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bandpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import ModelConfig
 
 ZERO3_SUB_GROUP_ELEMENTS = 1e9  # DeepSpeed's default stage3 sub_group_size
 SIZE_KEYS = (
@@ -114,18 +118,18 @@ class ModelShape:
         return self.num_kv_heads * (self.hidden_size // self.num_heads)
 
 
-def model_shape(model_cfg) -> ModelShape | None:
+def model_shape(model_cfg: ModelConfig) -> ModelShape | None:
     """The sizes from ``cfg.model``; None when ``model.num_params`` is not set (no estimate), and a
     ``ConfigError`` naming the key when it is set but another size is missing."""
-    if model_cfg.get("num_params") is None:
+    if model_cfg.num_params is None:
         return None
-    missing = [k for k in SIZE_KEYS if model_cfg.get(k) is None]
+    missing = [k for k in SIZE_KEYS if getattr(model_cfg, k) is None]
     if missing:
         raise ConfigError(
             f"config error: model.{missing[0]} is required for the memory estimate when model.num_params is set "
             f"(from the model's config.json)"
         )
-    return ModelShape(**{k: int(model_cfg.get(k)) for k in SIZE_KEYS})
+    return ModelShape(**{k: int(getattr(model_cfg, k)) for k in SIZE_KEYS})
 
 
 def layer_activation_bytes(shape: ModelShape, lp: int, packed: bool = True) -> int:

@@ -72,6 +72,7 @@ GiB or two of the capacity is worth a margin.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bandpo.distributed.footprint import (
     adapter_params,
@@ -82,6 +83,9 @@ from bandpo.distributed.footprint import (
 )
 from bandpo.distributed.plan import Plan
 from bandpo.distributed.precision import resolve_bf16
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 GIB = float(1 << 30)
 # Per process on a GPU: the CUDA context, cuBLAS/cuDNN workspaces and NCCL's communicator buffers.
@@ -149,22 +153,22 @@ class MemoryEstimate:
         }
 
 
-def offload_during_rollout(cfg, layout: str) -> bool:
+def offload_during_rollout(cfg: TrainConfig, layout: str) -> bool:
     """``actor.offload_during_rollout``: null (auto) = on in the colocated GPU layout only; never on CPU."""
-    value = cfg.actor.get("offload_during_rollout")
+    value = cfg.actor.offload_during_rollout
     if layout == "cpu":
         return False
     return layout == "colocated" if value is None else bool(value)
 
 
-def lora_of(cfg) -> tuple[int, tuple[str, ...]] | None:
+def lora_of(cfg: TrainConfig) -> tuple[int, tuple[str, ...]] | None:
     """``(actor.lora.rank, actor.lora.target_modules)`` when LoRA is on (rank > 0), else None."""
-    lora = cfg.actor.get("lora") or {}
-    rank = int(lora.get("rank") or 0)
-    return (rank, tuple(lora.get("target_modules") or ())) if rank > 0 else None
+    lora = cfg.actor.lora
+    rank = int(lora.rank)
+    return (rank, tuple(lora.target_modules or ())) if rank > 0 else None
 
 
-def trainable_params(cfg, shape) -> int:
+def trainable_params(cfg: TrainConfig, shape) -> int:
     """T: the parameters the optimizer steps, the model's or with LoRA the adapter's
     (``footprint.adapter_params``: a ``ConfigError`` naming ``actor.lora.target_modules`` for a
     target it cannot size)."""
@@ -172,7 +176,7 @@ def trainable_params(cfg, shape) -> int:
     return shape.num_params if lora is None else adapter_params(shape, *lora)
 
 
-def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
+def actor_parts(cfg: TrainConfig, world: int, bf16: bool = True) -> dict[str, float] | None:
     """The actor's memory in GiB on one of ``world`` ranks (module docstring: full fine-tuning, or
     LoRA's frozen base and trainable adapter); None without model sizes in the config."""
     m, a = cfg.model, cfg.actor
@@ -198,11 +202,11 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
         parts["ref_weights"] = parts["weights"]
     if z3:
         parts["live_params"] = lp * (V * H + ZERO3_PREFETCH_ELEMENTS)
-    ckpt = bool(a.get("gradient_checkpointing") or m.get("gradient_checkpointing"))
-    padding_free = bool(a.get("padding_free") and a.get("max_tokens_per_micro_batch"))
+    ckpt = bool(a.gradient_checkpointing or m.gradient_checkpointing)
+    padding_free = bool(a.padding_free and a.max_tokens_per_micro_batch)
     if padding_free:
         tokens = int(a.max_tokens_per_micro_batch)
-        chunk = int(a.get("logits_chunk_tokens") or 512)
+        chunk = int(a.logits_chunk_tokens or 512)
         head_weight_grad = 0 if lora else (4 + (lp if lp != 4 else 0)) * V * H
         parts["head"] = 3 * 4 * chunk * V + head_weight_grad
     else:
@@ -214,7 +218,7 @@ def actor_parts(cfg, world: int, bf16: bool = True) -> dict[str, float] | None:
     return {k: v / GIB for k, v in parts.items()}
 
 
-def lora_summary(cfg) -> dict | None:
+def lora_summary(cfg: TrainConfig) -> dict | None:
     """With LoRA on: ``{"rank", "target_modules", "adapter_params", "base_params"}`` (the adapter's
     parameters train, the base model's ``model.num_params`` are frozen); None when off or without
     model sizes."""
@@ -251,14 +255,17 @@ def actor_residue(parts: dict[str, float], offload: bool, zero_stage: int) -> fl
 
 
 def memory_estimate(
-    cfg, plan: Plan, capacity_gib: float | None = None, capacity_from: str = "trainer.gpu_memory_gib"
+    cfg: TrainConfig,
+    plan: Plan,
+    capacity_gib: float | None = None,
+    capacity_from: str = "trainer.gpu_memory_gib",
 ) -> MemoryEstimate | None:
     """Per-GPU memory by phase for ``cfg`` laid out as ``plan`` on GPUs of ``capacity_gib`` (None:
     unknown); None on CPU or without model sizes in the config."""
     if plan.layout == "cpu":
         return None
     # GPU layouts only (CPU returned above): auto is bf16 there, the same resolution as the trainer's.
-    parts = actor_parts(cfg, len(plan.of("actor")), resolve_bf16(cfg.actor.get("bf16", "auto"), "cuda"))
+    parts = actor_parts(cfg, len(plan.of("actor")), resolve_bf16(cfg.actor.bf16, "cuda"))
     if parts is None:
         return None
     offload = offload_during_rollout(cfg, plan.layout)
@@ -404,12 +411,12 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def estimate_for(cfg, plan: Plan, shape, gpu_gib: float | None = None) -> MemoryEstimate | None:
+def estimate_for(cfg: TrainConfig, plan: Plan, shape, gpu_gib: float | None = None) -> MemoryEstimate | None:
     """``memory_estimate`` on GPUs of ``gpu_gib`` (the command's flag) if given, else
     ``trainer.gpu_memory_gib``, else the memory the cluster shape reports, else unknown."""
     if gpu_gib is not None:
         return memory_estimate(cfg, plan, float(gpu_gib), "--gpu-gib")
-    if cfg.trainer.get("gpu_memory_gib") is not None:
+    if cfg.trainer.gpu_memory_gib is not None:
         return memory_estimate(cfg, plan, float(cfg.trainer.gpu_memory_gib), "trainer.gpu_memory_gib")
     found = getattr(shape, "gpu_gib", None)
     return memory_estimate(cfg, plan, found, "reported by the GPU") if found else memory_estimate(cfg, plan)

@@ -27,8 +27,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bandpo.errors import ConfigError, check
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 # How a bundle's one GPU is shared in the colocated layout (Ray fractions; vLLM's own memory
 # share is rollout.gpu_memory_utilization). The two add up to the bundle's 1 GPU.
@@ -83,11 +87,11 @@ class ClusterShape:
     gpu_gib: float | None = None  # memory of one GPU; None: not known
 
 
-def layout_of(cfg, device: str) -> str:
+def layout_of(cfg: TrainConfig, device: str) -> str:
     """``cpu`` on CPU; ``split`` when ``actor.gpus`` and ``rollout.gpus`` are set; else ``colocated``."""
     if device == "cpu":
         return "cpu"
-    a, r = cfg.actor.get("gpus"), cfg.rollout.get("gpus")
+    a, r = cfg.actor.gpus, cfg.rollout.gpus
     if (a is None) != (r is None):
         raise ConfigError(
             f"config error: actor.gpus and rollout.gpus go together (split layout), got "
@@ -96,16 +100,16 @@ def layout_of(cfg, device: str) -> str:
     return "split" if a is not None else "colocated"
 
 
-def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
+def make_plan(cfg: TrainConfig, shape: ClusterShape, device: str) -> Plan:
     """The plan for ``cfg`` on a cluster of ``shape``; ``ConfigError`` naming keys and numbers if it cannot fit."""
     layout = layout_of(cfg, device)
     ranks, engines = int(cfg.actor.num_workers), int(cfg.rollout.num_workers)
-    tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
+    tp = int(cfg.rollout.tensor_parallel_size or 1)
     G, N = shape.gpus_per_node, shape.nodes
-    verifiers = cfg.trainer.get("verifier_actors", 1)
+    verifiers = cfg.trainer.verifier_actors
     verifiers = N if verifiers == "per_node" else int(verifiers or 0)  # per_node: one on every node
     # verifier_workers null: the pool takes its node's CPUs and the actor reserves one (bandpo.reward.ray_scorer)
-    vcpus = int(cfg.trainer.get("verifier_workers") or 1)
+    vcpus = int(cfg.trainer.verifier_workers or 1)
     verifier_seats = [Placement("verifier", i, 0, i % max(N, 1), None) for i in range(verifiers)]
     if layout == "cpu":
         workers = [Placement("actor", r, 0, 0, None) for r in range(ranks)]
@@ -177,10 +181,10 @@ def make_plan(cfg, shape: ClusterShape, device: str) -> Plan:
     return Plan(layout, N, G, tp, bundles, workers + verifier_seats, vcpus, notes)
 
 
-def gpu_counts(cfg, layout: str) -> tuple[int, int, int]:
+def gpu_counts(cfg: TrainConfig, layout: str) -> tuple[int, int, int]:
     """``(actor GPUs, rollout GPUs, first rollout GPU)`` of a GPU layout; ``ConfigError`` if the counts disagree."""
     ranks, engines = int(cfg.actor.num_workers), int(cfg.rollout.num_workers)
-    tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
+    tp = int(cfg.rollout.tensor_parallel_size or 1)
     if layout == "colocated":
         check(
             engines * tp == ranks,
@@ -246,9 +250,9 @@ def planned_json(plan: Plan) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- cluster shape
-def shape_from_config(cfg) -> ClusterShape | None:
+def shape_from_config(cfg: TrainConfig) -> ClusterShape | None:
     """``trainer.nnodes`` x ``trainer.gpus_per_node`` when the config gives them (verl-style)."""
-    n, g = cfg.trainer.get("nnodes"), cfg.trainer.get("gpus_per_node")
+    n, g = cfg.trainer.nnodes, cfg.trainer.gpus_per_node
     if n is None and g is None:
         return None
     return ClusterShape(int(n or 1), int(g or 0))

@@ -17,10 +17,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bandpo.errors import EvalUsageError, InputError
 from bandpo.eval.targets import CACHE_CHOICES, Target, materialize, model_dtype, resolve_targets
+
+if TYPE_CHECKING:
+    from bandpo.eval.evaluate import EvalCLIConfig
 
 log = logging.getLogger("bandpo.eval.evaluate")
 
@@ -70,7 +73,7 @@ def _usage_exit(e: BaseException):
     raise SystemExit(2)
 
 
-def _run(cfg, targets: list[Target], datasets, tmp: Path) -> dict:
+def _run(cfg: EvalCLIConfig, targets: list[Target], datasets, tmp: Path) -> dict:
     from bandpo.data.prompts import answer_format_for
     from bandpo.eval.evaluate import evaluate, sampling_params
     from bandpo.hub import load_tokenizer
@@ -139,7 +142,7 @@ def _stem(ev) -> str:
     return f"eval_{ev.template if ev.template in TEMPLATES else 'custom'}_n{ev.n}"
 
 
-def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
+def _out_dir(cfg: EvalCLIConfig, target: Target, per_step_sub: bool) -> Path:
     from bandpo.eval.evaluate import default_out_dir
 
     if cfg.eval.out:
@@ -150,7 +153,9 @@ def _out_dir(cfg, target: Target, per_step_sub: bool) -> Path:
     return default_out_dir(cfg.checkpoint)
 
 
-def _write_one(cfg, target: Target, model_path: str, answer_format: str, results: dict, many: bool) -> dict:
+def _write_one(
+    cfg: EvalCLIConfig, target: Target, model_path: str, answer_format: str, results: dict, many: bool
+) -> dict:
     from bandpo.eval.evaluate import markdown_table
 
     ev = cfg.eval
@@ -199,7 +204,7 @@ def steps_table(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]]) -> 
     return "\n".join(lines)
 
 
-def _write_steps(cfg, targets: list[Target], payloads: list[dict]) -> dict:
+def _write_steps(cfg: EvalCLIConfig, targets: list[Target], payloads: list[dict]) -> dict:
     rows = [(t.step, p["results"]) for t, p in zip(targets, payloads)]
     out_dir = Path(cfg.eval.out) if cfg.eval.out else targets[0].run_dir
     out_dir.mkdir(parents=True, exist_ok=True)

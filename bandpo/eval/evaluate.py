@@ -5,8 +5,8 @@
         [eval.limit=N] [eval.engine.KEY=VALUE (make_engine kwargs; eval.engine.dtype: the checkpoint's)]
 
 Arguments are Hydra-style overrides of ``EvalCLIConfig``, whose defaults are the paper's
-protocol (``configs/eval/default.yaml`` is the trainer's eval group: it takes its template and
-lengths from the training config, so the standalone CLI does not read it). Each problem gets
+protocol (the training config's ``eval`` section, ``bandpo.config.schema.TrainEvalConfig``, takes its
+template and lengths from the training config, so the standalone CLI does not read it). Each problem gets
 ``n`` samples (temperature 1.0, top_p 1.0), the verifier scores them, and per dataset we
 report the metrics defined in ``bandpo.eval.metrics``. Outputs: a markdown table on stdout, and
 ``eval_<template>_n<n>.{json,md,png}`` (JSON, table, pass@k plot) in ``eval.out``, by default
@@ -23,11 +23,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bandpo.data.prompts import TEMPLATES, encode_examples
 from bandpo.eval.metrics import check_samples, default_ks, summarize
 from bandpo.types import Example, SamplingParams
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainEvalConfig
 
 log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m` too
 
@@ -194,17 +197,16 @@ def run_eval(
     scorer,
     tokenizer,
     datasets: Mapping[str, Sequence[Example]],
-    cfg: Any,
+    cfg: EvalConfig,
     on_samples: Callable[[dict[str, list[dict]]], None] | None = None,
 ) -> dict[str, float]:
-    """``evaluate`` with an eval config (``EvalConfig``, DictConfig or mapping), as flat scalars for logging.
+    """``evaluate`` with an ``EvalConfig``, as flat scalars for logging.
 
     Keys: ``eval/<dataset>/mean@<n>``, ``/std``, ``/pass@<k>``, ``/maj@<n>``,
     ``/response_length``, ``/truncated``, ``/num_problems`` and
     ``/status_frac/<status>`` (fraction of samples with that verifier status).
     ``on_samples`` receives ``{dataset: per-problem samples}`` (the trainer's eval traces).
     """
-    cfg = to_eval_config(cfg)
     results = evaluate(
         engine,
         scorer,
@@ -238,15 +240,15 @@ def flatten_metrics(results: Mapping[str, Mapping[str, Any]], prefix: str = "eva
     return flat
 
 
-def to_eval_config(cfg: Any) -> EvalConfig:
-    """An ``EvalConfig`` from itself, a DictConfig or a plain mapping; unknown keys raise, naming the key."""
+def to_eval_config(cfg: EvalConfig | TrainEvalConfig | Mapping[str, Any]) -> EvalConfig:
+    """An ``EvalConfig`` from itself, the training config's eval section (``TrainEvalConfig``, its
+    interpolations resolved at compose) or a plain mapping; unknown keys raise, naming the key."""
     if isinstance(cfg, EvalConfig):
         return cfg
     from omegaconf import OmegaConf
 
     from bandpo.config import to_plain
 
-    # Resolve against its own root first: the trainer's eval node points at ${rollout.max_tokens}.
     cfg = to_plain(cfg)
     merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg)
     return OmegaConf.to_object(merged)

@@ -11,7 +11,6 @@ must load the actor's weights, even after a step that left them unchanged (``dro
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from bandpo.rollout.worker import generate_on_workers, spawn_rollout_workers
@@ -60,20 +59,21 @@ class RolloutGroup:
         if self.sleeps:
             self.call("sleep")
 
-    def wake(self, load_weights: Callable[[], None] | None = None) -> None:
-        """Before the next rollout or evaluation: weights back on the GPU, ``load_weights()`` (the
-        actor's into them), then the KV cache (verl / OpenRLHF order: the KV cache is reallocated
-        only once the sync's buffers are gone). Without sleep mode only ``load_weights`` runs.
-        Engines that dropped their weights (sleep level 2) refuse to wake without a load."""
-        if self.drops_weights and load_weights is None:
+    def wake_weights(self, load: bool) -> None:
+        """Stage 7's first call: the engines' weights back on the GPU (sleep mode only), before the actor's
+        are loaded into them (``load``). Engines that dropped their weights (sleep level 2) refuse to
+        wake without a load."""
+        if self.drops_weights and not load:
             raise ValueError(
-                "RolloutGroup.wake: the engines sleep at level 2 (rollout.sleep_level=2) and hold no "
-                "weights; wake them with the actor's weights (load_weights)"
+                "RolloutGroup.wake_weights: the engines sleep at level 2 (rollout.sleep_level=2) and hold "
+                "no weights; wake them with the actor's weights (load=True)"
             )
         if self.sleeps:
             self.call("wake_up", ["weights"])
-        if load_weights is not None:
-            load_weights()
+
+    def wake_kv_cache(self) -> None:
+        """Stage 7's last call: the KV cache back (sleep mode only), once the sync's buffers are gone
+        (verl / OpenRLHF order)."""
         if self.sleeps:
             self.call("wake_up", ["kv_cache"])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from bandpo.distributed import stage
 from bandpo.errors import check_number
 from bandpo.reward.checks import check_error_share
 from bandpo.types import SamplingParams, TrainBatch
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 
 @dataclass
@@ -113,7 +117,7 @@ class BatchDrawer:
     (gold), ``rollout`` generates (a ``RolloutGroup``), ``scorer`` grades the decoded responses.
     ``timed(name)`` times a stage into the step's ``time/<name>``."""
 
-    def __init__(self, cfg, sampler, prompts, answers, rollout, scorer, tokenizer, timed):
+    def __init__(self, cfg: TrainConfig, sampler, prompts, answers, rollout, scorer, tokenizer, timed):
         self.cfg, self.sampler, self.prompts, self.answers = cfg, sampler, prompts, answers
         self.rollout, self.scorer, self.tokenizer, self.timed = rollout, scorer, tokenizer, timed
 

@@ -1,4 +1,4 @@
-"""What the trainer starts before its first step.
+"""What the trainer starts before its first step (``setup``).
 
 In start-up order: the model (a recipe's build, ``ensure_model``), the training prompts
 and the reward scheme from the config (the trainer then clears /dev/shm of what dead runs left:
@@ -12,11 +12,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bandpo.config import to_plain
 from bandpo.distributed.precision import engine_dtype, resolve_bf16
 from bandpo.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import ModelConfig, TrainConfig
 
 
 def live_shape():
@@ -34,7 +37,7 @@ def live_shape():
 BUILDS = {"tiny_arith": "bandpo.models.tiny_arith", "smollm2_gguf": "bandpo.models.smollm2"}
 
 
-def ensure_model(model_cfg) -> str:
+def ensure_model(model_cfg: ModelConfig) -> str:
     """The model path, building a recipe's model first when ``model.build`` asks for it.
 
     ``tiny_arith`` builds the tiny recipe's model at ``model.path``; ``model.build_args`` are fields of
@@ -52,8 +55,8 @@ def ensure_model(model_cfg) -> str:
     import importlib
 
     path = os.path.expanduser(str(model_cfg.path))
-    build = model_cfg.get("build")
-    build_args = dict(to_plain(model_cfg.get("build_args") or {}))
+    build = model_cfg.build
+    build_args = dict(model_cfg.build_args)
     if not build:
         return os.path.abspath(path) if os.path.exists(path) else path
     if build not in BUILDS:
@@ -75,7 +78,7 @@ def ensure_model(model_cfg) -> str:
     return path
 
 
-def load_training_prompts(cfg, tokenizer):
+def load_training_prompts(cfg: TrainConfig, tokenizer):
     """``data.train``'s examples rendered with ``data.template`` and tokenized (``EncodedPrompts``);
     prompts longer than ``data.max_prompt_len`` are dropped, and none left is an error naming the keys.
 
@@ -105,7 +108,7 @@ def load_training_prompts(cfg, tokenizer):
     return encoded
 
 
-def reward_scheme(cfg):
+def reward_scheme(cfg: TrainConfig):
     """``trainer.reward``'s ``RewardScheme`` (the overlong penalty counts from ``rollout.max_tokens``)."""
     from bandpo.reward import RewardScheme
 
@@ -120,7 +123,7 @@ def reward_scheme(cfg):
     )
 
 
-def placement_plan(cfg, device: str):
+def placement_plan(cfg: TrainConfig, device: str):
     """The GPU placement plan for the live cluster (``bandpo.distributed.plan``); None on CPU.
 
     The shape is ``trainer.nnodes`` x ``trainer.gpus_per_node`` when the config gives it, else
@@ -133,7 +136,7 @@ def placement_plan(cfg, device: str):
     return make_plan(cfg, shape_from_config(cfg) or live_shape(), "cuda")
 
 
-def weight_transport(cfg, plan) -> str:
+def weight_transport(cfg: TrainConfig, plan) -> str:
     """``rollout.weight_sync`` resolved for the plan's layout (``bandpo.weight_sync.transport``): ipc, nccl or shm."""
     from bandpo.weight_sync.transport import choose_transport
 
@@ -142,7 +145,7 @@ def weight_transport(cfg, plan) -> str:
     )
 
 
-def sync_transport(cfg, plan) -> str:
+def sync_transport(cfg: TrainConfig, plan) -> str:
     """What the trainer's syncs use: "adapter" when ``rollout.lora_sync`` resolves to it
     (``bandpo.weight_sync.lora_adapter``; no plan, or its cpu layout: the engines run on CPUs),
     else ``weight_transport``'s."""
@@ -152,7 +155,7 @@ def sync_transport(cfg, plan) -> str:
     return "adapter" if mode_of(cfg, on_cpu) == "adapter" else weight_transport(cfg, plan)
 
 
-def make_sync(cfg, plan, workers: Workers):
+def make_sync(cfg: TrainConfig, plan, workers: Workers):
     """The run's weight sync (``bandpo.weight_sync.transport.make_weight_sync``) of ``sync_transport``,
     its files and folders named after the driver's pid."""
     from bandpo.shm.weight_files import SHM_PREFIX
@@ -168,7 +171,7 @@ def make_sync(cfg, plan, workers: Workers):
     )
 
 
-def verifier_strategies(cfg, plan) -> list | None:
+def verifier_strategies(cfg: TrainConfig, plan) -> list | None:
     """Verifier actors' scheduling strategies from the plan (None: ``RayScorer``'s own, as on CPU)."""
     if plan is None or cfg.trainer.verifier_actors == "per_node":
         return None  # per_node pins one actor to every node itself
@@ -177,7 +180,7 @@ def verifier_strategies(cfg, plan) -> list | None:
     return [verifier_options(plan, i)["scheduling_strategy"] for i in range(len(plan.of("verifier")))]
 
 
-def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]:
+def rollout_engine_kwargs(cfg: TrainConfig, device: str, plan) -> tuple[dict[str, Any], bool]:
     """``(engine constructor kwargs, whether the engines sleep)`` for ``rollout.backend`` on ``device`` / ``plan``.
 
     Each backend gets only the options it has. ``vllm``: on GPU the TP size, the memory share and
@@ -192,7 +195,7 @@ def rollout_engine_kwargs(cfg, device: str, plan) -> tuple[dict[str, Any], bool]
     """
     ro = cfg.rollout
     gpu = device == "cuda"
-    tp = int(ro.get("tensor_parallel_size", 1) or 1)
+    tp = int(ro.tensor_parallel_size or 1)
     sleeps = gpu and (plan.sleeps if ro.enable_sleep_mode == "auto" else bool(ro.enable_sleep_mode))
     # The engines sample in the dtype the actor computes in, unless model.dtype names one (bandpo.distributed.precision).
     dtype = engine_dtype(cfg.model.dtype, resolve_bf16(cfg.actor.bf16, device))
@@ -239,7 +242,7 @@ class Workers:
     pgs: list = field(default_factory=list)  # GPU: the plan's placement groups, one per node
 
 
-def actor_settings(cfg, bf16: bool) -> dict[str, Any]:
+def actor_settings(cfg: TrainConfig, bf16: bool) -> dict[str, Any]:
     """An actor rank's training settings from ``actor.*`` (and the rollout's group size and temperature,
     the model's checkpointing, the KL's reference model, the run's seed): what every rank gets, whatever
     the placement (``start_workers`` adds the Ray and thread options)."""
@@ -252,7 +255,7 @@ def actor_settings(cfg, bf16: bool) -> dict[str, Any]:
         warmup_steps=ac.warmup_steps,
         grad_clip=ac.grad_clip,
         bf16=bf16,
-        gradient_checkpointing=ac.gradient_checkpointing or cfg.model.get("gradient_checkpointing", False),
+        gradient_checkpointing=ac.gradient_checkpointing or cfg.model.gradient_checkpointing,
         mini_batch_size=ac.mini_batch_prompts * ro.n,
         micro_batch_size=ac.micro_batch_size,
         logprob_token_budget=ac.logprob_token_budget,
@@ -267,7 +270,9 @@ def actor_settings(cfg, bf16: bool) -> dict[str, Any]:
     )
 
 
-def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: Workers) -> Workers:
+def start_workers(
+    cfg: TrainConfig, device: str, plan, model_path: str, scheme, phase, into: Workers
+) -> Workers:
     """Start the rollout engines, the actor ranks and the verifier, overlapped, into ``into``.
 
     Ray builds actors in the background: the engines and the actor ranks are launched
@@ -302,7 +307,7 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
         ro.num_workers,
         ac.num_workers,
         cfg.trainer.max_staleness,
-        ro.get("cpu_threads"),
+        ro.cpu_threads,
         ac.cpu_threads,
     )
     # CPU: the engine core and its one worker run inside the rollout actor's process (no
@@ -385,6 +390,76 @@ def start_workers(cfg, device: str, plan, model_path: str, scheme, phase, into: 
     with phase("actor"), stage("start", "actor"):
         into.actor.wait_ready()
     return into
+
+
+def setup(t) -> None:
+    """The trainer's start-up, in order: its worker logs, the model (a recipe's build), the tokenizer,
+    the training prompts and their sampler, the held-out sets, the adaptive band's log V scale, Ray
+    (after clearing what dead runs left in /dev/shm) and the node checks, the placement plan, the
+    workers (``start_workers``), the batch drawer, the stale-weights check's tolerance, the start-up
+    report and the metrics log; each into ``t``, the ``bandpo.trainer.loop.Trainer`` (not imported here:
+    the loop imports this module), so that its ``close`` tears down what started."""
+    import math
+    from dataclasses import replace
+
+    from bandpo.data import EpochSampler, load_eval_sets
+    from bandpo.distributed import init_ray
+    from bandpo.distributed.nodes import check_nodes
+    from bandpo.distributed.plan import layout_of
+    from bandpo.hub import load_tokenizer
+    from bandpo.run.metrics_log import MetricsLogger
+    from bandpo.run.worker_logs import setup_run_logs
+    from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
+    from bandpo.shm.weight_files import remove_stale_weight_files
+    from bandpo.trainer.dynamic_sampling import BatchDrawer
+    from bandpo.trainer.overlap import check_layout
+    from bandpo.trainer.sync_check import sync_check_tol_of
+
+    cfg = t.cfg
+    t_setup = time.perf_counter()
+    t.logs_dir = setup_run_logs(t.out, cfg.trainer.verbose)  # worker output: <run>/logs/
+    with t.startup_phase("model"):
+        t.model_path = ensure_model(cfg.model)
+    if t.model_path != os.path.expanduser(str(cfg.model.path)):
+        # A build stood in for an unreachable hub id, or a local path became absolute: config.yaml names
+        # the weights it trained, where evaluating its checkpoints takes the config and tokenizer from.
+        cfg.model.path = t.model_path
+        t.write_config()
+    t.tokenizer = load_tokenizer(t.model_path, "model.path")  # the first read of a hub model
+    encoded = load_training_prompts(cfg, t.tokenizer)
+    t.examples = encoded.examples
+    t.sampler = EpochSampler(len(encoded.prompt_ids), seed=cfg.data.shuffle_seed)
+    t.eval_sets = (
+        load_eval_sets(cfg.eval.datasets, cfg.eval.paths or None, limit=cfg.eval.limit)
+        if cfg.trainer.eval_every or cfg.trainer.eval_before_train
+        else {}
+    )
+    if t.loss.band_adaptive == "entropy" and t.loss.entropy_norm == "logv":
+        from transformers import AutoConfig
+
+        t.loss = replace(t.loss, entropy_scale=math.log(AutoConfig.from_pretrained(t.model_path).vocab_size))
+    remove_stale_weight_files()
+    shm_before = clean_shm(t.out)
+    with t.startup_phase("ray"):
+        t.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, t.logs_dir)
+        check_nodes(str(t.out), model_path=t.model_path)  # bandpo, releases, run folder, model
+        check_layout(cfg.trainer.max_staleness, layout_of(cfg, t.device))  # before any worker starts
+        t.plan = placement_plan(cfg, t.device)
+    start_workers(cfg, t.device, t.plan, t.model_path, reward_scheme(cfg), t.startup_phase, t.workers)
+    t.drawer = BatchDrawer(
+        cfg,
+        t.sampler,
+        encoded.prompt_ids,
+        [e.answer for e in t.examples],
+        t.workers.rollout,
+        t.workers.scorer,
+        t.tokenizer,
+        t.timed,
+    )
+    t.sync_tol = sync_check_tol_of(cfg, t.device)  # the stale-weights check's (None: off)
+    record_new_entries(t.out, shm_before)  # vLLM's queues: removed by the next start if we die
+    report_startup(t.out, t.startup, time.perf_counter() - t_setup)
+    t.logger = MetricsLogger(t.out, cfg.trainer.total_steps, to_plain(cfg.trainer.wandb), to_plain(cfg))
 
 
 def report_startup(out: Path, phases: dict[str, float], total: float) -> None:

@@ -16,9 +16,9 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
        trace       every trainer.trace_every steps: the groups with texts, grades and advantages
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
                    (``ActorGroup.old_logprobs``)
-    6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed (``ActorGroup.train``)
+    6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed (``ActorGroup.update``)
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
-                   (``RolloutGroup.wake``, ``bandpo.weight_sync``); the first sync of a run, and
+                   (``Trainer.wake_engines``, ``bandpo.weight_sync``); the first sync of a run, and
                    every one with rollout.verify_sync, is checked tensor by tensor against the
                    actor's weights (``bandpo.weight_sync.checksums``; ``time/verify_sync``); LoRA on
                    vLLM: the adapter alone (rollout.lora_sync), checked by the next batch's log-probs
@@ -52,42 +52,30 @@ Departures from the paper's scripts, stated:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bandpo.actor.group import UpdateResult
 from bandpo.algo import compute_advantages
 from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
-from bandpo.config import loss_options, to_plain
-from bandpo.distributed import init_ray, stage
-from bandpo.distributed.nodes import check_nodes
-from bandpo.distributed.plan import layout_of
+from bandpo.config import loss_options
+from bandpo.distributed import stage
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
-from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
-from bandpo.run.worker_logs import setup_run_logs
-from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
-from bandpo.shm.weight_files import remove_stale_weight_files
-from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
-from bandpo.trainer.launch import (
-    Workers,
-    ensure_model,
-    load_training_prompts,
-    placement_plan,
-    report_startup,
-    reward_scheme,
-    start_workers,
-)
-from bandpo.trainer.overlap import Background, InFlight, check_layout, in_flight_types, overlap_seconds
+from bandpo.trainer.dynamic_sampling import Drawn, check_groups
+from bandpo.trainer.launch import Workers
+from bandpo.trainer.overlap import Background, InFlight, in_flight_types, overlap_seconds
 from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
-from bandpo.trainer.sync_check import check_sync, sync_check_tol_of
+from bandpo.trainer.sync_check import check_sync
 from bandpo.types import TrainBatch
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
 
 
 class Trainer:
@@ -95,14 +83,12 @@ class Trainer:
     sync_over = False  # the last step's stale-weights check was over its tolerance
     synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
 
-    def __init__(self, cfg):
-        from omegaconf import OmegaConf
-
+    def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         # the driver's: every node writes the same folder
         self.out = Path(os.path.abspath(cfg.trainer.output_dir))
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        self.write_config()
         self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
         self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
         self.timings: dict[str, float] = {}  # stage -> seconds of the current step
@@ -122,62 +108,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        from bandpo.data import EpochSampler, load_eval_sets
-        from bandpo.hub import load_tokenizer
+        """Start-up: the model, data, Ray, placement and workers (``bandpo.trainer.launch.setup``)."""
+        from bandpo.trainer.launch import setup
 
-        cfg = self.cfg
-        t_setup = time.perf_counter()
-        self.logs_dir = setup_run_logs(self.out, cfg.trainer.verbose)  # worker output: <run>/logs/
-        with self.startup_phase("model"):
-            self.model_path = ensure_model(cfg.model)
-        if self.model_path != os.path.expanduser(str(cfg.model.path)):
-            # A build stood in for an unreachable hub id, or a local path became absolute: config.yaml names
-            # the weights it trained, where evaluating its checkpoints takes the config and tokenizer from.
-            from omegaconf import OmegaConf
-
-            cfg.model.path = self.model_path
-            (self.out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-        self.tokenizer = load_tokenizer(self.model_path, "model.path")  # the first read of a hub model
-        encoded = load_training_prompts(cfg, self.tokenizer)
-        self.examples = encoded.examples
-        self.sampler = EpochSampler(len(encoded.prompt_ids), seed=cfg.data.shuffle_seed)
-        self.eval_sets = (
-            load_eval_sets(list(cfg.eval.datasets), to_plain(cfg.eval.paths) or None, limit=cfg.eval.limit)
-            if cfg.trainer.eval_every or cfg.trainer.eval_before_train
-            else {}
-        )
-        if self.loss.band_adaptive == "entropy" and self.loss.entropy_norm == "logv":
-            from transformers import AutoConfig
-
-            self.loss = replace(
-                self.loss, entropy_scale=math.log(AutoConfig.from_pretrained(self.model_path).vocab_size)
-            )
-        remove_stale_weight_files()
-        shm_before = clean_shm(self.out)
-        with self.startup_phase("ray"):
-            self.device = init_ray(cfg.trainer.ray_address, cfg.trainer.device, self.logs_dir)
-            check_nodes(str(self.out), model_path=self.model_path)  # bandpo, releases, run folder, model
-            check_layout(cfg.trainer.max_staleness, layout_of(cfg, self.device))  # before any worker starts
-            self.plan = placement_plan(cfg, self.device)
-        start_workers(
-            cfg, self.device, self.plan, self.model_path, reward_scheme(cfg), self.startup_phase, self.workers
-        )
-        self.drawer = BatchDrawer(
-            cfg,
-            self.sampler,
-            encoded.prompt_ids,
-            [e.answer for e in self.examples],
-            self.workers.rollout,
-            self.workers.scorer,
-            self.tokenizer,
-            self.timed,
-        )
-        self.sync_tol = sync_check_tol_of(cfg, self.device)  # the stale-weights check's (None: off)
-        record_new_entries(self.out, shm_before)  # vLLM's queues: removed by the next start if we die
-        report_startup(self.out, self.startup, time.perf_counter() - t_setup)
-        self.logger = MetricsLogger(
-            self.out, cfg.trainer.total_steps, to_plain(cfg.trainer.wandb), to_plain(cfg)
-        )
+        setup(self)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
@@ -268,7 +202,7 @@ class Trainer:
                 actor.offload()
         if updated or rollout.sleeps:
             with self.timed("weight_sync"), stage("weight_sync", "actor/rollout"):
-                rollout.wake(partial(self.load_engines, updated or rollout.drops_weights))
+                self.wake_engines(load=updated or rollout.drops_weights)
         self.engine_version = self.step  # a skipped update leaves the weights of the step before: the same
 
     def advantages(self, drawn: Drawn) -> tuple[TrainBatch, dict[str, float]]:
@@ -313,12 +247,14 @@ class Trainer:
         """Stage 6: the policy update, unless the batch holds a non-finite reward or log-prob (the
         guard counts the skip, or stops the run: ``trainer.on_nonfinite``); None when skipped."""
         cfg = self.cfg
-        if cfg.trainer.inject_nonfinite_step == self.step:  # test hook, see configs/trainer/default.yaml
+        if cfg.trainer.inject_nonfinite_step == self.step:  # test hook (trainer.inject_nonfinite_step)
             inject_nonfinite(batch, cfg.trainer.inject_nonfinite)
         if self.guard.check(self.step, first_nonfinite(batch)):
             return None
         with self.timed("update"), stage("update", "actor"):
-            result = self.workers.actor.train(batch, self.step_loss_options(batch), cfg.actor.epochs, entropy)
+            result = self.workers.actor.update(
+                batch, self.step_loss_options(batch), cfg.actor.epochs, entropy
+            )
         if result.nonfinite_steps:  # the actor discarded those optimizer steps; the others were applied
             self.guard.check(
                 self.step,
@@ -363,6 +299,12 @@ class Trainer:
         return replace(self.loss, entropy_scale=max(float(batch.old_entropy[mask].mean()), 1e-12))
 
     # ------------------------------------------------------------------ pieces
+    def write_config(self) -> None:
+        """<run>/config.yaml: the composed config, every key (``bandpo.config.schema``)."""
+        from omegaconf import OmegaConf
+
+        (self.out / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+
     def startup_phase(self, name: str):
         """Time a start-up phase into ``self.startup`` (printed and written to <run>/startup.json)."""
         return timed_into(self.startup, name)
@@ -371,14 +313,17 @@ class Trainer:
         """Time a step stage into ``self.timings`` (logged as ``time/<name>``)."""
         return timed_into(self.timings, name)
 
-    def load_engines(self, updated: bool) -> None:
-        """Stage 7 between the engines' weights and their KV cache: the actor's weights into them (when
-        the step updated), then, with offload, the actor's own weights the transport read (ZeRO-2's
-        bf16 copy) to host memory before vLLM reallocates its KV cache."""
-        if updated:
+    def wake_engines(self, load: bool) -> None:
+        """Stage 7 in order: the engines' weights wake (sleep mode), the actor's weights go into them
+        (``load``), with offload the actor's own weights the transport read (ZeRO-2's bf16 copy) go to
+        host memory, and only then the engines' KV cache wakes (verl / OpenRLHF order)."""
+        rollout = self.workers.rollout
+        rollout.wake_weights(load)
+        if load:
             self.sync_weights()
         if self.workers.actor.offloads:
             self.workers.actor.offload_weights()
+        rollout.wake_kv_cache()
 
     def sync_weights(self) -> None:
         """Actor -> rollout by ``rollout.weight_sync``'s transport (``bandpo.weight_sync.transport``):
@@ -408,7 +353,7 @@ class Trainer:
         verify_engines(w.actor.workers, w.rollout.workers, float(self.cfg.rollout.weight_sync_timeout))
 
     def evaluate(self) -> dict:
-        from bandpo.eval.evaluate import run_eval
+        from bandpo.eval.evaluate import run_eval, to_eval_config
 
         t0 = time.perf_counter()
         with stage("eval", "rollout"):
@@ -417,7 +362,7 @@ class Trainer:
                 self.workers.scorer,
                 self.tokenizer,
                 self.eval_sets,
-                self.cfg.eval,
+                to_eval_config(self.cfg.eval),
                 on_samples=self._write_eval_trace if self.cfg.trainer.trace_every else None,
             )
         out["time/eval"] = time.perf_counter() - t0
@@ -461,7 +406,7 @@ class Trainer:
         with stage("resume", "actor"):
             self.workers.rollout.sleep()
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
-            self.workers.rollout.wake(lambda: self.load_engines(True))
+            self.wake_engines(load=True)
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
         self.engine_version = self.step
         # None: the next batch is drawn at its step
@@ -486,7 +431,7 @@ class Trainer:
             ray.shutdown()
 
 
-def train(cfg) -> dict:
+def train(cfg: TrainConfig) -> dict:
     """Run training for a composed, validated config; returns the last step's metrics."""
     trainer = Trainer(cfg)
     try:

@@ -47,6 +47,11 @@ the actor's cover the whole vocabulary. A number there is a config error naming 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bandpo.config.schema import TrainConfig
+
 FP32_TOL = 1e-4
 BF16_TOL = 5e-2
 STRIKES = 2  # consecutive checks over the tolerance that stop the run
@@ -91,7 +96,7 @@ def sync_check_tol(
     return FP32_TOL if engine_dtype in ("float32", "fp32") else BF16_TOL
 
 
-def sync_check_tol_of(cfg, device: str) -> float | None:
+def sync_check_tol_of(cfg: TrainConfig, device: str) -> float | None:
     """``sync_check_tol`` of a composed config on ``device`` (the actor's and the engines' dtype decided there)."""
     from bandpo.distributed.precision import engine_dtype, resolve_bf16
 

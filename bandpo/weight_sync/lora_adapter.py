@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from bandpo.config.schema import TrainConfig
+
 LORA_SYNCS = ("auto", "adapter", "merged")
 KEY = "rollout.lora_sync"
 # vLLM's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py, MaxLoRARanks)
@@ -88,7 +90,7 @@ def lora_sync_mode(
     return choice
 
 
-def mode_of(cfg, on_cpu: bool | None = None) -> str | None:
+def mode_of(cfg: TrainConfig, on_cpu: bool | None = None) -> str | None:
     """``lora_sync_mode`` of a composed config; ``on_cpu`` None: ``trainer.device=cpu`` (``auto`` and
     ``cuda`` count as GPUs: config validation cannot see the cluster, the trainer passes what it found)."""
     ro = cfg.rollout

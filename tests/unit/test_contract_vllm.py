@@ -192,7 +192,8 @@ def test_contract_wake_up_tags_are_vllms_memory_pool_tags(vllm):
             self.sent.append((method, *args))
 
     group = Recording()
-    group.wake(lambda: None)
+    group.wake_weights(True)
+    group.wake_kv_cache()
     tags = {t for method, *args in group.sent if method == "wake_up" for t in args[0]}
     source = inspect.getsource(gpu_worker.Worker)
     assert tags == {"weights", "kv_cache"}

@@ -43,7 +43,7 @@ class _Group(ActorGroup):
         first[:FIRST] = 100.0
         return {"nonfinite_steps": 1, "optimizer_steps": 3}, -first, first
 
-    def update(self, batch, options):
+    def update_epoch(self, batch, options):
         self.calls.append(("update", None))
         return {"nonfinite_steps": 0, "optimizer_steps": 3}
 
@@ -55,7 +55,7 @@ def test_without_reuse_every_row_is_computed_and_the_update_adds_nothing():
     assert torch.equal(b.old_logprobs[:, 0], -torch.arange(1.0, N + 1)) and torch.equal(
         entropy[:, 0], torch.arange(1.0, N + 1)
     )
-    out = g.train(b, LossOptions(), epochs=2, entropy=entropy)
+    out = g.update(b, LossOptions(), epochs=2, entropy=entropy)
     assert g.calls[1:] == [("update", None), ("update", None)]
     assert (out.nonfinite_steps, out.optimizer_steps) == (0, 6) and out.entropy is entropy  # complete already
 
@@ -65,7 +65,7 @@ def test_with_reuse_later_rows_first_then_the_first_forward_fills_the_rest():
     entropy = g.old_logprobs(b)
     assert g.calls == [("logprobs", N - FIRST)]
     assert torch.equal(b.old_logprobs[:, 0], torch.tensor([0.0, 0.0, -3, -4, -5, -6]))  # first rows pending
-    out = g.train(b, LossOptions(), epochs=2, entropy=entropy)
+    out = g.update(b, LossOptions(), epochs=2, entropy=entropy)
     assert g.calls[1:] == [("on_policy", False), ("update", None)]  # epoch 0 on-policy, epoch 1 plain
     assert torch.equal(b.old_logprobs[:, 0], torch.tensor([-100.0, -100, -3, -4, -5, -6]))
     assert out.entropy is entropy and torch.equal(entropy[:, 0], torch.tensor([100.0, 100, 3, 4, 5, 6]))
@@ -75,6 +75,6 @@ def test_with_reuse_later_rows_first_then_the_first_forward_fills_the_rest():
 def test_with_reuse_and_one_mini_batch_no_pass_runs():
     g, b = _Group(reuse=True), _batch().select(slice(0, FIRST))
     assert g.old_logprobs(b) is None and b.old_logprobs is None and g.calls == []
-    out = g.train(b, LossOptions(), epochs=1, entropy=None)
+    out = g.update(b, LossOptions(), epochs=1, entropy=None)
     assert g.calls == [("on_policy", True)]
     assert torch.equal(b.old_logprobs[:FIRST, 0], torch.tensor([-100.0, -100])) and out.entropy is not None

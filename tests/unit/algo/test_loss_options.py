@@ -35,7 +35,7 @@ def test_options_are_every_policy_loss_option_and_nothing_else():
 
 def test_from_config_bandpo_default():
     o = loss_options(compose([]))
-    # configs/algorithm/bandpo.yaml + base.yaml + the tiny model's rollout.max_tokens.
+    # configs/algorithm/bandpo.yaml over the schema (AlgorithmConfig) + the tiny model's rollout.max_tokens.
     cfg = compose([])
     assert (o.algorithm, o.divergence, o.delta, o.agg) == (
         "bandpo",

@@ -72,10 +72,10 @@ def test_adapter_params_equal_peft_trainable_parameters(kind, targets):
 def test_adapter_params_of_the_shipped_models_by_hand():
     # rank 64, every target, per layer: q and o (H + H), k and v (H + K), gate, up and down (H + I).
     cfg = compose(["model=qwen2.5-7b"]).model  # H 3584, I 18944, K = 4 x 128 = 512, 28 layers
-    shape = ModelShape(**{k: int(cfg[k]) for k in ModelShape.__dataclass_fields__})
+    shape = ModelShape(**{k: int(getattr(cfg, k)) for k in ModelShape.__dataclass_fields__})
     assert adapter_params(shape, 64, ALL) == 64 * 28 * (2 * 7168 + 2 * 4096 + 3 * 22528) == 161_480_704
     cfg = compose(["model=llama3-8b"]).model  # H 4096, I 14336, K = 8 x 128 = 1024, 32 layers
-    shape = ModelShape(**{k: int(cfg[k]) for k in ModelShape.__dataclass_fields__})
+    shape = ModelShape(**{k: int(getattr(cfg, k)) for k in ModelShape.__dataclass_fields__})
     assert adapter_params(shape, 64, ALL) == 64 * 32 * (2 * 8192 + 2 * 5120 + 3 * 18432) == 167_772_160
 
 

@@ -17,6 +17,7 @@ from bandpo.eval.evaluate import (
     load_cli_config,
     markdown_table,
     run_eval,
+    to_eval_config,
 )
 from bandpo.eval.metrics import (
     default_ks,
@@ -254,7 +255,7 @@ def test_run_eval_flat_keys(tokenizer):
         AnswerLineScorer(),
         tokenizer,
         sets,
-        {"n": 4, "max_tokens": 8, "template": "boxed"},
+        to_eval_config({"n": 4, "max_tokens": 8, "template": "boxed"}),
     )
     assert flat["eval/a/mean@4"] == pytest.approx(3 / 8)
     assert flat["eval/b/pass@1"] == 1.0
@@ -270,7 +271,7 @@ def test_run_eval_flat_keys(tokenizer):
         assert key in flat
     assert all(isinstance(v, float) for v in flat.values())
     with pytest.raises(Exception, match="bogus"):
-        run_eval(None, None, tokenizer, sets, {"bogus": 1})
+        to_eval_config({"bogus": 1})
 
 
 def test_table_and_plot(tokenizer, tmp_path):
@@ -329,19 +330,12 @@ def test_cli_config_errors_name_the_key(argv, match):
 
 
 def test_trainer_eval_group_is_accepted():
-    """configs/eval/default.yaml, resolved inside the training config, must fit ``EvalConfig``."""
-    configs = Path(__file__).resolve().parents[3] / "configs"
-    if not (configs / "train.yaml").is_file():
-        pytest.skip("no configs/train.yaml")
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
+    """The training config's eval section, resolved at compose, must fit ``EvalConfig``."""
+    from bandpo.config import compose
     from bandpo.eval.evaluate import to_eval_config
 
-    with initialize_config_dir(config_dir=str(configs), version_base=None):
-        cfg = compose(config_name="train", overrides=["model=qwen2.5-3b", "data=dapo_math"])
-    ev = to_eval_config(cfg.eval)  # the node itself, as the trainer passes it: interpolations into its root
-    assert ev == to_eval_config(OmegaConf.to_container(cfg.eval, resolve=True))
+    cfg = compose(["model=qwen2.5-3b", "data=dapo_math"])
+    ev = to_eval_config(cfg.eval)  # the section itself, as the trainer passes it
     assert ev.datasets == ["amc23", "aime24", "aime25"] and ev.max_tokens == cfg.rollout.max_tokens
     assert ev.template == cfg.data.template
 

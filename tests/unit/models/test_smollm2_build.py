@@ -79,11 +79,10 @@ def test_the_stamp_changes_with_the_recipe(monkeypatch):
 
 
 def test_unknown_build_argument_names_the_key():
-    from omegaconf import OmegaConf
-
+    from bandpo.config.schema import ModelConfig
     from bandpo.trainer.launch import ensure_model
 
-    cfg = OmegaConf.create({"path": "/tmp/x", "build": "smollm2_gguf", "build_args": {"sft_steps": 3}})
+    cfg = ModelConfig(name="smollm2", path="/tmp/x", build="smollm2_gguf", build_args={"sft_steps": 3})
     with pytest.raises(
         ConfigError, match=r"model.build_args.sft_steps is not an argument of the smollm2_gguf build"
     ):

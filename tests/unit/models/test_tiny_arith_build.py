@@ -39,16 +39,15 @@ def test_a_foreign_folder_is_never_replaced(tmp_path, no_build):
 
 
 def test_ensure_model_builds_through_the_package(tmp_path, no_build):
-    from omegaconf import OmegaConf
+    from dataclasses import replace
 
+    from bandpo.config.schema import ModelConfig
     from bandpo.trainer.launch import ensure_model
 
     _fake_cached(tmp_path / "model", tiny_arith.BuildArgs(sft_steps=3))
-    cfg = OmegaConf.create(
-        {"path": str(tmp_path / "model"), "build": "tiny_arith", "build_args": {"sft_steps": 3}}
-    )
+    cfg = ModelConfig(name="tiny", path=str(tmp_path / "model"), build="tiny_arith", build_args={"sft_steps": 3})
     assert ensure_model(cfg) == str(tmp_path / "model")
     with pytest.raises(ValueError, match="not a known recipe; valid: tiny_arith"):
-        ensure_model(OmegaConf.merge(cfg, {"build": "other"}))
+        ensure_model(replace(cfg, build="other"))
     with pytest.raises(ValueError, match=r"build_args.sft_step is not an argument .*valid: \[.*'sft_steps'"):
-        ensure_model(OmegaConf.merge(cfg, {"build_args": {"sft_step": 3}}))
+        ensure_model(replace(cfg, build_args={"sft_step": 3}))

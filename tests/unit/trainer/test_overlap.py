@@ -33,9 +33,11 @@ class Engines:
     def sleep(self):  # a no-op without sleep mode, as RolloutGroup's
         pass
 
-    def wake(self, load_weights):
-        if load_weights is not None:
-            load_weights()
+    def wake_weights(self, load):
+        pass
+
+    def wake_kv_cache(self):
+        pass
 
 
 class Draws:
@@ -82,7 +84,7 @@ class Actor:
     def compute_logprobs(self, batch, ref=False):
         return batch.rollout_logprobs.clone(), None  # [N, R]
 
-    def train(self, batch, options, epochs, entropy):
+    def update(self, batch, options, epochs, entropy):
         time.sleep(0.05)
         self.trained.append((int(batch.response_ids[0, 0]), self.version))
         self.version += 1

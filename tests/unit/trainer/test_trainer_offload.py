@@ -38,8 +38,8 @@ class _Actor:
         batch.old_logprobs = torch.zeros(batch.response_ids.shape)  # [N, R]
         return torch.zeros(batch.response_ids.shape)  # [N, R]
 
-    def train(self, batch, options, epochs, entropy):
-        self.log.append("actor.train")
+    def update(self, batch, options, epochs, entropy):
+        self.log.append("actor.update")
         return UpdateResult({"loss": 0.0}, 0, 1, None)
 
 
@@ -52,9 +52,10 @@ class _Rollout:
     def sleep(self):
         self.log.append("engines.sleep")
 
-    def wake(self, load_weights):
+    def wake_weights(self, load):
         self.log.append("engines.wake_up(weights)")
-        load_weights()
+
+    def wake_kv_cache(self):
         self.log.append("engines.wake_up(kv_cache)")
 
 
@@ -96,7 +97,7 @@ def test_states_leave_the_gpu_before_the_engines_wake_and_return_once_they_sleep
         "engines.sleep",
         *moves[:1],
         "actor.old_logprobs",
-        "actor.train",
+        "actor.update",
         *moves[1:],
         "engines.wake_up(weights)",
         "actor->engines weight sync",
@@ -114,7 +115,7 @@ def test_a_skipped_step_syncs_only_when_the_engines_slept_without_their_weights(
     trainer, log = _trainer(True, "trainer.inject_nonfinite_step=1")
     trainer.workers.rollout.drops_weights = drops_weights
     metrics = trainer.train_step()
-    assert metrics["trainer/skipped_steps"] == 1 and "actor.train" not in log
+    assert metrics["trainer/skipped_steps"] == 1 and "actor.update" not in log
     sync = ["actor->engines weight sync"] if drops_weights else []
     assert log[log.index("actor.offload") :] == [
         "actor.offload",

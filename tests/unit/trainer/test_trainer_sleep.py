@@ -18,14 +18,18 @@ class _RecordingGroup(RolloutGroup):
         self.log.extend((w, method, *(tuple(a) for a in args)) for w in self.workers)
 
 
-def _sync(group):
-    return lambda: group.log.append(("actor", "sync"))
+def _wake(group, sync: bool):
+    """Stage 7's calls as ``Trainer.wake_engines`` makes them, a recorded sync between the two wakes."""
+    group.wake_weights(sync)
+    if sync:
+        group.log.append(("actor", "sync"))
+    group.wake_kv_cache()
 
 
 def test_colocated_sleep_then_wake_weights_sync_kv_cache():
     g = _RecordingGroup(sleeps=True)
     g.sleep()
-    g.wake(_sync(g))
+    _wake(g, True)
     assert g.log == [
         ("engine0", "sleep"),
         ("engine1", "sleep"),
@@ -40,7 +44,7 @@ def test_colocated_sleep_then_wake_weights_sync_kv_cache():
 def test_skipped_update_still_wakes_without_sync():
     g = _RecordingGroup(sleeps=True)
     g.sleep()
-    g.wake(None)
+    _wake(g, False)
     assert ("actor", "sync") not in g.log
     assert g.log[-1] == ("engine1", "wake_up", ("kv_cache",))
 
@@ -50,8 +54,8 @@ def test_engines_that_dropped_their_weights_refuse_to_wake_without_a_load():
     g.drops_weights = True  # sleep level 2
     g.sleep()
     with pytest.raises(ValueError, match="rollout.sleep_level=2"):
-        g.wake(None)
-    g.wake(_sync(g))
+        g.wake_weights(False)
+    _wake(g, True)
     assert ("actor", "sync") in g.log
 
 
@@ -80,7 +84,7 @@ def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_
 def test_without_sleep_mode_only_the_sync_runs(sync):
     g = _RecordingGroup(sleeps=False)
     g.sleep()
-    g.wake(_sync(g) if sync else None)
+    _wake(g, sync)
     assert g.log == ([("actor", "sync")] if sync else [])
 
 
@@ -133,12 +137,12 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
     trainer = Trainer.__new__(Trainer)  # no run folder, no Ray: only what sync_weights reads
     trainer.cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", *overrides])
     trainer.plan, trainer.weight_sync = placement_plan(trainer.cfg, "cuda"), None
-    trainer.workers = SimpleNamespace(actor=SimpleNamespace(workers=["rank0"]), rollout=g)
+    trainer.workers = SimpleNamespace(actor=SimpleNamespace(workers=["rank0"], offloads=False), rollout=g)
     trainer.synced, trainer.timings = False, {}
     trainer.verify_sync = lambda: g.log.append(("actor", "verify"))  # the real check needs the engines
     g.sleep()
-    g.wake(trainer.sync_weights)
-    g.wake(trainer.sync_weights)  # the sync object is made once per run
+    trainer.wake_engines(load=True)
+    trainer.wake_engines(load=True)  # the sync object is made once per run
     assert made == [transport]
     assert g.log[:8] == [
         ("engine0", "sleep"),

@@ -76,7 +76,7 @@ def test_max_lora_rank_is_the_smallest_vllm_accepts(rank, want):
         (["rollout.sync_check_tol=0.01", "trainer.max_staleness=1"], r"sync_check_tol=0\.01 .*trainer\.max_staleness"),
         (["rollout.sync_check_tol=0.01", "rollout.top_p=0.9"], r"sync_check_tol=0\.01 .*rollout\.top_p"),
         (["rollout.inject_stale_adapter=2"], r"rollout\.inject_stale_adapter needs rollout\.lora_sync=adapter"),
-        (["rollout.inject_stale_adapter=true"], r"rollout\.inject_stale_adapter must be an adapter load number"),
+        (["rollout.inject_stale_adapter=-1"], r"rollout\.inject_stale_adapter must be an adapter load number"),
     ],
 )  # fmt: skip
 def test_bad_lora_sync_settings_name_the_keys(overrides, message):
