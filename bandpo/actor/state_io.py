@@ -120,8 +120,8 @@ class ActorStateIO:
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
+        from bandpo.flat_buffer import plan_layout
         from bandpo.shm.weight_files import copy_into, open_weights_shm
-        from bandpo.weight_sync.format import plan_layout
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:
@@ -170,7 +170,7 @@ class ActorStateIO:
                 timeout_s=timeout_s,
             )
         elif transport == "nccl":
-            from bandpo.weight_sync.format import plan_layout
+            from bandpo.flat_buffer import plan_layout
             from bandpo.weight_sync.ipc import exchange
             from bandpo.weight_sync.nccl import NcclSender
 

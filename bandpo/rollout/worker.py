@@ -17,7 +17,7 @@ from bandpo.types import RolloutBatch, SamplingParams
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from bandpo.weight_sync.format import TensorMeta
+    from bandpo.flat_buffer import TensorMeta
 
 
 class RolloutWorker:
