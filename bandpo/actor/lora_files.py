@@ -18,8 +18,9 @@ import os
 
 import torch
 
-from bandpo.actor.lora import LoraSettings, is_lora
+from bandpo.actor.lora import LoraSettings
 from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapter_folder
+from bandpo.lora_weights import is_lora
 
 
 def write_adapter(folder: str, module: torch.nn.Module, base_model_path: str) -> int:
