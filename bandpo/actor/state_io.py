@@ -142,8 +142,9 @@ class ActorStateIO:
         Every rank is called, as for the shm sync: under ZeRO-3 the factors are partitioned and every
         rank takes part in their gather (one collective, the adapter being small); under ZeRO-2 every
         rank holds the whole adapter and the others return at once."""
-        from bandpo.actor.lora_files import read_adapter_files, write_adapter
+        from bandpo.actor.lora_files import write_adapter
         from bandpo.lora_weights import lora_factors
+        from bandpo.shm.adapter_dirs import read_adapter_files
 
         if self.rank != 0 and self.zero_stage != 3:
             return 0, None
