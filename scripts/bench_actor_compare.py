@@ -4,11 +4,9 @@ in-process rank, one path (padding-free or padded), one cap R, on long-tailed re
 
 from __future__ import annotations
 
-import os
 import tempfile
-import time
 
-from bench_actor import build_model, matmul_peak, peak_fractions, resolved_bf16
+from bench_common import build_model, matmul_peak, peak_fractions, resolved_bf16, rss_bytes, timed_peak
 
 
 def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int, seed: int, group: int = 1):
@@ -69,32 +67,6 @@ def processed_tokens(batch, actor, update: bool) -> int:
     return sum(len(g) * (max(p[i] for i in g) + max(max(r[i] for i in g), 1)) for g in groups)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def timed_peak(fn):
-    """(seconds, peak RSS bytes) of ``fn()``, RSS sampled every 5 ms by a thread."""
-    import threading
-
-    peak, done = [_rss()], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    t0 = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - t0
-    done.set()
-    thread.join()
-    return seconds, max(peak[0], _rss())
-
-
 def single(args) -> dict:
     """One in-process rank, one path, one R: the numbers of ``--compare``."""
     import torch
@@ -132,7 +104,7 @@ def single(args) -> dict:
     warm = long_tailed_batch(args.rows, 4, 4, args.vocab, seed=1)  # creates the optimizer state
     warm.old_logprobs = actor.compute_logprobs(warm)[0]
     actor.update(warm, loss_options)
-    base = _rss()
+    base = rss_bytes()
     out = {}
     lp_s, lp_peak = timed_peak(lambda: out.update(lp=actor.compute_logprobs(batch, with_entropy=True)))
     batch.old_logprobs = out["lp"][0]

@@ -215,7 +215,7 @@ def main() -> None:
         rank_main(args)
         return
 
-    from bench_actor import build_model
+    from bench_common import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tmp

@@ -69,8 +69,8 @@ def interleaved_medians(fns: dict, reps: int) -> dict[str, float]:
 def bench_sync(engine, weights, reps: int) -> dict:
     import torch
 
+    from bandpo.flat_buffer import HostCopyCounter, copy_bytes_baseline, layout
     from bandpo.shm.weight_files import remove_shm, write_weights_shm
-    from bandpo.weight_sync.format import HostCopyCounter, copy_bytes_baseline, layout
 
     path = f"/dev/shm/bandpo-bench-{os.getpid()}.bin"
     metas, tensors, total = layout(weights)

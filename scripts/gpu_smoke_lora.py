@@ -18,7 +18,7 @@ def lora_states(actor) -> dict:
     under ZeRO-3), the optimizer's fp32 master partitions and Adam's moments."""
     import torch
 
-    from bandpo.actor.lora import lora_factors
+    from bandpo.lora_weights import lora_factors
 
     module, opt = actor.engine.module, actor.engine.optimizer
     names = [n for n, _ in module.named_parameters() if ".lora_" in n]
@@ -110,9 +110,9 @@ def _run(out, model_dir, stage, args, shape, params, workdir: Path, refs: list) 
     import torch
     from safetensors.torch import load_file
 
-    from bandpo.actor.lora import lora_factors
     from bandpo.algo.options import LossOptions
     from bandpo.checkpoint.lora_adapter import ADAPTER_WEIGHTS, adapter_path
+    from bandpo.lora_weights import lora_factors
     from bandpo.types import TrainBatch
 
     cuda = not args.cpu

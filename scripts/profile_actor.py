@@ -243,7 +243,7 @@ def pass_lengths(batch, actor, budget: int) -> list[int]:
 
 def build(args):
     """(actor, batch, loss options, the rows pi_old's pass skips, settings) with the recipe's settings."""
-    from bench_actor import resolved_bf16
+    from bench_common import resolved_bf16
 
     from bandpo.actor import Actor
     from bandpo.config import reuse_old_logprobs
@@ -276,8 +276,7 @@ def build(args):
 def profile(args) -> dict:
     """One dtype in this process: the report (module docstring)."""
     import torch
-    from bench_actor import matmul_peak
-    from bench_actor_compare import timed_peak
+    from bench_common import matmul_peak, timed_peak
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -341,7 +340,7 @@ def profile(args) -> dict:
         report[name].update(summarize(*aggregate(prof.events(), shape.vocab_size), seconds))
     dtype = torch.bfloat16 if settings["dtype"] == "bf16" else torch.float32
     peak = matmul_peak(shape.hidden_size, shape.intermediate_size, dtype, actor.device)
-    for name, r in report.items():  # bench_actor.peak_fractions' count
+    for name, r in report.items():  # bench_common.peak_fractions' count
         r["peak_frac"] = (
             (6 if name == "update" else 2) * params * r["tokens"] / r["seconds"] / peak["flops_per_s"]
         )

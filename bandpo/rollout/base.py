@@ -15,8 +15,8 @@ from bandpo.errors import check_choice
 if TYPE_CHECKING:
     import torch
 
+    from bandpo.flat_buffer import TensorMeta
     from bandpo.types import RolloutBatch, SamplingParams
-    from bandpo.weight_sync.format import TensorMeta
 
 OverlongPolicy = Literal["error", "truncate"]
 

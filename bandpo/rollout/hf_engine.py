@@ -15,10 +15,10 @@ from collections.abc import Iterable
 
 import torch
 
+from bandpo.flat_buffer import TensorMeta
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
 from bandpo.shm.weight_files import read_weights_shm
 from bandpo.types import RolloutBatch, SamplingParams, pad
-from bandpo.weight_sync.format import TensorMeta
 
 log = logging.getLogger(__name__)
 # Engine options that only mean something to vLLM; accepted so one config drives either backend.

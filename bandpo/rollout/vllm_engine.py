@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bandpo.flat_buffer import TensorMeta, metas_to_wire
 from bandpo.rollout.base import OverlongPolicy, check_prompts, empty_batch, response_budget
 from bandpo.shm.weight_files import remove_shm, write_weights_shm
 from bandpo.types import RolloutBatch, SamplingParams
-from bandpo.weight_sync.format import TensorMeta, metas_to_wire
 
 if TYPE_CHECKING:
     from vllm import LLM

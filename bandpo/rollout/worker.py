@@ -17,7 +17,7 @@ from bandpo.types import RolloutBatch, SamplingParams
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from bandpo.weight_sync.format import TensorMeta
+    from bandpo.flat_buffer import TensorMeta
 
 
 class RolloutWorker:
@@ -71,7 +71,7 @@ class RolloutWorker:
     def write_adapter_files(self, folder: str, files: dict[str, bytes]) -> int:
         """Write the adapter's files (actor rank 0's, from another node) into ``folder`` on this node;
         returns the bytes written (``bandpo.weight_sync.lora_adapter``)."""
-        from bandpo.actor.lora_files import write_adapter_files
+        from bandpo.shm.adapter_dirs import write_adapter_files
 
         return write_adapter_files(folder, files)
 

@@ -1,17 +1,20 @@
 """The node-local LoRA adapter folders of ``rollout.lora_sync=adapter`` (``bandpo.weight_sync.lora_adapter``).
 
 Each is ``ADAPTER_PREFIX`` + driver pid + ``-`` + the driver's node address + ``-`` + the folder's
-Ray node id, a folder in /dev/shm (RAM) holding the adapter's two PEFT files. Those of a driver
-that no longer runs are removed at the next run's first sync on every node it syncs to
-(``stale_adapter_dirs``): a pid tells whether its driver still runs only on the driver's own
-machine, so the name carries that machine's address, and the next driver there judges them all.
+Ray node id, a folder in /dev/shm (RAM) holding the adapter's two PEFT files (a node without actor
+ranks gets them as bytes: ``read_adapter_files`` on rank 0's node, ``write_adapter_files`` on its
+own). Those of a driver that no longer runs are removed at the next run's first sync on every node
+it syncs to (``stale_adapter_dirs``): a pid tells whether its driver still runs only on the driver's
+own machine, so the name carries that machine's address, and the next driver there judges them all.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
+from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from bandpo.shm.vllm_leftovers import alive
 
 ADAPTER_PREFIX = "/dev/shm/bandpo-adapter-"
@@ -25,6 +28,26 @@ def node_adapter_dir(prefix: str, node_id: str) -> str:
 def remove_adapter_dir(path: str) -> None:
     """Delete an adapter folder (frees its RAM); a missing one is fine."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def read_adapter_files(folder: str) -> dict[str, bytes]:
+    """The folder's two files as bytes (another node's copy is written from them: ``write_adapter_files``)."""
+    out = {}
+    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def write_adapter_files(folder: str, files: dict[str, bytes]) -> int:
+    """Write ``read_adapter_files``' result into ``folder``; returns the bytes written."""
+    os.makedirs(folder, exist_ok=True)
+    for name, data in files.items():
+        if name not in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+            raise ValueError(f"write_adapter_files: unexpected file {name!r}")
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+    return sum(len(d) for d in files.values())
 
 
 def adapter_dir_names() -> list[str]:

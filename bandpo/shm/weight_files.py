@@ -1,6 +1,6 @@
 """The node-local weight file: every tensor in ONE flat file in ``/dev/shm`` (tmpfs, so RAM).
 
-The writer lays the tensors out in the flat format (``bandpo.weight_sync.format``) and sends
+The writer lays the tensors out in the flat format (``bandpo.flat_buffer``) and sends
 ``(path, metas)``; the engine maps the file and loads zero-copy views. /dev/shm is per machine,
 so each node gets a file of its own (``node_shm_path``; ``bandpo.weight_sync.node``).
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from bandpo.errors import SharedMemoryFull
+from bandpo.flat_buffer import TensorMeta, layout, metas_from_wire, views
 from bandpo.shm.vllm_leftovers import alive
-from bandpo.weight_sync.format import TensorMeta, layout, metas_from_wire, views
 
 COPY_THREADS = 4  # copy threads per weight-file write (``copy_into``)
 # + driver pid + "-" + Ray node id + ".bin": a node's weight-sync buffer

@@ -1,7 +1,7 @@
 """CUDA IPC buckets: the colocated layout's transport (``rollout.weight_sync=ipc``).
 
 Per bucket of parameters (gathered bucket by bucket under ZeRO-3), every actor rank copies the
-bucket into one CUDA buffer on its own GPU (the flat format of ``bandpo.weight_sync.format``) and
+bucket into one CUDA buffer on its own GPU (the flat format of ``bandpo.flat_buffer``) and
 shares it by IPC handle; rank 0 collects every rank's handle, keyed by GPU UUID, and hands them
 to each engine, whose workers each map the buffer on their own GPU and load views of it
 (``open_ipc_bucket``). The weights never pass through host memory: a GPU -> GPU copy into the
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bandpo.weight_sync.format import layout, metas_from_wire, metas_to_wire, views
+from bandpo.flat_buffer import layout, metas_from_wire, metas_to_wire, views
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, ENGINE_HINT, get_within
 
 if TYPE_CHECKING:

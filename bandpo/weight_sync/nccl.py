@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bandpo.distributed.ports import free_port
-from bandpo.weight_sync.format import TensorMeta
+from bandpo.flat_buffer import TensorMeta
 from bandpo.weight_sync.waits import DEFAULT_TIMEOUT_S, ENGINE_HINT, NCCL_HINT, InThread, get_within
 
 if TYPE_CHECKING:

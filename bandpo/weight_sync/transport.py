@@ -155,7 +155,7 @@ class DeviceWeightSync:
                 "the weights' sizes (actor rank 0)",
                 "see the run's logs/actor.log",
             )[0]
-            from bandpo.weight_sync.format import plan_layout
+            from bandpo.flat_buffer import plan_layout
 
             self.last_bytes = sum(m.nbytes for m in plan_layout(specs)[0])  # as the shm sync counts
 

@@ -223,7 +223,7 @@ def test_contract_nccl_weight_sync_infos_are_vllms_dataclasses(vllm):
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
-    from bandpo.weight_sync.format import TensorMeta
+    from bandpo.flat_buffer import TensorMeta
     from bandpo.weight_sync.nccl import ENGINE_KWARGS, update_info, worker_init_infos
 
     for info in worker_init_infos("10.0.0.1", 29500, engines=2, tp=2):

@@ -1,5 +1,5 @@
-"""The import graph of bandpo/ (read from the source, nothing imported): no cycles, and the light
-packages stay off the Ray / engine side.
+"""The import graph of bandpo/ (read from the source, nothing imported): no cycles, the light
+packages stay off the Ray / engine side, and the lower packages import no higher one (``BELOW``).
 
 Every ``import bandpo...`` and ``from bandpo... import ...`` counts, at module level and inside
 functions (a function-level import still ties the two modules together: moving one breaks the
@@ -20,6 +20,29 @@ PACKAGE = ROOT / "bandpo"
 # they must not depend on the packages that start workers.
 LIGHT = ("bandpo.algo", "bandpo.reward")
 HEAVY = ("bandpo.trainer", "bandpo.actor", "bandpo.rollout", "bandpo.distributed")
+# Packages below others: {package: the packages it must not import, directly or inside a function}.
+# The trainer and the actor are built from the first ones; the shm weight file is the transports'
+# (bandpo.weight_sync imports it). bandpo.config is not listed: some of its checks call check
+# functions in actor and trainer modules (function-level imports).
+UPPER = ("bandpo.trainer", "bandpo.train", "bandpo.actor")
+BELOW = {
+    **dict.fromkeys(
+        (
+            "bandpo.checkpoint",
+            "bandpo.data",
+            "bandpo.algo",
+            "bandpo.reward",
+            "bandpo.distributed",
+            "bandpo.run",
+            "bandpo.rollout",
+            "bandpo.weight_sync",
+            "bandpo.flat_buffer",
+            "bandpo.lora_weights",
+        ),
+        UPPER,
+    ),
+    "bandpo.shm": (*UPPER, "bandpo.weight_sync"),
+}
 
 
 def module_files() -> dict[str, Path]:
@@ -127,3 +150,15 @@ def test_light_packages_do_not_import_worker_packages():
                 chain.append(name)
             bad.append(" -> ".join(reversed(chain)))
     assert not bad, "light package imports a worker package:\n" + "\n".join(bad)
+
+
+def test_lower_packages_do_not_import_higher_ones():
+    graph = import_graph()
+    bad = [
+        f"{name} -> {target}"
+        for lower, higher in BELOW.items()
+        for name in sorted(m for m in graph if _in(m, (lower,)))
+        for target in sorted(graph[name])
+        if _in(target, higher)
+    ]
+    assert not bad, "a lower package imports a higher one:\n" + "\n".join(bad)

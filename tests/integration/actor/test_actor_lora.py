@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bandpo.actor.lora import LoraSettings, base_model, merged_by_peft, sync_entries
+from bandpo.actor.lora import LoraSettings, merged_by_peft, sync_entries
+from bandpo.lora_weights import base_model
 from tests.helpers.actor import (
     BANDPO,
     COMPARED_METRICS,
@@ -250,8 +251,8 @@ def test_lora_on_two_zero3_ranks_equals_one_zero2_rank(ray_local, tiny_model_dir
 
     from bandpo.actor import ActorGroup
     from bandpo.actor.loading import weight_files
-    from bandpo.actor.lora import merged_weight
     from bandpo.checkpoint.hf_export import consolidate
+    from bandpo.lora_weights import merged_weight
     from bandpo.types import TrainBatch
 
     lr, steps = 1e-4, 2  # 16 rows, 8 per optimizer step

@@ -139,12 +139,12 @@ class _AdapterEngine:
         return ray.get_runtime_context().get_node_id()
 
     def write_adapter_files(self, folder, files):
-        from bandpo.actor.lora_files import write_adapter_files
+        from bandpo.shm.adapter_dirs import write_adapter_files
 
         return write_adapter_files(folder, files)
 
     def load_adapter(self, folder):
-        from bandpo.actor.lora_files import read_adapter_files
+        from bandpo.shm.adapter_dirs import read_adapter_files
 
         self.loaded = (folder, read_adapter_files(folder))
         return self.node_id()

@@ -6,19 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bandpo.actor.lora import (
-    LoraSettings,
-    apply_lora,
-    base_model,
-    base_name,
-    merge_state_dict,
-    merged_by_peft,
-    merged_weight,
-    reference_mode,
-    sync_entries,
-)
+from bandpo.actor.lora import LoraSettings, apply_lora, merged_by_peft, reference_mode, sync_entries
 from bandpo.config import compose
 from bandpo.errors import ConfigError
+from bandpo.lora_weights import base_model, base_name, merge_state_dict, merged_weight
 from tests.helpers.models import tiny_qwen2
 
 pytest.importorskip("peft")

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from bandpo.actor.lora import LoraSettings, apply_lora
-from bandpo.actor.lora_files import adapter_bytes, read_adapter_files, write_adapter, write_adapter_files
+from bandpo.actor.lora_files import adapter_bytes, write_adapter
 from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from bandpo.shm.adapter_dirs import read_adapter_files, write_adapter_files
 
 pytest.importorskip("peft")
 

@@ -99,7 +99,7 @@ def test_the_drivers_bound_on_a_sync_leaves_nccls_first_rendezvous_a_limit_of_it
 
 
 def test_nccl_group_ranks_and_update_info():
-    from bandpo.weight_sync.format import plan_layout
+    from bandpo.flat_buffer import plan_layout
     from bandpo.weight_sync.nccl import update_info, worker_init_infos
 
     infos = worker_init_infos("10.0.0.1", 29500, engines=3, tp=2)
@@ -315,8 +315,8 @@ def _bind_actor_methods():
 
 def test_publish_streams_parameters_into_the_file_with_one_host_copy(tmp_path, monkeypatch):
     from bandpo.actor.state_io import iter_tensors
+    from bandpo.flat_buffer import HostCopyCounter
     from bandpo.shm import weight_files
-    from bandpo.weight_sync.format import HostCopyCounter
 
     _bind_actor_methods()
     torch.manual_seed(0)

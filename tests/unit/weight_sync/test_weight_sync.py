@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
+from bandpo.flat_buffer import ALIGN, TensorMeta, copy_bytes_baseline, metas_from_wire, metas_to_wire
 from bandpo.shm.weight_files import read_weights_shm, remove_shm, write_weights_shm
-from bandpo.weight_sync.format import ALIGN, TensorMeta, copy_bytes_baseline, metas_from_wire, metas_to_wire
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:

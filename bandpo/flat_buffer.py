@@ -1,5 +1,9 @@
 """The flat weight buffer every transport shares: tensors laid out back to back in one byte buffer.
 
+Outside both its users, the transports (``bandpo.weight_sync``) and the node-local weight file
+(``bandpo.shm.weight_files``), so that ``bandpo.shm`` imports nothing from ``bandpo.weight_sync``
+(which imports it); torch is its only dependency.
+
 Each tensor starts at an ``ALIGN``-byte boundary and is described by a ``TensorMeta`` (name,
 dtype, shape, byte offset); a receiver rebuilds typed zero-copy views from the buffer and the
 metas alone. vLLM's ``collective_rpc`` turns tensors in its arguments into plain lists, so the
