@@ -2,8 +2,10 @@
 reads with its paper's defaults, and the metrics it adds.
 
 Each entry is defined beside its surrogate or bounds (``bandpo.algo.clipped``: grpo, clip_higher,
-bandpo; ``bandpo.algo.dcpo``; ``bandpo.algo.rivals``), so that adding an algorithm touches its own
-module and the registry's list of modules, not the loss or the config.
+bandpo; ``bandpo.algo.dcpo``; ``bandpo.algo.rivals``) and listed in that module's ``ENTRIES``, so that
+adding an algorithm touches its own module, not the loss or the config's validation; its recipe
+(``configs/algorithm/<name>.yaml``) and the name lists kept by hand in the docs follow
+(``tests/unit/algo/test_registry.py`` checks them against the registry).
 
 The surrogate's contract, called by ``bandpo.algo.losses.policy_loss`` as
 ``algo.surrogate(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy)``:

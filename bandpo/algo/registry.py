@@ -1,8 +1,8 @@
 """Every algorithm by name: the entries (``bandpo.algo.algorithm.Algorithm``) of the modules that
 define them, and the refusal of an option the chosen algorithm does not read.
 
-The order is the modules' below and each module's own: it is the order of every list of names shown
-(``algorithm must be one of ...``, the readers of an option), so a new algorithm is added at the end.
+The order is the modules' below, each in its own ``ENTRIES`` order: it is the order of every list of
+names shown (``algorithm must be one of ...``, the readers of an option in a refusal).
 """
 
 from __future__ import annotations
