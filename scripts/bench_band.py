@@ -17,6 +17,7 @@ import time
 import torch
 
 from bandpo.algo import (
+    ALGORITHMS,
     MISMATCH_MODES,
     LossOptions,
     adaptive_delta,
@@ -138,9 +139,10 @@ def main() -> None:
         old_entropy=entropy,
     )
     loss_fns["dcpo"] = loss_fn("dcpo", upper_cap=10.0)  # DAC's per-token bounds: a closed form, like tv
-    # The rivals (their own surrogate, no dual clip) and the mismatch corrections on top of grpo.
+    # The rivals (a surrogate of their own: no ratio bounds, no dual clip) and the mismatch corrections on
+    # top of grpo.
     loss_fns.update(
-        {name: loss_fn(name, dual_clip=None) for name in ("dppo_tv", "dppo_kl", "gspo", "cispo", "sapo")}
+        {name: loss_fn(name, dual_clip=None) for name, algo in ALGORITHMS.items() if algo.bounds is None}
     )
     loss_fns.update({f"grpo+{mode}": loss_fn("grpo", mismatch=mode) for mode in MISMATCH_MODES[1:]})
     bounds_ms = median_ms(bound_fns, args.reps, args.device)

@@ -1,4 +1,4 @@
-"""Pure-torch algorithm core: Band operator, policy losses, advantages.
+"""Pure-torch algorithm core: Band operator, the registry of algorithms, policy losses, advantages.
 
 Imports nothing heavier than torch (no ray, vllm or deepspeed): a test enforces it.
 """
@@ -9,7 +9,8 @@ from bandpo.algo.band import DIVERGENCES, band_bounds
 from bandpo.algo.dcpo import dac_bounds
 from bandpo.algo.losses import aggregate, kl_penalty, policy_loss, ratio_interval
 from bandpo.algo.mismatch import MISMATCH_MODES, mismatch_stats, mismatch_weights, tis_weights
-from bandpo.algo.options import AGG_MODES, ALGORITHMS, LossOptions, get_algorithm
+from bandpo.algo.options import AGG_MODES, LossOptions
+from bandpo.algo.registry import ALGORITHMS, get_algorithm
 
 __all__ = [
     "ADAPTIVE_MODES",

@@ -106,6 +106,23 @@ def check_delta_range(delta_min, delta_max, names: tuple[str, str] = ("delta_min
         raise ValueError(f"{names[1]} must be >= {names[0]}={delta_min}, got {delta_max!r}")
 
 
+def radius_from_options(options, old_entropy: torch.Tensor | None, old_logprobs: torch.Tensor):
+    """The per-token radius [N, R] a run's ``LossOptions`` asks for: ``adaptive_delta`` of ``old_entropy``
+    with ``band_adaptive="entropy"``, None with ``none`` (the band's global ``delta`` then)."""
+    o = options
+    if o.band_adaptive == "none":
+        return None
+    if old_entropy is None or o.delta_min is None or o.delta_max is None or o.entropy_scale is None:
+        raise ValueError("band_adaptive='entropy' needs old_entropy, delta_min, delta_max and entropy_scale")
+    if old_entropy.shape != old_logprobs.shape:
+        raise ValueError(
+            f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}"
+        )
+    return adaptive_delta(
+        old_entropy, delta_min=o.delta_min, delta_max=o.delta_max, scale=o.entropy_scale, norm=o.entropy_norm
+    )
+
+
 def band_bounds_per_token(
     old_logprob: torch.Tensor,
     divergence: str,

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import torch
 
+from bandpo.algo.algorithm import Algorithm
 from bandpo.algo.band import check_floating, check_threshold, check_upper_cap
+from bandpo.algo.clipped import CLIPPED_READS, clipped_surrogate
 
 
 def dac_bounds(
@@ -82,3 +84,24 @@ def dac_bounds(
         if upper_cap is not None:
             upper = upper.clamp(max=upper_cap)
         return lower.to(old_logprob.dtype), upper.to(old_logprob.dtype)
+
+
+def dac_interval(
+    old_logprobs: torch.Tensor, eps_low: float, eps_high: float, *, upper_cap: float | None, **_band_options
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DCPO's ratio interval (``Algorithm.bounds``): ``dac_bounds``; the band's options are not read."""
+    return dac_bounds(old_logprobs, eps_low, eps_high, upper_cap=upper_cap)
+
+
+# The clipped surrogate with DAC's bounds; thresholds of the BandPO authors' DCPO baseline (module docstring).
+DCPO = Algorithm(
+    "dcpo",
+    clipped_surrogate,
+    CLIPPED_READS | {"upper_cap"},
+    {"eps_low": 0.16, "eps_high": 0.20},
+    bounds=dac_interval,
+    metric_prefix="dcpo",
+)
+
+# In the registry's order (bandpo.algo.registry).
+ENTRIES = (DCPO,)

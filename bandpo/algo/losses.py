@@ -1,18 +1,12 @@
-"""The policy loss of every algorithm: the clipped surrogate of GRPO, Clip-Higher, BandPO (BandPO,
-eq. 2-3: the clipped surrogate with a per-token interval) and DCPO, and the rivals' surrogates
-(``bandpo.algo.rivals``: DPPO-TV/-KL, GSPO, CISPO, SAPO) in its place.
+"""The policy loss of every algorithm: the chosen algorithm's per-token surrogate (its entry in
+``bandpo.algo.registry``: the clipped surrogate of GRPO, Clip-Higher, BandPO (BandPO, eq. 2-3: a per-token
+interval) and DCPO, ``bandpo.algo.clipped``; or a rival's, ``bandpo.algo.rivals``: DPPO-TV/-KL, GSPO,
+CISPO, SAPO), then the terms every algorithm shares:
 
-For the clipped family only the ratio interval differs between the four algorithms:
-
-    log_ratio = clamp(logp - old_logp, -20, 20);  r = exp(log_ratio)
-    (lo, hi)  = (1 - eps_low, 1 + eps_high)            grpo 0.2/0.2, clip_higher 0.2/0.28
-              | band_bounds(old_logp, divergence, delta)  bandpo (no grad through bounds)
-              | dac_bounds(old_logp, eps_low, eps_high)   dcpo 0.16/0.20 (``bandpo.algo.dcpo``)
-    L = max(-A r, -A clamp(r, lo, hi))
-    dual clip (c > 1): where A < 0, L = min(L, -A c)
+    L = algo.surrogate(...)                      per token, [N, R]
     loss = agg(L) + kl_coef * agg(kl(logp, ref_logp)) - entropy_coef * agg(entropy)
 
-A rival replaces L (and has no dual clip); aggregation, KL and entropy terms are shared.
+Only the clipped family has a dual clip and a ratio interval (``ratio_interval``).
 
 Options on top (off by default; each composes with every algorithm unless stated):
 - Entropy-adaptive Band (bandpo only, ``band_adaptive="entropy"``): the radius becomes a
@@ -45,15 +39,12 @@ import math
 
 import torch
 
-from bandpo.algo import rivals
-from bandpo.algo.adaptive import adaptive_delta, band_bounds_per_token
-from bandpo.algo.band import band_bounds
-from bandpo.algo.dcpo import dac_bounds
 from bandpo.algo.mismatch import (
     masked_mean,
     mismatch_weights,
 )
-from bandpo.algo.options import AGG_MODES, KL_ESTIMATORS, Algorithm, LossOptions, get_algorithm
+from bandpo.algo.options import AGG_MODES, KL_ESTIMATORS, LossOptions
+from bandpo.algo.registry import and_list, get_algorithm, readers
 
 # Old-probability bins for the per-bin clip fraction: [0, .01), [.01, .1), [.1, .5), [.5, 1].
 PROB_BIN_EDGES = (0.01, 0.1, 0.5)
@@ -74,32 +65,33 @@ def ratio_interval(
     delta_t: torch.Tensor | None = None,
     delta_range: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-    """``(lo, hi)`` ratio bounds for ``algorithm``: floats for fixed clipping, tensors for band and dcpo.
+    """``(lo, hi)`` ratio bounds for ``algorithm`` (its entry's ``bounds``): floats for a fixed interval,
+    tensors shaped like ``old_logprobs`` for bandpo's band and dcpo's DAC.
 
     ``eps_low``/``eps_high`` default to the algorithm's own; for bandpo they are used only
     by ``relax_high_p`` (union with the fixed interval), for dcpo they are DAC's thresholds.
     ``delta_t`` (same shape as ``old_logprobs``, within ``delta_range``) replaces ``delta`` by a
-    per-token radius (bandpo only).
+    per-token radius (bandpo only). The options another algorithm's bounds take are not read.
     """
     algo = get_algorithm(algorithm)
-    if algo.surrogate != "clip":
-        raise ValueError(f"algorithm={algorithm!r} has no ratio interval (its surrogate is {algo.surrogate})")
-    eps_low = algo.eps_low if eps_low is None else eps_low
-    eps_high = algo.eps_high if eps_high is None else eps_high
-    if algo.dac and delta_t is None:
-        return dac_bounds(old_logprobs, eps_low, eps_high, upper_cap=upper_cap)
-    if not algo.band:
-        if delta_t is not None:
-            raise ValueError(f"a per-token band radius applies to bandpo only, not algorithm={algorithm!r}")
-        return 1.0 - eps_low, 1.0 + eps_high
-    relax = (eps_low, eps_high) if relax_high_p else None
-    if delta_t is not None:
-        if delta_range is None:
-            raise ValueError("a per-token band radius needs delta_range=(delta_min, delta_max)")
-        return band_bounds_per_token(
-            old_logprobs, divergence, delta_t, delta_range, upper_cap=upper_cap, relax_high_p=relax
+    if algo.bounds is None:
+        raise ValueError(f"algorithm={algorithm!r} has no ratio interval (its surrogate is {algorithm})")
+    if delta_t is not None and "band_adaptive" not in algo.reads:
+        raise ValueError(
+            f"a per-token band radius applies to {and_list(readers('band_adaptive'))} only, "
+            f"not algorithm={algorithm!r}"
         )
-    return band_bounds(old_logprobs, divergence, delta, upper_cap=upper_cap, relax_high_p=relax)
+    return algo.bounds(
+        old_logprobs,
+        algo.resolve("eps_low", eps_low),
+        algo.resolve("eps_high", eps_high),
+        divergence=divergence,
+        delta=delta,
+        upper_cap=upper_cap,
+        relax_high_p=relax_high_p,
+        delta_t=delta_t,
+        delta_range=delta_range,
+    )
 
 
 def aggregate(
@@ -169,7 +161,7 @@ def policy_loss(
     old_entropy: torch.Tensor | None = None,
     rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped policy-gradient loss and its metrics.
+    """The policy-gradient loss of ``options.algorithm`` (its entry's surrogate) and its metrics.
 
     Args:
         logprobs: [N, R] log pi_theta of the response tokens (with grad).
@@ -186,7 +178,7 @@ def policy_loss(
 
     Returns:
         ``(loss, metrics)``: scalar loss; metrics are detached 0-dim tensors (no host sync),
-        fractions over this batch's valid tokens.
+        fractions over this batch's valid tokens, with the algorithm's own (``PerToken.metrics``).
     """
     o = options
     if advantages.dim() == logprobs.dim() - 1:
@@ -199,19 +191,9 @@ def policy_loss(
     mask = maskf  # aggregate() converts a mask of another dtype on every call
 
     algo = get_algorithm(o.algorithm)
+    surrogate = algo.surrogate(algo, logprobs, old_logprobs, advantages, maskf, o, old_entropy)
+    per_token = surrogate.loss
     metrics: dict[str, torch.Tensor] = {}
-    lo = hi = None
-    if algo.surrogate == "clip":
-        per_token, up, down, lo, hi, ratio, log_ratio, delta_t = _clipped(
-            logprobs, old_logprobs, advantages, maskf, o, old_entropy
-        )
-        if delta_t is not None:
-            metrics["band/delta_mean"] = masked_mean(delta_t.to(maskf.dtype), maskf)
-    else:
-        per_token, up, down = _rival(logprobs, old_logprobs, advantages, maskf, o, algo)
-        with torch.no_grad():
-            log_ratio = (logprobs.detach() - old_logprobs).clamp(-20.0, 20.0)
-            ratio = torch.exp(log_ratio)
     mode, cap = ("token_tis", o.tis_cap) if o.tis_cap is not None else (o.mismatch, o.mismatch_cap)
     if mode != "none":
         weight, mm = mismatch_weights(old_logprobs, rollout_logprobs, maskf, mode, cap)
@@ -233,95 +215,13 @@ def policy_loss(
         metrics["entropy"] = masked_mean(entropy.detach(), maskf)
 
     with torch.no_grad():
-        metrics.update(_clip_metrics(up, down, old_logprobs, mask))
-        if algo.surrogate == "clip" and o.dual_clip is not None:
-            valid = mask.bool()
-            dual = (ratio.detach() > o.dual_clip) & (advantages < 0) & valid
-            metrics["clip_frac_dual"] = dual.sum() / valid.sum().clamp(min=1)
-        if isinstance(lo, torch.Tensor):
-            prefix = "band" if algo.band else algo.name  # per-token bounds: band/... or dcpo/...
-            metrics[f"{prefix}/lower_mean"] = masked_mean(lo, maskf)
-            # upper grows like 1/p (band) or 1/sqrt(p) (dcpo) in the tail; its log is the readable summary.
-            metrics[f"{prefix}/log_upper_mean"] = masked_mean(torch.log(hi).clamp(max=100.0), maskf)
+        metrics.update(_clip_metrics(surrogate.up, surrogate.down, old_logprobs, mask))
+        metrics.update(surrogate.metrics)
         metrics["loss"] = loss.detach()
         # k3 estimate of KL(pi_old || pi_theta) under old samples: r - 1 - log r >= 0.
-        metrics["approx_kl"] = masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), maskf)
+        ratio, log_ratio = surrogate.ratio.detach(), surrogate.log_ratio.detach()
+        metrics["approx_kl"] = masked_mean(ratio - 1.0 - log_ratio, maskf)
     return loss, metrics
-
-
-def _clipped(logprobs, old_logprobs, advantages, maskf, o: LossOptions, old_entropy):
-    """The clipped surrogate L = max(-A r, -A clamp(r, lo, hi)) with the dual clip, [N, R], and
-    the masks of the tokens it clipped (the ratio pushed past a bound in the advantage's direction)."""
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    delta_t = _adaptive_radius(o, old_entropy, old_logprobs)
-    lo, hi = ratio_interval(
-        old_logprobs,
-        o.algorithm,
-        eps_low=o.eps_low,
-        eps_high=o.eps_high,
-        divergence=o.divergence,
-        delta=o.delta,
-        upper_cap=o.upper_cap,
-        relax_high_p=o.relax_high_p,
-        delta_t=delta_t,
-        delta_range=None if delta_t is None else (o.delta_min, o.delta_max),
-    )
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(lo, hi)
-    per_token = torch.maximum(unclipped, clipped)
-    negative = advantages < 0
-    if o.dual_clip is not None:
-        per_token = torch.where(negative, torch.minimum(per_token, -advantages * o.dual_clip), per_token)
-    with torch.no_grad():
-        r = ratio.detach()
-        up, down = (r > hi) & (advantages > 0), (r < lo) & negative
-    return per_token, up, down, lo, hi, ratio, log_ratio, delta_t
-
-
-def _rival(logprobs, old_logprobs, advantages, maskf, o: LossOptions, algo: Algorithm):
-    """A rival's ``(L, up, down)`` (``bandpo.algo.rivals``) with the run's thresholds."""
-    eps_low = algo.eps_low if o.eps_low is None else o.eps_low
-    eps_high = algo.eps_high if o.eps_high is None else o.eps_high
-    kind = algo.surrogate
-    if kind in ("dppo_tv", "dppo_kl"):
-        return rivals.dppo_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            divergence=kind.removeprefix("dppo_"),
-            eps_low=eps_low,
-            eps_high=eps_high,
-            ratio_cap=o.ratio_cap,
-        )
-    if kind == "gspo":
-        return rivals.gspo_loss(logprobs, old_logprobs, advantages, maskf, eps_low=eps_low, eps_high=eps_high)
-    if kind == "cispo":
-        return rivals.cispo_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high)
-    if kind == "sapo":
-        return rivals.sapo_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            tau_pos=rivals.SAPO_TAU_POS if o.tau_pos is None else o.tau_pos,
-            tau_neg=rivals.SAPO_TAU_NEG if o.tau_neg is None else o.tau_neg,
-        )
-    raise ValueError(f"unknown surrogate {kind!r} of algorithm {algo.name!r}")
-
-
-def _adaptive_radius(o: LossOptions, old_entropy, old_logprobs):
-    """The per-token radius [N, R] for ``band_adaptive="entropy"``, None for ``none``."""
-    if o.band_adaptive == "none":
-        return None
-    if old_entropy is None or o.delta_min is None or o.delta_max is None or o.entropy_scale is None:
-        raise ValueError("band_adaptive='entropy' needs old_entropy, delta_min, delta_max and entropy_scale")
-    if old_entropy.shape != old_logprobs.shape:
-        raise ValueError(
-            f"old_entropy shape {tuple(old_entropy.shape)} != old_logprobs {tuple(old_logprobs.shape)}"
-        )
-    return adaptive_delta(
-        old_entropy, delta_min=o.delta_min, delta_max=o.delta_max, scale=o.entropy_scale, norm=o.entropy_norm
-    )
 
 
 def _clip_metrics(up, down, old_logprobs, mask) -> dict[str, torch.Tensor]:

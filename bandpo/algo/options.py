@@ -1,88 +1,35 @@
-"""Which algorithms exist, and the run's loss options: the registry of algorithms by name (each
-with its paper's thresholds), the options only some of them read, and ``LossOptions``, the frozen
-record ``bandpo.algo.losses.policy_loss`` takes, validated once when it is built.
+"""The run's loss options: ``LossOptions``, the frozen record ``bandpo.algo.losses.policy_loss`` takes,
+validated once when it is built (against the chosen algorithm's entry in ``bandpo.algo.registry``: the
+options it does not read are refused by name), and the checks the config shares with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from bandpo.algo.adaptive import ADAPTIVE_MODES
+from bandpo.algo.algorithm import SCOPED_OPTIONS
 from bandpo.algo.band import check_eps, check_upper_cap
 from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
+from bandpo.algo.registry import ALGORITHMS, check_applies, get_algorithm
 from bandpo.algo.rivals import check_ratio_cap, check_tau
 from bandpo.errors import check_choice, check_number
 
+# ALGORITHMS, check_applies and get_algorithm live in bandpo.algo.registry; still importable from here,
+# where callers found them before the registry.
+__all__ = [
+    "AGG_MODES",
+    "ALGORITHMS",
+    "KL_ESTIMATORS",
+    "LossOptions",
+    "check_agg",
+    "check_applies",
+    "check_dual_clip",
+    "get_algorithm",
+]
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """An algorithm's surrogate and the defaults of its thresholds (from each paper's recipe).
-
-    ``surrogate``: ``clip`` (the clipped surrogate with the interval [1 - eps_low, 1 + eps_high],
-    the band with ``band``, DCPO's per-token bounds with ``dac``) or the name of a rival's loss. What
-    ``eps_low``/``eps_high`` bound is the surrogate's: the ratio (clip, gspo: the sequence ratio, cispo:
-    the weight), |r - 1| r q (dcpo), the divergence (dppo_*); None where the surrogate has none (sapo).
-    """
-
-    name: str
-    eps_low: float | None
-    eps_high: float | None
-    band: bool = False
-    surrogate: str = "clip"
-    dac: bool = False
-
-
-ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", 0.2, 0.2),
-    "clip_higher": Algorithm("clip_higher", 0.2, 0.28),
-    "bandpo": Algorithm("bandpo", 0.2, 0.28, band=True),
-    "dppo_tv": Algorithm("dppo_tv", 0.15, 0.15, surrogate="dppo_tv"),
-    "dppo_kl": Algorithm("dppo_kl", 0.05, 0.05, surrogate="dppo_kl"),
-    "gspo": Algorithm("gspo", 3e-4, 4e-4, surrogate="gspo"),
-    "cispo": Algorithm("cispo", 1.0, 0.28, surrogate="cispo"),
-    "sapo": Algorithm("sapo", None, None, surrogate="sapo"),
-    "dcpo": Algorithm("dcpo", 0.16, 0.20, dac=True),
-}
-
-
-def get_algorithm(name: str) -> Algorithm:
-    check_choice(name, ALGORITHMS, "algorithm")
-    return ALGORITHMS[name]
-
-
-# Options that only some algorithms read: which ones, and why. Set for another algorithm such an option is
-# refused by name (``check_applies``: ``LossOptions``, and the config's ``algorithm.*`` keys), never ignored.
-OPTION_SCOPES: dict[str, tuple[Callable[[Algorithm], bool], str]] = {
-    "eps_low": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
-    "eps_high": (lambda a: a.surrogate != "sapo", "sapo's soft gate has no clip"),
-    "dual_clip": (
-        lambda a: a.surrogate == "clip",
-        "the dual clip is the clipped surrogate's (grpo, clip_higher, bandpo, dcpo)",
-    ),
-    "upper_cap": (
-        lambda a: a.band or a.dac,
-        "it applies to bandpo (algorithm.band.upper_cap in the config) and dcpo only",
-    ),
-    "relax_high_p": (lambda a: a.band, "it applies to bandpo only"),
-    "band_adaptive": (lambda a: a.band, "it applies to bandpo only"),
-    "ratio_cap": (lambda a: a.surrogate.startswith("dppo"), "it applies to dppo_tv and dppo_kl only"),
-    "tau_pos": (lambda a: a.surrogate == "sapo", "it applies to sapo only"),
-    "tau_neg": (lambda a: a.surrogate == "sapo", "it applies to sapo only"),
-}
-
-
-def check_applies(algorithm: str, option: str, name: str | None = None) -> None:
-    """Refuse ``option`` (a key of ``OPTION_SCOPES``, shown as ``name``), set, when ``algorithm`` does not read it."""
-    reads, why = OPTION_SCOPES[option]
-    if not reads(get_algorithm(algorithm)):
-        raise ValueError(
-            f"{name or option} does not apply to algorithm={algorithm} ({why}); set it to None "
-            f"(null in the config) or pick another algorithm"
-        )
 
 
 def check_dual_clip(dual_clip, name: str = "dual_clip") -> None:
@@ -92,13 +39,12 @@ def check_dual_clip(dual_clip, name: str = "dual_clip") -> None:
 
 
 def check_agg(algorithm: str, agg: str, name: str = "agg") -> None:
-    """``agg`` is one of ``AGG_MODES``; gspo's objective is per sequence, so it takes ``seq-mean-token-mean`` only."""
+    """``agg`` is one of ``AGG_MODES``, and the one the algorithm's objective allows where it allows one
+    (``Algorithm.agg``: gspo's objective is per sequence, so it takes ``seq-mean-token-mean`` only)."""
     check_choice(agg, AGG_MODES, name)
-    if get_algorithm(algorithm).surrogate == "gspo" and agg != "seq-mean-token-mean":
-        raise ValueError(
-            f"{name} must be seq-mean-token-mean with algorithm=gspo (its objective is per sequence), "
-            f"got {agg!r}"
-        )
+    only = get_algorithm(algorithm).agg
+    if only is not None and agg != only[0]:
+        raise ValueError(f"{name} must be {only[0]} with algorithm={algorithm} ({only[1]}), got {agg!r}")
 
 
 @dataclass(frozen=True)
@@ -106,7 +52,7 @@ class LossOptions:
     """Every option of ``policy_loss``, validated once when the record is built.
 
     Attributes:
-        algorithm: a name of ``ALGORITHMS``.
+        algorithm: a name of ``bandpo.algo.registry.ALGORITHMS``.
         eps_low, eps_high: override the algorithm's thresholds (and bandpo's relax interval).
         divergence, delta, relax_high_p: band options (bandpo only), see ``band_bounds``.
         upper_cap: ceiling of the per-token upper bound (bandpo and dcpo only); None = none.
@@ -164,7 +110,7 @@ class LossOptions:
         check_cap(self.mismatch_cap, "mismatch_cap")
         check_one_correction(self.tis_cap, self.mismatch)
         check_choice(self.band_adaptive, ADAPTIVE_MODES, "band_adaptive")
-        for option in OPTION_SCOPES:  # options another surrogate reads are refused by name, not ignored
+        for option in SCOPED_OPTIONS:  # options another algorithm reads are refused by name, not ignored
             value = getattr(self, option)
             if value is not None and value != _UNSET.get(option):
                 check_applies(self.algorithm, option)
@@ -175,5 +121,5 @@ class LossOptions:
             check_tau(getattr(self, option), option)
 
 
-# The value of an ``OPTION_SCOPES`` field that means "not set", where it is not None.
+# The value of a ``SCOPED_OPTIONS`` field that means "not set", where it is not None.
 _UNSET = {"relax_high_p": False, "band_adaptive": "none"}

@@ -11,12 +11,18 @@ Where a method's gradient is sg(w) * A * grad log pi, L is written as -A sg(w) (
 its value is -A w (the surrogate at this point, comparable with the clipped losses) and its gradient
 is -A w grad log pi, the method's. verl writes -A sg(w) log pi instead: the same gradient, a value
 shifted by log pi.
+
+Each method's registry entry (``bandpo.algo.algorithm.Algorithm``: its thresholds from its paper's recipe
+and the options it reads) closes the module.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from bandpo.algo.algorithm import Algorithm, PerToken
 from bandpo.errors import check_number
 
 # SAPO's recipe temperatures (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347):
@@ -182,3 +188,85 @@ def sapo_loss(
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     none = torch.zeros_like(ratio, dtype=torch.bool)
     return -advantages * gate, none, none
+
+
+# ------------------------------------------------------------------------ registry entries
+# Their surrogates (``bandpo.algo.algorithm``'s contract) call each loss above with the run's options, the
+# algorithm's defaults where the run leaves them None.
+
+
+def _per_token(loss_up_down: tuple[torch.Tensor, ...], logprobs, old_logprobs) -> PerToken:
+    """A rival's ``(L, up, down)`` as a ``PerToken``, with the clamped ratio ``approx_kl`` reads (computed
+    without grad: the rival's gradient is in L)."""
+    with torch.no_grad():
+        log_ratio = (logprobs.detach() - old_logprobs).clamp(-20.0, 20.0)
+        ratio = torch.exp(log_ratio)
+    return PerToken(*loss_up_down, ratio, log_ratio, {})
+
+
+def _thresholds(algo: Algorithm, options) -> dict[str, float]:
+    return {
+        "eps_low": algo.resolve("eps_low", options.eps_low),
+        "eps_high": algo.resolve("eps_high", options.eps_high),
+    }
+
+
+def _dppo(divergence: str, algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy) -> PerToken:
+    out = dppo_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        divergence=divergence,
+        ratio_cap=options.ratio_cap,
+        **_thresholds(algo, options),
+    )
+    return _per_token(out, logprobs, old_logprobs)
+
+
+def _gspo(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy) -> PerToken:
+    out = gspo_loss(logprobs, old_logprobs, advantages, maskf, **_thresholds(algo, options))
+    return _per_token(out, logprobs, old_logprobs)
+
+
+def _cispo(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy) -> PerToken:
+    out = cispo_loss(logprobs, old_logprobs, advantages, **_thresholds(algo, options))
+    return _per_token(out, logprobs, old_logprobs)
+
+
+def _sapo(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy) -> PerToken:
+    out = sapo_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        tau_pos=algo.resolve("tau_pos", options.tau_pos),
+        tau_neg=algo.resolve("tau_neg", options.tau_neg),
+    )
+    return _per_token(out, logprobs, old_logprobs)
+
+
+_THRESHOLDS = frozenset({"eps_low", "eps_high"})
+# The recipes' thresholds (each loss' docstring); none of these surrogates has a dual clip.
+DPPO_TV = Algorithm(
+    "dppo_tv", partial(_dppo, "tv"), _THRESHOLDS | {"ratio_cap"}, {"eps_low": 0.15, "eps_high": 0.15}
+)
+DPPO_KL = Algorithm(
+    "dppo_kl", partial(_dppo, "kl"), _THRESHOLDS | {"ratio_cap"}, {"eps_low": 0.05, "eps_high": 0.05}
+)
+GSPO = Algorithm(
+    "gspo",
+    _gspo,
+    _THRESHOLDS,
+    {"eps_low": 3e-4, "eps_high": 4e-4},
+    agg=("seq-mean-token-mean", "its objective is per sequence"),
+)
+CISPO = Algorithm("cispo", _cispo, _THRESHOLDS, {"eps_low": 1.0, "eps_high": 0.28})
+SAPO = Algorithm(
+    "sapo",
+    _sapo,
+    frozenset({"tau_pos", "tau_neg"}),
+    {"tau_pos": SAPO_TAU_POS, "tau_neg": SAPO_TAU_NEG},
+    why_not=dict.fromkeys(_THRESHOLDS, "sapo's soft gate has no clip"),
+)
+
+# In the registry's order (bandpo.algo.registry).
+ENTRIES = (DPPO_TV, DPPO_KL, GSPO, CISPO, SAPO)

@@ -25,6 +25,7 @@ def loss_options(cfg: TrainConfig):
     from dataclasses import replace
 
     from bandpo.algo.options import LossOptions
+    from bandpo.algo.registry import get_algorithm
 
     a = cfg.algorithm
     tis_cap = a.tis_cap
@@ -50,7 +51,7 @@ def loss_options(cfg: TrainConfig):
         tau_neg=_float(a.tau_neg),
         upper_cap=_float(a.upper_cap),
     )
-    if a.name != "bandpo":
+    if not get_algorithm(a.name).band:
         return opts
     band = a.band
     opts = replace(
@@ -78,22 +79,23 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
     from bandpo.algo.band import DIVERGENCES, check_eps, check_threshold, check_upper_cap
     from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
-    from bandpo.algo.options import ALGORITHMS, KL_ESTIMATORS, check_agg, check_applies, check_dual_clip
+    from bandpo.algo.options import KL_ESTIMATORS, check_agg, check_dual_clip
+    from bandpo.algo.registry import ALGORITHMS, check_applies
     from bandpo.algo.rivals import check_ratio_cap, check_tau
 
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
-    # Options another algorithm reads are refused by name when set, never ignored (bandpo.algo.options.OPTION_SCOPES).
+    # Options another algorithm reads are refused by name when set, never ignored (Algorithm.reads).
     for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
         key = f"algorithm.{option}"
         if _get(cfg, key) is not None:
-            if option == "upper_cap" and algo.band:
+            if option in algo.config_keys:  # it reads this option, from another key
                 raise ConfigError(
-                    f"config error: {key} does not apply to algorithm={name}: bandpo's is "
-                    f"algorithm.band.upper_cap; set it to null"
+                    f"config error: {key} does not apply to algorithm={name}: {name}'s is "
+                    f"{algo.config_keys[option]}; set it to null"
                 )
             _rule(check_applies, name, option, key)
-    if algo.surrogate != "sapo":  # numbers (a null is refused), in the interval's range
+    if "eps_low" in algo.reads:  # numbers (a null is refused), in the interval's range
         _rule(
             check_eps,
             _number(cfg, "algorithm.eps_low"),
@@ -103,8 +105,9 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     _rule(check_dual_clip, _get(cfg, "algorithm.dual_clip"), "algorithm.dual_clip")
     _rule(check_ratio_cap, _get(cfg, "algorithm.ratio_cap"), "algorithm.ratio_cap")
     _rule(check_upper_cap, _get(cfg, "algorithm.upper_cap"), "algorithm.upper_cap")
-    if algo.surrogate == "sapo":  # numbers (a null is refused)
-        for key in ("algorithm.tau_pos", "algorithm.tau_neg"):
+    for option in ("tau_pos", "tau_neg"):
+        if option in algo.reads:  # numbers (a null is refused)
+            key = f"algorithm.{option}"
             _rule(check_tau, _number(cfg, key), key)
     _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
     mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
@@ -118,7 +121,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     _number(cfg, "algorithm.kl_coef", low=0)
     _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
     _choice(cfg, "algorithm.advantage", ADVANTAGE_ESTIMATORS)
-    if name == "bandpo":
+    if algo.band:
         _choice(cfg, "algorithm.band.divergence", DIVERGENCES)
         _rule(check_threshold, _get(cfg, "algorithm.band.delta"), "algorithm.band.delta")
         _rule(check_upper_cap, _get(cfg, "algorithm.band.upper_cap"), "algorithm.band.upper_cap")
@@ -130,9 +133,10 @@ def validate_algorithm(cfg: TrainConfig) -> None:
                     _number(cfg, key)  # a number; its range below, nulls resolved (band_delta_range)
             _rule(check_delta_range, *band_delta_range(cfg.algorithm.band), keys)
     elif _get(cfg, "algorithm.band") is not None:
+        band = " | ".join(n for n, a in ALGORITHMS.items() if a.band)
         raise ConfigError(
-            f"config error: algorithm.band applies to algorithm=bandpo only (this run is {name}); "
-            f"remove the algorithm.band.* overrides or pick algorithm=bandpo"
+            f"config error: algorithm.band applies to algorithm={band} only (this run is {name}); "
+            f"remove the algorithm.band.* overrides or pick algorithm={band}"
         )
     if _get(cfg, "algorithm.tis_cap") is not None:
         _rule(check_cap, _get(cfg, "algorithm.tis_cap"), "algorithm.tis_cap")
