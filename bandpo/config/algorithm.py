@@ -11,6 +11,13 @@ if TYPE_CHECKING:
     from bandpo.config.schema import TrainConfig
 
 
+def band_algorithms() -> str:
+    """The algorithms that read ``algorithm.band`` (from the registry), as an error message names them."""
+    from bandpo.algo.registry import ALGORITHMS
+
+    return " | ".join(n for n, a in ALGORITHMS.items() if a.band)
+
+
 def band_delta_range(band) -> tuple[float, float]:
     """(delta_min, delta_max) of the adaptive band, nulls resolved to delta / 4 and 4 delta."""
     lo = band.delta / 4 if band.delta_min is None else band.delta_min
@@ -133,7 +140,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
                     _number(cfg, key)  # a number; its range below, nulls resolved (band_delta_range)
             _rule(check_delta_range, *band_delta_range(cfg.algorithm.band), keys)
     elif _get(cfg, "algorithm.band") is not None:
-        band = " | ".join(n for n, a in ALGORITHMS.items() if a.band)
+        band = band_algorithms()
         raise ConfigError(
             f"config error: algorithm.band applies to algorithm={band} only (this run is {name}); "
             f"remove the algorithm.band.* overrides or pick algorithm={band}"

@@ -43,8 +43,8 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainC
                 raise
     except HydraException as e:
         hint = ""
-        if "'algorithm.band." in str(e):  # grpo / clip_higher have no band block to override
-            hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
+        if "'algorithm.band." in str(e):  # an algorithm without a band has no band section to override
+            hint = _band_hint()
         # a value the schema's type refuses: Hydra's line naming the override, then OmegaConf's reason
         why = str(getattr(e.__cause__, "msg", "") or "").split("\n")[0]
         message = f"{str(e).splitlines()[0]}: {why}" if why else str(e)
@@ -96,8 +96,14 @@ def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
         hint = f"; did you mean {close[0]}?" if close else ""
         # no band block
         if key.startswith("algorithm.band.") and not any(k.startswith("algorithm.band.") for k in keys):
-            hint = " (algorithm.band.* options apply to algorithm=bandpo only)"
+            hint = _band_hint()
         raise ConfigError(f"config error: {key} is not a config key (override {o.input_line!r}){hint}")
+
+
+def _band_hint() -> str:
+    from bandpo.config.algorithm import band_algorithms
+
+    return f" (algorithm.band.* options apply to algorithm={band_algorithms()} only)"
 
 
 def _dotted_keys(node, prefix: str = "") -> set[str]:

@@ -156,7 +156,7 @@ def reuse_old_logprobs(cfg: TrainConfig) -> bool:
     _check(
         value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value
     )
-    band = _get(cfg, "algorithm.band") if _get(cfg, "algorithm.name") == "bandpo" else None
+    band = cfg.algorithm.band  # null for an algorithm without a band (validate_algorithm refuses one set)
     needs_pass = band is not None and band.adaptive == "entropy" and band.adaptive_norm == "batch"
     if value is True and needs_pass:
         raise ConfigError(

@@ -168,7 +168,7 @@ class AlgorithmConfig:
     tis_cap: float | None = key(None, "C of token-level truncated importance sampling; null = off")
     mismatch: MismatchConfig = key(doc="rollout/trainer mismatch correction", factory=MismatchConfig)
     filter_groups: FilterGroupsConfig = key(doc="DAPO dynamic sampling", factory=FilterGroupsConfig)
-    band: BandConfig | None = key(None, "bandpo only: the band's trust region")
+    band: BandConfig | None = key(None, "the band's trust region (the algorithms with a band; null for the others)")
 
 
 @dataclass
