@@ -99,7 +99,7 @@ class RolloutConfig:
     num_workers: int = key(1, "data-parallel rollout engines")
     tensor_parallel_size: int = key(1, "GPUs per engine")
     gpu_memory_utilization: float = key(0.5, "vLLM's share of a GPU")
-    kv_cache_gib: float = key(2, "CPU only: RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_gib: int = key(2, "CPU only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, an integer)")
     cpu_threads: int | None = key(None, "CPU only: torch threads per engine; null = the cores / engines")
     enable_sleep_mode: bool | str = key("auto", "auto = on GPU when colocated with the actor")
     sleep_level: int = key(
@@ -168,7 +168,9 @@ class AlgorithmConfig:
     tis_cap: float | None = key(None, "C of token-level truncated importance sampling; null = off")
     mismatch: MismatchConfig = key(doc="rollout/trainer mismatch correction", factory=MismatchConfig)
     filter_groups: FilterGroupsConfig = key(doc="DAPO dynamic sampling", factory=FilterGroupsConfig)
-    band: BandConfig | None = key(None, "the band's trust region (the algorithms with a band; null for the others)")
+    band: BandConfig | None = key(
+        None, "the band's trust region (the algorithms with a band; null for the others)"
+    )
 
 
 @dataclass

@@ -75,7 +75,7 @@ def _usage_exit(e: BaseException):
 
 def _run(cfg: EvalCLIConfig, targets: list[Target], datasets, tmp: Path) -> dict:
     from bandpo.data.prompts import answer_format_for
-    from bandpo.eval.evaluate import evaluate, sampling_params
+    from bandpo.eval.evaluate import evaluate_config
     from bandpo.hub import load_tokenizer
     from bandpo.reward import RewardScorer
     from bandpo.rollout import make_engine
@@ -97,19 +97,7 @@ def _run(cfg: EvalCLIConfig, targets: list[Target], datasets, tmp: Path) -> dict
             else:  # same architecture, new weights: reload instead of restarting the engine
                 engine.update_weights(_read_weights(model_path))
             log.info("evaluating %s (%d/%d)", target.label, i + 1, len(targets))
-            results = evaluate(
-                engine,
-                scorer,
-                tokenizer,
-                datasets,
-                ev.n,
-                sampling_params(ev),
-                ev.template,
-                system_prompt=ev.system_prompt,
-                max_prompt_len=ev.max_prompt_len,
-                pass_ks=ev.pass_ks,
-                keep_samples=ev.save_samples,
-            )
+            results = evaluate_config(engine, scorer, tokenizer, datasets, ev, keep_samples=ev.save_samples)
             payloads.append(_write_one(cfg, target, model_path, answer_format, results, len(targets) > 1))
     finally:
         if engine is not None:

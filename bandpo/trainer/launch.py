@@ -8,15 +8,28 @@ actor ranks and verifier actors, started overlapped (``start_workers``).
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bandpo.config import to_plain
+from bandpo.data import EpochSampler, load_eval_sets
+from bandpo.distributed import init_ray
+from bandpo.distributed.nodes import check_nodes
+from bandpo.distributed.plan import layout_of
 from bandpo.distributed.precision import engine_dtype, resolve_bf16
 from bandpo.errors import ConfigError, InputError
+from bandpo.hub import load_tokenizer
+from bandpo.run.metrics_log import MetricsLogger
+from bandpo.run.worker_logs import setup_run_logs
+from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
+from bandpo.shm.weight_files import remove_stale_weight_files
+from bandpo.trainer.dynamic_sampling import BatchDrawer
+from bandpo.trainer.overlap import check_layout
+from bandpo.trainer.sync_check import sync_check_tol_of
 
 if TYPE_CHECKING:
     from bandpo.config.schema import ModelConfig, TrainConfig
@@ -399,22 +412,6 @@ def setup(t) -> None:
     workers (``start_workers``), the batch drawer, the stale-weights check's tolerance, the start-up
     report and the metrics log; each into ``t``, the ``bandpo.trainer.loop.Trainer`` (not imported here:
     the loop imports this module), so that its ``close`` tears down what started."""
-    import math
-    from dataclasses import replace
-
-    from bandpo.data import EpochSampler, load_eval_sets
-    from bandpo.distributed import init_ray
-    from bandpo.distributed.nodes import check_nodes
-    from bandpo.distributed.plan import layout_of
-    from bandpo.hub import load_tokenizer
-    from bandpo.run.metrics_log import MetricsLogger
-    from bandpo.run.worker_logs import setup_run_logs
-    from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
-    from bandpo.shm.weight_files import remove_stale_weight_files
-    from bandpo.trainer.dynamic_sampling import BatchDrawer
-    from bandpo.trainer.overlap import check_layout
-    from bandpo.trainer.sync_check import sync_check_tol_of
-
     cfg = t.cfg
     t_setup = time.perf_counter()
     t.logs_dir = setup_run_logs(t.out, cfg.trainer.verbose)  # worker output: <run>/logs/
