@@ -1,7 +1,6 @@
-"""Reading one config key of the typed config for validation, and the checks that name the key and
-the value they refuse. A rule written next
-to its mechanism (a ``check_*`` raising ``ValueError``) runs through ``_rule``, which re-raises its
-message as a ``ConfigError``.
+"""Reading one key of the typed config for validation, and the checks that name the key and the
+value they refuse. A rule written next to its mechanism (a ``check_*`` raising ``ValueError``) runs
+through ``_rule``, which re-raises its message as a ``ConfigError``.
 """
 
 from __future__ import annotations
