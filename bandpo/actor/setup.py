@@ -91,6 +91,10 @@ def init_distributed(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
     )
+    if backend == "gloo":  # the CPU backend builds its shm op first (bandpo.actor.jit_lock)
+        from bandpo.actor.jit_lock import wait_for_build
+
+        wait_for_build()
     deepspeed.init_distributed(
         dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min)
     )
