@@ -45,7 +45,9 @@ def test_ensure_model_builds_through_the_package(tmp_path, no_build):
     from bandpo.trainer.launch import ensure_model
 
     _fake_cached(tmp_path / "model", tiny_arith.BuildArgs(sft_steps=3))
-    cfg = ModelConfig(name="tiny", path=str(tmp_path / "model"), build="tiny_arith", build_args={"sft_steps": 3})
+    cfg = ModelConfig(
+        name="tiny", path=str(tmp_path / "model"), build="tiny_arith", build_args={"sft_steps": 3}
+    )
     assert ensure_model(cfg) == str(tmp_path / "model")
     with pytest.raises(ValueError, match="not a known recipe; valid: tiny_arith"):
         ensure_model(replace(cfg, build="other"))
