@@ -100,11 +100,11 @@ def bench(model_dir: str, world: int, args, cpus_per_rank: int, params: int) -> 
         from bandpo.algo.options import LossOptions
 
         loss_options = LossOptions(algorithm="bandpo", agg="seq-mean-token-mean")
-        group.update(batch, loss_options)  # warm-up: allocator, first-step optimizer state
+        group.update_epoch(batch, loss_options)  # warm-up: allocator, first-step optimizer state
         times = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            group.update(batch, loss_options)
+            group.update_epoch(batch, loss_options)
             times.append(time.perf_counter() - t0)
         import ray
 

@@ -123,7 +123,7 @@ def test_two_bf16_ranks_reduce_over_gloo_and_stay_equal(ray_local, tiny_model_di
 
         def run(name, *args):
             return (
-                group.update(*args)
+                group.update_epoch(*args)
                 if name == "update"
                 else group.compute_logprobs(args[0], with_entropy=args[1])
             )

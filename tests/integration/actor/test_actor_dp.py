@@ -58,7 +58,7 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
         torch.testing.assert_close(lp_group, lp_single, atol=1e-5, rtol=0)
         torch.testing.assert_close(ent_group, ent_single, atol=1e-5, rtol=0)
 
-        m_group = group.update(batch, loss_options)  # 2 optimizer steps of 8 global rows
+        m_group = group.update_epoch(batch, loss_options)  # 2 optimizer steps of 8 global rows
         m_single = single.update(batch, loss_options)
         rank0, rank1 = rank_weights(group)
         # The ranks all-reduce the same gradients and step the same optimizer: they agree to
@@ -74,7 +74,7 @@ def test_two_ranks_equal_one_rank(ray_local, tiny_model_dir, tmp_path, zero_stag
 
         # Both ranks write one checkpoint / one HF folder (rank 0 publishes; ZeRO-3 gathers per bucket).
         group.call("save_checkpoint", str(tmp_path / "ckpt"), {"step": 7})
-        group.update(batch, loss_options)  # move away from the saved state
+        group.update_epoch(batch, loss_options)  # move away from the saved state
         assert group.call("load_checkpoint", str(tmp_path / "ckpt")) == [{"step": 7}] * 2
         assert group.call("state_fingerprint") == pytest.approx(fps, rel=1e-12)
         group.call("export_hf", str(tmp_path / "hf"))

@@ -300,7 +300,7 @@ def test_lora_on_two_zero3_ranks_equals_one_zero2_rank(ray_local, tiny_model_dir
         batch = TrainBatch.from_rollout(
             rb, advantages=torch.randn(16, generator=g), old_logprobs=old, ref_logprobs=ref_s
         )
-        m_group, m_single = group.update(batch, options), single.update(batch, options)
+        m_group, m_single = group.update_epoch(batch, options), single.update(batch, options)
         for key in COMPARED_METRICS:
             assert m_group[key] == pytest.approx(m_single[key], rel=1e-5, abs=1e-6), key
 
@@ -343,7 +343,7 @@ def test_lora_on_two_zero3_ranks_equals_one_zero2_rank(ray_local, tiny_model_dir
         fps = group.call("state_fingerprint")
         ckpt = tmp_path / "step_1" / "actor"
         group.call("save_checkpoint", str(ckpt), {"step": 1})
-        group.update(batch, options)  # move away from the saved state
+        group.update_epoch(batch, options)  # move away from the saved state
         assert group.call("load_checkpoint", str(ckpt)) == [{"step": 1}] * 2
         assert group.call("state_fingerprint") == fps
         group.call("export_hf", str(tmp_path / "hf"))

@@ -90,7 +90,7 @@ def test_each_node_loads_its_own_file_and_logprobs_match(cluster, tiny_model_dir
             rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]), old_logprobs=group.compute_logprobs(rb)[0]
         )
         for _ in range(3):
-            group.update(batch, BANDPO)
+            group.update_epoch(batch, BANDPO)
 
         prompts = [[5, 17, 42, 9], [7, 7, 100]]
         sp = SamplingParams(n=2, max_tokens=6, seed=1)
@@ -192,7 +192,7 @@ def test_adapter_sync_writes_each_engine_node_its_own_copy(cluster, tiny_model_d
                 batch = TrainBatch.from_rollout(
                     rb, advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]), old_logprobs=old
                 )
-                group.update(batch, BANDPO)
+                group.update_epoch(batch, BANDPO)
             sync.sync()
             assert not os.path.exists(stale)
             got = ray.get([e.last_load.remote() for e in engines])
