@@ -79,8 +79,6 @@ def plan_estimate(
     """The placement plan's ``actor_peak`` (GiB) for this model and batch on one colocated GPU;
     ``lora_rank`` > 0: LoRA on every target of that rank (the config's default targets);
     ``grad_ckpt``: gradient checkpointing (None: ``args.grad_ckpt``)."""
-    from omegaconf import open_dict
-
     from bandpo.config import compose
     from bandpo.distributed.memory import memory_estimate
     from bandpo.distributed.plan import ClusterShape, make_plan
@@ -107,15 +105,10 @@ def plan_estimate(
             "algorithm.kl_coef=0",
         ]
     )
-    # The finer layer shape, where the config carries it (SwiGLU width, attention heads).
-    with open_dict(cfg):
-        for key, value in (
-            ("intermediate_size", "intermediate_size"),
-            ("num_heads", "num_attention_heads"),
-            ("num_kv_heads", "num_key_value_heads"),
-        ):
-            if key in cfg.model:
-                cfg.model[key] = shape[value]
+    # The finer layer shape (SwiGLU width, attention heads) of the benchmarked model.
+    cfg.model.intermediate_size = shape["intermediate_size"]
+    cfg.model.num_heads = shape["num_attention_heads"]
+    cfg.model.num_kv_heads = shape["num_key_value_heads"]
     est = memory_estimate(cfg, make_plan(cfg, ClusterShape(1, 1), "cuda"))
     return None if est is None else est.parts["actor_peak"]
 
