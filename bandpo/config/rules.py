@@ -186,7 +186,7 @@ def _validate_old_logprobs(cfg: TrainConfig) -> None:
     same policy over the same distribution; each setting where they do not, or whose correction
     pi_old / pi_rollout it would make 1 by construction, is refused naming its key. The engines'
     dtype against the actor's is checked at start-up, once the device is known
-    (``bandpo.trainer.launch.check_old_logprobs_dtype``)."""
+    (``bandpo.distributed.precision.check_old_logprobs_dtype``, from ``bandpo.trainer.launch``)."""
     if _get(cfg, "actor.old_logprobs") != "rollout":
         return
     band = cfg.algorithm.band
