@@ -7,7 +7,10 @@ take the same optimizer steps as one rank on the whole batch.
 ``old_logprobs`` and ``train`` are the trainer's stages 5 and 6. With ``reuse_old_logprobs``
 the policy before the first optimizer step is the one of that step's own forward, so the
 old-logprob pass covers only the later mini-batches' rows (none with one optimizer step per
-rollout) and the update's first forward fills the first mini-batch's rows (ratio 1 there).
+rollout) and the update's first forward fills the first mini-batch's rows (ratio 1 there). With
+``old_from_rollout`` (``actor.old_logprobs=rollout``) no old-logprob pass runs: pi_old is the
+engines' sampling log-probs for every row, and the update's first forward is kept only as the
+actor's side of the step's rollout/actor metrics.
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ class UpdateResult(NamedTuple):
     nonfinite_steps: int  # optimizer steps discarded for a NaN/inf loss or gradient, all epochs
     optimizer_steps: int  # all epochs
     # [N, R] pi_old's entropy, complete: with reuse_old_logprobs its first mini-batch's rows come from the
-    # update's first forward; None only when there was none to return (reuse, and no epoch ran).
+    # update's first forward; None only when there was none to return (reuse, and no epoch ran). With
+    # old_from_rollout [first, R]: the entropy of the update's first forward, its first mini-batch's rows.
     entropy: torch.Tensor | None
+    # With old_from_rollout [first, R]: the log-probs of that forward, the actor's side of the step's
+    # rollout/actor metrics (pi_old being the engines'); None otherwise.
+    actor_logprobs: torch.Tensor | None = None
 
 
 def _merge_first_rows(first_rows: torch.Tensor, later: torch.Tensor | None, first: int) -> torch.Tensor:
@@ -116,7 +123,8 @@ class ActorGroup:
     from ``bandpo.distributed.placement.actor_options``) seats rank r in a group the caller owns;
     then no group of its own is made and ``num_*_per_rank`` are unused. With ``wait=False``
     the ranks build in the background until ``wait_ready()`` (the trainer starts the rollout
-    engines and the verifier meanwhile). ``reuse_old_logprobs``: see the module docstring.
+    engines and the verifier meanwhile). ``reuse_old_logprobs``, ``old_from_rollout``: see the module
+    docstring (not both).
     ``offloads``: the ranks were built with ``offload_during_rollout`` (``offload`` / ``reload``).
     """
 
@@ -130,6 +138,7 @@ class ActorGroup:
         options_per_rank: list[dict[str, Any]] | None = None,
         wait: bool = True,
         reuse_old_logprobs: bool = False,
+        old_from_rollout: bool = False,
         **actor_kwargs: Any,
     ):
         import ray
@@ -140,8 +149,11 @@ class ActorGroup:
 
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if reuse_old_logprobs and old_from_rollout:
+            raise ValueError("ActorGroup: reuse_old_logprobs and old_from_rollout exclude each other")
         self.world_size = world_size
         self.reuse_old = reuse_old_logprobs
+        self.old_from_rollout = old_from_rollout
         self.offloads = bool(actor_kwargs.get("offload_during_rollout"))
         self.first_rows = actor_kwargs.get("mini_batch_size")  # rows of the first optimizer step
         if options_per_rank is not None:
@@ -241,7 +253,13 @@ class ActorGroup:
         With ``reuse_old_logprobs`` only the rows after the first mini-batch are computed: the
         first mini-batch's rows hold 0.0 in both until ``train`` fills them, and a batch of one
         mini-batch gets neither (``batch.old_logprobs`` stays None, None is returned).
+
+        With ``old_from_rollout`` no pass runs: ``batch.old_logprobs`` is a copy of
+        ``batch.rollout_logprobs`` (every row) and None is returned.
         """
+        if self.old_from_rollout:
+            batch.old_logprobs = batch.rollout_logprobs.clone()  # [N, R]
+            return None
         if not self.reuse_old:
             batch.old_logprobs, entropy = self.compute_logprobs(batch, with_entropy=True)  # [N, R] x2
             return entropy
@@ -263,21 +281,28 @@ class ActorGroup:
         log-probs (and entropy) from its own forward: they are written into ``batch.old_logprobs``
         and into ``entropy`` (``old_logprobs``'s return; completed in place). The result carries
         the complete entropy either way, for the step's metrics.
+
+        With ``old_from_rollout`` ``batch.old_logprobs`` (the engines') is left as it is for every
+        row; the first step's forward comes back in the result instead (``actor_logprobs`` and
+        ``entropy``, its first mini-batch's rows), the actor's side of the step's metrics.
         """
         update: dict = {}
         bad = total = 0
         complete = None if self.reuse_old else entropy
+        actor_logprobs = None
         for epoch in range(epochs):
-            if self.reuse_old and epoch == 0:
-                update, first_old, first_entropy = self.update_on_policy(batch, options)
-                # old_logprobs: [N, R]
-                batch.old_logprobs = _merge_first_rows(first_old, batch.old_logprobs, self.first_rows)
-                complete = _merge_first_rows(first_entropy, entropy, self.first_rows)  # [N, R]
+            if epoch == 0 and (self.reuse_old or self.old_from_rollout):
+                update, first_lp, first_entropy = self.update_on_policy(batch, options)
+                if self.reuse_old:  # old_logprobs: [N, R]
+                    batch.old_logprobs = _merge_first_rows(first_lp, batch.old_logprobs, self.first_rows)
+                    complete = _merge_first_rows(first_entropy, entropy, self.first_rows)  # [N, R]
+                else:  # [first, R] each
+                    actor_logprobs, complete = first_lp[: self.first_rows], first_entropy[: self.first_rows]
             else:
                 update = self.update_epoch(batch, options)
             bad += int(update["nonfinite_steps"])
             total += int(update["optimizer_steps"])
-        return UpdateResult(update, bad, total, complete)
+        return UpdateResult(update, bad, total, complete, actor_logprobs)
 
     def update_epoch(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:
         """One pass: shard ``batch`` over the ranks and update; returns the (globally reduced) metrics of rank 0."""
@@ -290,14 +315,15 @@ class ActorGroup:
         return ray.get(refs)[0]
 
     def update_on_policy(self, batch: TrainBatch, options: LossOptions):
-        """``Actor.update_on_policy`` over the ranks: (rank 0's metrics, old_logprobs [N, R], entropy [N, R])
-        in the batch's row order. Rank r's first mini-batch is its shard's first rows, batch rows
+        """``Actor.update_on_policy`` over the ranks: (rank 0's metrics, the first step's log-probs [N, R],
+        entropy [N, R]) in the batch's row order; the log-probs are that step's old ones unless
+        ``old_from_rollout``. Rank r's first mini-batch is its shard's first rows, batch rows
         r, r + W, ...: together the batch's first ``mini_batch_size`` rows, the ones filled."""
         import ray
 
         parts = ray.get(
             [
-                w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options)
+                w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options, self.reuse_old)
                 for r, w in enumerate(self.workers)
             ]
         )

@@ -261,36 +261,43 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         ``time_s``, ``tokens_per_s``, ``peak_memory_gib`` (the largest of the ranks' peaks since they
         started, ``bandpo.actor.setup.peak_memory_gib``).
         """
-        return self._update(batch, options, reuse_old=False)[0]
+        return self._update(batch, options, keep_first=False, reuse_old=False)[0]
 
     def update_on_policy(
-        self, batch: TrainBatch, options: LossOptions
+        self, batch: TrainBatch, options: LossOptions, as_old: bool = True
     ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
-        """``update`` whose first optimizer step takes its old log-probs from its own forward.
+        """``update`` that returns its first optimizer step's forward, by default as its old log-probs.
 
         Before the first step the policy is the one of that step's forward, so for the rows of
         this rank's first mini-batch ``old = logprobs.detach()`` (ratio exactly 1) replaces a
         separate ``compute_logprobs`` pass; ``batch.old_logprobs`` is read for the later
-        mini-batches' rows only (it may be None when there is one). Returns ``(metrics as
-        update(), old_logprobs [N, R], entropy [N, R])`` of the first mini-batch's rows (float32,
-        CPU, 0.0 at padding and in every other row), the entropy of the same forward.
+        mini-batches' rows only (it may be None when there is one). With ``as_old=False``
+        (``actor.old_logprobs=rollout``) ``batch.old_logprobs`` is pi_old for every row and the
+        forward's log-probs are only returned, for the step's rollout/actor metrics. Returns
+        ``(metrics as update(), logprobs [N, R], entropy [N, R])`` of the first mini-batch's rows
+        (float32, CPU, 0.0 at padding and in every other row), the entropy of the same forward.
         """
-        return self._update(batch, options, reuse_old=True)
+        return self._update(batch, options, keep_first=True, reuse_old=as_old)
 
-    def _update(self, batch: TrainBatch, options: LossOptions, reuse_old: bool):
+    def _update(self, batch: TrainBatch, options: LossOptions, keep_first: bool, reuse_old: bool):
+        """``keep_first``: return the first step's forward (``update_on_policy``); ``reuse_old``: and use
+        it as that step's old log-probs and pi_old's entropy."""
         start = time.perf_counter()
         self._check_update(batch, options, reuse_old)
         entropy_grad = options.entropy_coef != 0.0
         per_rank = self.mini_batch_size // self.world_size
         n_steps = batch.size // per_rank
         num_tokens, max_len = self._global_normalisers(batch.response_mask, n_steps, per_rank)
-        old_out = torch.zeros(batch.response_ids.shape, dtype=torch.float32) if reuse_old else None  # [N, R]
-        ent_out = torch.zeros(batch.response_ids.shape, dtype=torch.float32) if reuse_old else None  # [N, R]
+        shape = batch.response_ids.shape
+        # [N, R] each: the first step's forward (log-probs, entropy)
+        first_lp = torch.zeros(shape, dtype=torch.float32) if keep_first else None
+        first_ent = torch.zeros(shape, dtype=torch.float32) if keep_first else None
 
         self.engine.train()
         acc = MetricAccumulator()
         for step in range(n_steps):
-            reuse = reuse_old and step == 0  # the policy before the first step is this forward's
+            keep = keep_first and step == 0
+            reuse = reuse_old and keep  # the policy before the first step is this forward's
             lr = self.engine.get_lr()[0]  # the rate this optimizer step applies
             # read once per step: no sync per micro
             finite = torch.ones((), dtype=torch.bool, device=self.device)
@@ -302,10 +309,12 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
                 # logprobs, entropy, r_mask: [n, r]
                 logprobs, entropy, r_mask = self._forward(self.engine, mb, entropy_grad=entropy_grad)
                 r = r_mask.shape[1]
+                if keep:  # returned: the old log-probs below, or the rollout/actor metrics' actor side
+                    first_lp[rows, :r] = logprobs.detach().cpu()
+                    first_ent[rows, :r] = entropy.detach().float().cpu()
                 if reuse:  # the policy before this step is the one of this forward: ratio == 1
                     # old_entropy [n, r] is pi_old's entropy too, computed before the loss (detached)
                     old, old_entropy = logprobs.detach(), entropy.detach()
-                    old_out[rows, :r], ent_out[rows, :r] = old.cpu(), old_entropy.float().cpu()
                 else:
                     old = mb.old_logprobs[:, :r].contiguous().to(self.device)
                 ref_lp = (
@@ -347,7 +356,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         out["tokens_per_s"] = out["num_tokens"] / max(out["time_s"], 1e-9)
         peak = torch.tensor([peak_memory_gib(self.device)], dtype=torch.float64)
         out["peak_memory_gib"] = float(self._all_reduce(peak, max_=True)[0])  # the fullest rank's
-        return out, old_out, ent_out
+        return out, first_lp, first_ent
 
     def _micro_batches(self, batch: TrainBatch, first: int, rows: int) -> list[list[int]]:
         """Row indices of the micro-batches of the mini-batch ``first .. first + rows``; every rank

@@ -15,6 +15,8 @@ from bandpo.config.keys import _check, _choice, _get, _number, _rule
 from bandpo.distributed.precision import check_bf16, check_engine_dtype
 from bandpo.errors import ConfigError
 
+OLD_LOGPROBS = ("recompute", "rollout")  # actor.old_logprobs: where pi_old comes from
+
 if TYPE_CHECKING:
     from bandpo.config.schema import TrainConfig
 
@@ -100,6 +102,7 @@ def validate(cfg: TrainConfig) -> None:
         "must be false with actor.padding_free=false (padded rows hold their own prompt)",
         share,
     )
+    _choice(cfg, "actor.old_logprobs", OLD_LOGPROBS)
     reuse = reuse_old_logprobs(cfg)
     _validate_lora(cfg, reuse)
 
@@ -109,6 +112,7 @@ def validate(cfg: TrainConfig) -> None:
     _number(cfg, "trainer.total_steps", low=1, integer=True)
     _validate_staleness(cfg)
     _validate_lora_sync(cfg)  # after actor.lora.* and trainer.max_staleness
+    _validate_old_logprobs(cfg)  # after actor.lora.*, trainer.max_staleness and rollout.top_p
     _number(cfg, "trainer.save_every", low=0, integer=True)
     _number(cfg, "trainer.eval_every", low=0, integer=True)
     _number(cfg, "trainer.keep_last", low=1, integer=True)
@@ -150,12 +154,21 @@ def reuse_old_logprobs(cfg: TrainConfig) -> bool:
     the separate old-logprob pass only needs the rows of the later mini-batches (none with one
     optimizer step per rollout). ``auto`` uses it wherever it applies: everywhere except the
     adaptive band's ``batch`` scale, which needs the step's mean pi_old entropy over all rows
-    before the update's first forward (there ``true`` is a config error).
+    before the update's first forward (there ``true`` is a config error). With
+    ``actor.old_logprobs=rollout`` pi_old is the engines' for every row, so nothing is reused
+    (``true`` is a config error there too).
     """
     value = _get(cfg, "actor.reuse_old_logprobs")
     _check(
         value in ("auto", True, False), "actor.reuse_old_logprobs", "must be one of auto, true, false", value
     )
+    from_rollout = _get(cfg, "actor.old_logprobs") == "rollout"
+    if value is True and from_rollout:
+        raise ConfigError(
+            "config error: actor.reuse_old_logprobs=true cannot be used with actor.old_logprobs=rollout "
+            "(pi_old is the engines' sampling log-probs for every row, the first mini-batch's too); "
+            "use auto or false"
+        )
     band = cfg.algorithm.band  # null for an algorithm without a band (validate_algorithm refuses one set)
     needs_pass = band is not None and band.adaptive == "entropy" and band.adaptive_norm == "batch"
     if value is True and needs_pass:
@@ -164,7 +177,60 @@ def reuse_old_logprobs(cfg: TrainConfig) -> bool:
             "entropy and algorithm.band.adaptive_norm=batch (the entropy scale comes from the "
             "old-logprob pass over every row); use auto or false, or adaptive_norm=logv"
         )
-    return not needs_pass and value is not False
+    return not needs_pass and not from_rollout and value is not False
+
+
+def _validate_old_logprobs(cfg: TrainConfig) -> None:
+    """``actor.old_logprobs=rollout`` (verl's bypass mode) takes pi_old from the engines' sampling
+    log-probs, which is the recomputed pi_old up to the engines' numerics only where both score the
+    same policy over the same distribution; each setting where they do not, or whose correction
+    pi_old / pi_rollout it would make 1 by construction, is refused naming its key. The engines'
+    dtype against the actor's is checked at start-up, once the device is known
+    (``bandpo.distributed.precision.check_old_logprobs_dtype``, from ``bandpo.trainer.launch``)."""
+    if _get(cfg, "actor.old_logprobs") != "rollout":
+        return
+    band = cfg.algorithm.band
+    lora_dropout = _get(cfg, "actor.lora.rank") > 0 and _get(cfg, "actor.lora.dropout") > 0
+    refused = [
+        (
+            _get(cfg, "trainer.max_staleness") != 0,
+            f"trainer.max_staleness={_get(cfg, 'trainer.max_staleness')}",
+            "the batch comes from the policy one update older than pi_old; decoupled PPO needs the "
+            "recomputed proximal policy",
+        ),
+        (
+            band is not None and band.adaptive == "entropy",
+            "algorithm.band.adaptive=entropy",
+            "the band's radius needs pi_old's per-token entropy over every row, from the actor's pass",
+        ),
+        (
+            _get(cfg, "algorithm.mismatch.mode") != "none",
+            f"algorithm.mismatch.mode={_get(cfg, 'algorithm.mismatch.mode')}",
+            "its weight pi_old / pi_rollout would be 1 by construction",
+        ),
+        (
+            _get(cfg, "algorithm.tis_cap") is not None,
+            f"algorithm.tis_cap={_get(cfg, 'algorithm.tis_cap')}",
+            "its weight pi_old / pi_rollout would be 1 by construction",
+        ),
+        (
+            _get(cfg, "rollout.top_p") < 1 or _get(cfg, "rollout.top_k") > 0,
+            f"rollout.top_p={_get(cfg, 'rollout.top_p')} / rollout.top_k={_get(cfg, 'rollout.top_k')}",
+            "the engines' log-probs are renormalised over the kept tokens, the actor's cover the vocabulary",
+        ),
+        (
+            lora_dropout,
+            f"actor.lora.dropout={_get(cfg, 'actor.lora.dropout')}",
+            "the actor's side of the step's health metrics and stale-weights check would be the "
+            "update's forward, with adapter dropout",
+        ),
+    ]
+    for bad, setting, why in refused:
+        if bad:
+            raise ConfigError(
+                f"config error: actor.old_logprobs=rollout cannot be used with {setting} ({why}); "
+                "use actor.old_logprobs=recompute"
+            )
 
 
 def _validate_lora(cfg: TrainConfig, reuse_old: bool) -> None:

@@ -34,7 +34,8 @@ class LoraConfig:
     )
     alpha: float = key(16.0, "the adapter's output is scaled by alpha / rank")
     dropout: float = key(
-        0.0, "on the adapter's input while training; > 0 needs actor.reuse_old_logprobs=false"
+        0.0,
+        "on the adapter's input while training; > 0 needs actor.reuse_old_logprobs=false, old_logprobs=recompute",
     )
     target_modules: list[str] = key(
         doc="nn.Linear names that get adapters (Qwen2, Llama)",
@@ -84,6 +85,10 @@ class ActorConfig:
     share_prompts: bool = key(True, "padding-free: a prompt shared by a group's rows is packed once per pass")
     reuse_old_logprobs: bool | str = key(
         "auto", "auto | true | false: the first optimizer step's old log-probs come from its own forward"
+    )
+    old_logprobs: str = key(
+        "recompute",
+        "pi_old: recompute (the actor's pass) | rollout (the engines' sampling log-probs, no pass)",
     )
     epochs: int = key(1, "passes over each rollout batch")
 

@@ -97,6 +97,22 @@ def engine_dtype(model_dtype, bf16: bool) -> str:
     return model_dtype
 
 
+def check_old_logprobs_dtype(old_logprobs: str, bf16_setting, model_dtype, bf16: bool) -> None:
+    """``actor.old_logprobs=rollout`` takes pi_old from the engines' sampling log-probs, which differ from
+    the actor's only by kernel noise when both compute in one dtype; engines in another dtype than the
+    actor's (``bf16``: ``actor.bf16`` resolved) would add that precision gap to every ratio, so that is a
+    ``ConfigError`` naming the three keys. The start-up calls it once the device is known."""
+    if old_logprobs != "rollout":
+        return
+    actor, engines = ("bfloat16" if bf16 else "float32"), engine_dtype(model_dtype, bf16)
+    if engines != actor:
+        raise ConfigError(
+            f"config error: actor.old_logprobs=rollout needs the engines to sample in the actor's dtype, "
+            f"but the actor computes in {actor} (actor.bf16={bf16_setting}) and the engines in {engines} "
+            f"(model.dtype={model_dtype}); set model.dtype=auto, or actor.old_logprobs=recompute"
+        )
+
+
 def check_bf16(setting) -> None:
     """``actor.bf16`` is auto, true or false (config validation and ``resolve_bf16``); a bare 1 / 0
     would pass a membership test as True / False, so the type is checked too."""

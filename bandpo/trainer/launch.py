@@ -20,7 +20,7 @@ from bandpo.data import EpochSampler, load_eval_sets
 from bandpo.distributed import init_ray
 from bandpo.distributed.nodes import check_nodes
 from bandpo.distributed.plan import layout_of
-from bandpo.distributed.precision import engine_dtype, resolve_bf16
+from bandpo.distributed.precision import check_old_logprobs_dtype, engine_dtype, resolve_bf16
 from bandpo.errors import ConfigError, InputError
 from bandpo.hub import load_tokenizer
 from bandpo.run.metrics_log import MetricsLogger
@@ -313,6 +313,7 @@ def start_workers(
         f"{engine_dtype(cfg.model.dtype, bf16)} (model.dtype={cfg.model.dtype})",
         flush=True,
     )
+    check_old_logprobs_dtype(ac.old_logprobs, ac.bf16, cfg.model.dtype, bf16)  # before any worker starts
     # CPU: synchronous, the engines generate while the actor waits, so they share all cores (Ray
     # would give each one thread: its num_cpus=1); overlapped, the two sides divide the cores.
     engine_threads, actor_threads = cpu_threads(
@@ -354,6 +355,7 @@ def start_workers(
                 num_gpus_per_rank=0,
                 options_per_rank=actor_opts if gpu else None,
                 reuse_old_logprobs=reuse_old_logprobs(cfg),
+                old_from_rollout=ac.old_logprobs == "rollout",
                 **actor_settings(cfg, bf16),
                 cpu_threads=ac.cpu_threads if gpu else actor_threads,
                 collective_timeout_min=ac.collective_timeout_min,

@@ -15,7 +15,7 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
     4. advantages  group-normalised per prompt: (R - mean) / (std + 1e-6)
        trace       every trainer.trace_every steps: the groups with texts, grades and advantages
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
-                   (``ActorGroup.old_logprobs``)
+                   (``ActorGroup.old_logprobs``; with actor.old_logprobs=rollout the engines', no pass)
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed (``ActorGroup.update``)
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
                    (``Trainer.wake_engines``, ``bandpo.weight_sync``); the first sync of a run, and
@@ -33,7 +33,7 @@ Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.launch``; th
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
 
 Departures from the paper's scripts, stated:
-- Old logprobs are recomputed by the actor (as verl does) rather than taken from vLLM; the
+- Old logprobs are recomputed by the actor (verl's default) rather than taken from vLLM; the
   gap between the two is logged as ``health/rollout_actor_*`` instead.
 - Stage 5's old-logprob pass covers only the rows of the later mini-batches (none with one
   optimizer step per rollout): the first optimizer step's own forward is the policy before
@@ -41,6 +41,10 @@ Departures from the paper's scripts, stated:
   (ratio 1 there), and their logged entropy is that forward's (``actor.reuse_old_logprobs``:
   auto | true | false; auto is on except for the adaptive band's ``batch`` scale, which needs
   every row's pi_old entropy first). The ref pass (kl_coef > 0) still covers every row.
+- Off by default, ``actor.old_logprobs=rollout`` (verl's bypass mode): pi_old = the engines' log-probs,
+  no old-logprob pass (``time/logprobs``: the ref pass's); only the engine/actor numerical gap differs
+  (refused where more would: ``bandpo.config.rules``, other dtypes at start-up). The actor's side of the
+  health metrics (and stale-weights check) is then the update's first forward, its first mini-batch's rows.
 - Sampling is seeded per step and round (``bandpo.data.sampler.rollout_seed``) so a resumed run
   replays the exact rollouts of an uninterrupted one, dynamic sampling's extra rounds included.
 - Optional, off by default: truncated importance sampling (``algorithm.tis_cap``) reweights the
@@ -70,7 +74,7 @@ from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfini
 from bandpo.trainer.dynamic_sampling import Drawn, check_groups
 from bandpo.trainer.launch import Workers
 from bandpo.trainer.overlap import Background, InFlight, in_flight_types, overlap_seconds
-from bandpo.trainer.step_metrics import rollout_metrics, timed_into, timing_metrics
+from bandpo.trainer.step_metrics import actor_metrics, rollout_metrics, timed_into, timing_metrics
 from bandpo.trainer.sync_check import check_sync
 from bandpo.types import TrainBatch
 
@@ -232,8 +236,8 @@ class Trainer:
         }
 
     def old_logprobs(self, batch: TrainBatch):
-        """Stage 5: ``batch.old_logprobs`` (and ``ref_logprobs`` when kl_coef > 0); returns pi_old's
-        entropy [N, R] (with reuse_old_logprobs the first mini-batch's rows come in stage 6)."""
+        """Stage 5: ``batch.old_logprobs`` (and ``ref_logprobs`` when kl_coef > 0); returns pi_old's entropy
+        [N, R] (reuse_old_logprobs: the first mini-batch's rows in stage 6; old_logprobs=rollout: None)."""
         actor = self.workers.actor
         with self.timed("logprobs"), stage("logprobs", "actor"):
             entropy = actor.old_logprobs(batch)  # [N, R]
@@ -265,10 +269,13 @@ class Trainer:
 
     def update_metrics(self, batch: TrainBatch, result: UpdateResult | None) -> dict[str, float]:
         """The update's ``actor/*`` metrics; with reuse_old_logprobs also pi_old's entropy and the
-        rollout/actor mismatch, complete once the update's first forward filled the first rows."""
+        rollout/actor mismatch, complete once the update's first forward filled the first rows; with
+        actor.old_logprobs=rollout those of that forward, over the first mini-batch's rows."""
         if result is None:
             return {}
         completed = rollout_metrics(batch, result.entropy) if self.workers.actor.reuse_old else {}
+        if result.actor_logprobs is not None:  # pi_old is the engines': the actor's side is the forward
+            completed = actor_metrics(batch, result.actor_logprobs, result.entropy)
         return {**completed, **{f"actor/{k}": v for k, v in result.metrics.items()}}
 
     def draw_ahead(self) -> Background | None:

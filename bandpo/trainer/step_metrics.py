@@ -12,10 +12,8 @@ from bandpo.types import TrainBatch
 
 
 def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str, float]:
-    """Response lengths; with the actor's old logprobs and entropy [N, R] also their health metrics
-    and the rollout/actor mismatch's ``mismatch/log_ratio_*`` (absent until the update's forward
-    made them, with reuse_old_logprobs)."""
-    mask = batch.response_mask.bool()  # [N, R]
+    """Response lengths; with the actor's old logprobs and entropy [N, R] also ``actor_metrics`` over
+    every row (absent until the update's forward made them, with reuse_old_logprobs)."""
     lengths = batch.response_lengths.float()  # [N]
     out = {
         "response/length_mean": lengths.mean().item(),
@@ -24,17 +22,26 @@ def rollout_metrics(batch: TrainBatch, entropy: torch.Tensor | None) -> dict[str
     }
     if entropy is None or batch.old_logprobs is None:
         return out
-    diff = (batch.rollout_logprobs - batch.old_logprobs)[mask]  # log pi_rollout - log pi_actor, same tokens
+    return {**out, **actor_metrics(batch, batch.old_logprobs, entropy)}
+
+
+def actor_metrics(batch: TrainBatch, actor_logprobs: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:
+    """The actor's entropy, its health metrics against the engines' sampling log-probs and the
+    rollout/actor mismatch's ``mismatch/log_ratio_*``, over the batch's first k rows: ``actor_logprobs``
+    and ``entropy`` are [k, R], the actor's for those rows (every row's pi_old; with
+    actor.old_logprobs=rollout the update's first forward over its first mini-batch)."""
+    k = actor_logprobs.shape[0]
+    mask, rollout = batch.response_mask[:k], batch.rollout_logprobs[:k]  # [k, R]
+    diff = (rollout - actor_logprobs)[mask.bool()]  # log pi_rollout - log pi_actor, same tokens
     return {
-        **out,
-        "actor/entropy": entropy[mask].mean().item(),
+        "actor/entropy": entropy[mask.bool()].mean().item(),
         "health/rollout_actor_abs_diff": diff.abs().mean().item(),
         # log(pi_old / pi_rollout): the log of the truncated importance weight before its cap.
         "health/rollout_actor_log_ratio_mean": (-diff).mean().item(),
         "health/rollout_actor_log_ratio_max": (-diff).max().item() if diff.numel() else 0.0,
         # k3 estimate of KL(pi_rollout || pi_actor) from the rollout's own samples.
         "health/rollout_actor_kl": (torch.exp(-diff) - 1 + diff).mean().item(),
-        **mismatch_stats(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask),
+        **mismatch_stats(actor_logprobs, rollout, mask),
     }
 
 

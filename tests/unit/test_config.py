@@ -13,7 +13,7 @@ import pytest
 from bandpo.actor.packing import check_micro_batch_tokens
 from bandpo.algo.band import check_upper_cap
 from bandpo.algo.options import LossOptions
-from bandpo.config import CONFIG_DIR, compose, loss_options
+from bandpo.config import CONFIG_DIR, compose, loss_options, reuse_old_logprobs
 from bandpo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +91,7 @@ def test_defaults_follow_the_paper():
         ("actor.bf16=yes", "actor.bf16"),
         ("actor.bf16=1", "actor.bf16"),
         ("model.dtype=fp8", "model.dtype"),
+        ("actor.old_logprobs=engine", "actor.old_logprobs"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
@@ -153,6 +154,45 @@ def test_new_options_default_off_and_validate_together():
 def test_rival_and_mismatch_options_are_refused_by_name(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose(overrides)
+
+
+def test_old_logprobs_defaults_to_recompute_and_rollout_composes_on_policy():
+    assert compose([]).actor.old_logprobs == "recompute"
+    cfg = compose(["actor.old_logprobs=rollout", "algorithm.kl_coef=0.01"])
+    assert cfg.actor.old_logprobs == "rollout"
+    assert not reuse_old_logprobs(cfg)  # pi_old is the engines' for every row: nothing to reuse
+    assert not reuse_old_logprobs(compose(["actor.old_logprobs=rollout", "actor.reuse_old_logprobs=false"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        (["trainer.max_staleness=1"], ["trainer.max_staleness=1"]),
+        (["algorithm.band.adaptive=entropy"], ["algorithm.band.adaptive=entropy"]),
+        (
+            ["algorithm.band.adaptive=entropy", "algorithm.band.adaptive_norm=logv"],
+            ["algorithm.band.adaptive=entropy"],
+        ),
+        (["algorithm.mismatch.mode=token_tis"], ["algorithm.mismatch.mode=token_tis"]),
+        (["algorithm.mismatch.mode=icepop"], ["algorithm.mismatch.mode=icepop"]),
+        (["algorithm.tis_cap=2"], ["algorithm.tis_cap=2.0"]),
+        (["algorithm=grpo", "algorithm.tis_cap=2"], ["algorithm.tis_cap=2.0"]),
+        (["rollout.top_p=0.9"], ["rollout.top_p=0.9", "rollout.top_k"]),
+        (["rollout.top_k=20"], ["rollout.top_p", "rollout.top_k=20"]),
+        (
+            ["actor.lora.rank=8", "actor.lora.dropout=0.05", "actor.reuse_old_logprobs=false"],
+            ["actor.lora.dropout=0.05"],
+        ),
+        (["actor.reuse_old_logprobs=true"], ["actor.reuse_old_logprobs=true"]),
+    ],
+)
+def test_old_logprobs_from_rollout_is_refused_off_policy_naming_both_keys(overrides, keys):
+    with pytest.raises(ConfigError) as e:
+        compose(["actor.old_logprobs=rollout", *overrides])
+    assert "actor.old_logprobs=rollout" in str(e.value), str(e.value)
+    for key in keys:
+        assert key in str(e.value), (key, str(e.value))
+    compose(overrides)  # each is a valid setting with the recomputed pi_old
 
 
 def _message(build) -> str:

@@ -1,8 +1,11 @@
 """ActorGroup's old-logprob bookkeeping (stages 5 and 6) on stand-in ranks: which rows each pass
-fills, and how the update's first forward completes them (no Ray, no DeepSpeed)."""
+fills, how the update's first forward completes them, and with pi_old from the engines
+(``actor.old_logprobs=rollout``) that no pass runs and the forward only comes back (no Ray, no
+DeepSpeed)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bandpo.actor.group import ActorGroup
@@ -19,7 +22,7 @@ def _batch() -> TrainBatch:
         prompt_mask=ids,
         response_ids=ids,
         response_mask=ids,
-        rollout_logprobs=torch.zeros(N, R),
+        rollout_logprobs=-torch.arange(1.0, N * R + 1).view(N, R) / 10,  # distinct from the actor's
         prompt_index=torch.arange(N),
         finish_reasons=["stop"] * N,
     )
@@ -28,8 +31,8 @@ def _batch() -> TrainBatch:
 class _Group(ActorGroup):
     """Log-probs of row i are -(i + 1), entropies i + 1; the first forward reports -100 / 100."""
 
-    def __init__(self, reuse):
-        self.reuse_old, self.first_rows, self.calls = reuse, FIRST, []
+    def __init__(self, reuse, from_rollout=False):
+        self.reuse_old, self.old_from_rollout, self.first_rows, self.calls = reuse, from_rollout, FIRST, []
 
     def compute_logprobs(self, batch, with_entropy=False, ref=False):
         # the batch's tail rows
@@ -39,6 +42,7 @@ class _Group(ActorGroup):
 
     def update_on_policy(self, batch, options):
         self.calls.append(("on_policy", batch.old_logprobs is None))
+        self.old_seen = None if batch.old_logprobs is None else batch.old_logprobs.clone()
         first = torch.zeros(N, R)
         first[:FIRST] = 100.0
         return {"nonfinite_steps": 1, "optimizer_steps": 3}, -first, first
@@ -78,3 +82,31 @@ def test_with_reuse_and_one_mini_batch_no_pass_runs():
     out = g.update(b, LossOptions(), epochs=1, entropy=None)
     assert g.calls == [("on_policy", True)]
     assert torch.equal(b.old_logprobs[:FIRST, 0], torch.tensor([-100.0, -100])) and out.entropy is not None
+
+
+def test_with_old_logprobs_from_rollout_no_pass_runs_and_the_first_forward_only_comes_back():
+    g, b = _Group(reuse=False, from_rollout=True), _batch()
+    assert g.old_logprobs(b) is None and g.calls == []  # no old-logprob pass, no entropy
+    assert torch.equal(b.old_logprobs, b.rollout_logprobs)  # every row: pi_old is the engines'
+    assert b.old_logprobs is not b.rollout_logprobs  # a copy: writing one leaves the other
+    out = g.update(b, LossOptions(), epochs=2, entropy=None)
+    assert g.calls == [("on_policy", False), ("update", None)]
+    # the update read the engines' log-probs for every row, the first mini-batch's included, and
+    # wrote nothing over them
+    assert torch.equal(g.old_seen, b.rollout_logprobs) and torch.equal(b.old_logprobs, b.rollout_logprobs)
+    # the first forward's rows come back for the step's metrics: log-probs -100, entropy 100
+    assert torch.equal(out.actor_logprobs, torch.full((FIRST, R), -100.0))
+    assert torch.equal(out.entropy, torch.full((FIRST, R), 100.0))
+    assert (out.nonfinite_steps, out.optimizer_steps) == (1, 6)
+
+
+def test_with_old_logprobs_recomputed_the_result_has_no_actor_logprobs():
+    for reuse in (False, True):
+        g, b = _Group(reuse=reuse), _batch()
+        out = g.update(b, LossOptions(), epochs=1, entropy=g.old_logprobs(b))
+        assert out.actor_logprobs is None
+
+
+def test_reuse_and_old_logprobs_from_rollout_exclude_each_other():
+    with pytest.raises(ValueError, match="reuse_old_logprobs and old_from_rollout"):
+        ActorGroup("model", 1, reuse_old_logprobs=True, old_from_rollout=True)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from bandpo.distributed import precision
-from bandpo.distributed.precision import cpu_has_fast_bf16, engine_dtype, resolve_bf16
+from bandpo.distributed.precision import (
+    check_old_logprobs_dtype,
+    cpu_has_fast_bf16,
+    engine_dtype,
+    resolve_bf16,
+)
 from bandpo.errors import ConfigError
 
 
@@ -106,6 +111,39 @@ def test_engine_dtype_follows_the_actor_unless_model_dtype_names_one():
         ConfigError, match="model.dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"
     ):
         engine_dtype("fp8", True)
+
+
+@pytest.mark.parametrize(
+    "bf16_setting, model_dtype, bf16",
+    [("auto", "auto", True), ("auto", "auto", False), (True, "bfloat16", True), (False, "float32", False)],
+)
+def test_old_logprobs_from_rollout_takes_engines_in_the_actors_dtype(bf16_setting, model_dtype, bf16):
+    check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16)
+
+
+@pytest.mark.parametrize(
+    "bf16_setting, model_dtype, bf16, actor, engines",
+    [
+        (True, "float32", True, "bfloat16", "float32"),
+        ("auto", "float16", True, "bfloat16", "float16"),
+        (False, "bfloat16", False, "float32", "bfloat16"),
+        ("auto", "float16", False, "float32", "float16"),
+    ],
+)
+def test_old_logprobs_from_rollout_refuses_another_engine_dtype_naming_the_keys(
+    bf16_setting, model_dtype, bf16, actor, engines
+):
+    with pytest.raises(ConfigError) as e:
+        check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16)
+    for part in (
+        "actor.old_logprobs=rollout",
+        f"actor.bf16={bf16_setting}",
+        f"model.dtype={model_dtype}",
+        f"actor computes in {actor}",
+        f"engines in {engines}",
+    ):
+        assert part in str(e.value), (part, str(e.value))
+    check_old_logprobs_dtype("recompute", bf16_setting, model_dtype, bf16)  # the actor's own pi_old: any
 
 
 def test_cpu_name_is_the_first_model_name_line(monkeypatch):

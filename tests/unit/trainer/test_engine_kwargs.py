@@ -110,3 +110,19 @@ def test_engine_dtype_follows_the_actors_precision(monkeypatch, overrides, devic
     monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: fast_cpu_bf16)
     kw, _ = _kwargs(overrides, device)
     assert kw["dtype"] == dtype
+
+
+def test_old_logprobs_from_rollout_with_another_engine_dtype_stops_the_start_before_any_worker():
+    from bandpo.distributed import precision
+    from bandpo.trainer import launch
+
+    cfg = compose(["model=tiny", "actor.old_logprobs=rollout", "actor.bf16=true", "model.dtype=float32"])
+    workers = launch.Workers()
+    with pytest.raises(
+        ConfigError, match=r"actor\.old_logprobs=rollout.*actor\.bf16=True.*model\.dtype=float32"
+    ):
+        launch.start_workers(cfg, "cpu", None, "unused", None, None, workers)
+    assert workers == launch.Workers()  # nothing started
+    # engines in the actor's dtype pass the same check
+    cfg = compose(["model=tiny", "actor.old_logprobs=rollout", "actor.bf16=true", "model.dtype=bfloat16"])
+    precision.check_old_logprobs_dtype(cfg.actor.old_logprobs, cfg.actor.bf16, cfg.model.dtype, True)
