@@ -4,7 +4,7 @@ Sharding is strided (rank r takes rows r, r + W, r + 2W, ...): then the k-th loc
 mini-batch of every rank holds exactly the rows of the k-th global mini-batch, so n ranks
 take the same optimizer steps as one rank on the whole batch.
 
-``old_logprobs`` and ``train`` are the trainer's stages 5 and 6. With ``reuse_old_logprobs``
+``old_logprobs`` and ``update`` are the trainer's stages 5 and 6. With ``reuse_old_logprobs``
 the policy before the first optimizer step is the one of that step's own forward, so the
 old-logprob pass covers only the later mini-batches' rows (none with one optimizer step per
 rollout) and the update's first forward fills the first mini-batch's rows (ratio 1 there). With
@@ -251,7 +251,7 @@ class ActorGroup:
         """Stage 5: ``batch.old_logprobs`` [N, R] = log pi_old; returns pi_old's entropy [N, R].
 
         With ``reuse_old_logprobs`` only the rows after the first mini-batch are computed: the
-        first mini-batch's rows hold 0.0 in both until ``train`` fills them, and a batch of one
+        first mini-batch's rows hold 0.0 in both until ``update`` fills them, and a batch of one
         mini-batch gets neither (``batch.old_logprobs`` stays None, None is returned).
 
         With ``old_from_rollout`` no pass runs: ``batch.old_logprobs`` is a copy of
