@@ -323,7 +323,9 @@ class ActorGroup:
 
         parts = ray.get(
             [
-                w.update_on_policy.remote(shard_batch(batch, r, self.world_size), options, self.reuse_old)
+                w.update_on_policy.remote(
+                    shard_batch(batch, r, self.world_size), options, not self.old_from_rollout
+                )
                 for r, w in enumerate(self.workers)
             ]
         )
