@@ -28,14 +28,22 @@ def build_lock(name: str = SHM_OP) -> Path:
 
 
 def wait_for_build(
-    name: str = SHM_OP, timeout_s: float = BUILD_TIMEOUT_S, poll_s: float = 2.0, clock=time.monotonic
+    name: str = SHM_OP, timeout_s: float = BUILD_TIMEOUT_S, poll_s: float = 0.1, clock=time.monotonic
 ) -> None:
-    """Return once no build of ``name`` holds its lock; a ``RuntimeError`` naming the lock file when one
-    still does after ``timeout_s`` (a killed build's leftover: removing the file lets the next start build)."""
+    """Return once no build of ``name`` holds its lock; a ``RuntimeError`` naming the lock file when the
+    same lock (one file: its inode and time) has stayed ``timeout_s`` (a killed build's leftover:
+    removing it lets the next start build). Builds of other processes one after another each make a
+    new lock, so they restart the wait; ``poll_s`` is torch's own."""
     lock = build_lock(name)
-    start = clock()
-    while lock.exists():
-        if clock() - start >= timeout_s:
+    seen, start = None, clock()
+    while True:
+        try:
+            st = lock.stat()
+        except FileNotFoundError:
+            return
+        if (st.st_ino, st.st_mtime_ns) != seen:
+            seen, start = (st.st_ino, st.st_mtime_ns), clock()
+        elif clock() - start >= timeout_s:
             raise RuntimeError(
                 f"{lock} has been there for {timeout_s:.0f} s: a build of DeepSpeed's {name} op that was "
                 f"killed midway left it, and torch would wait for it for ever; remove it "

@@ -1,5 +1,6 @@
 """bandpo.actor.jit_lock: a killed build's lock is an error naming the file, not a rank hung for ever."""
 
+import os
 import threading
 
 import pytest
@@ -37,3 +38,22 @@ def test_a_lock_that_outlives_any_build_names_the_file(extensions):
     with pytest.raises(RuntimeError, match=rf"{lock}.*killed midway"):
         wait_for_build("some_op", timeout_s=4.0, poll_s=0.0, clock=lambda: next(ticks))
     assert lock.exists()  # named, not removed: the file is the user's to check
+
+
+def test_builds_one_after_another_restart_the_wait(extensions):
+    """Each new lock (another process's build) is a new file: only one lock left alone times out."""
+    lock = build_lock("some_op")
+    lock.touch()
+    clock = iter(range(100))  # 1 s a look; the limit is 3 s
+
+    def tick():
+        t = next(clock)
+        if t in (2, 4):  # a build ends and the next starts: a new lock file
+            lock.unlink()
+            lock.touch()
+            os.utime(lock, ns=(t * 10**9, t * 10**9))
+        return float(t)
+
+    with pytest.raises(RuntimeError, match="killed midway"):
+        wait_for_build("some_op", timeout_s=3.0, poll_s=0.0, clock=tick)
+    assert next(clock) >= 8  # it waited past two new locks before the third one outlived the limit
