@@ -11,21 +11,14 @@ import torch
 from bandpo.actor.group import ActorGroup
 from bandpo.algo.options import LossOptions
 from bandpo.types import TrainBatch
+from tests.helpers.batches import ones_batch
 
 N, R, FIRST = 6, 3, 2  # rows, response width, rows of the first mini-batch
 
 
 def _batch() -> TrainBatch:
-    ids = torch.ones(N, R, dtype=torch.long)
-    return TrainBatch(
-        prompt_ids=ids,
-        prompt_mask=ids,
-        response_ids=ids,
-        response_mask=ids,
-        rollout_logprobs=-torch.arange(1.0, N * R + 1).view(N, R) / 10,  # distinct from the actor's
-        prompt_index=torch.arange(N),
-        finish_reasons=["stop"] * N,
-    )
+    # the engines' log-probs, distinct from the actor's
+    return ones_batch(N, R, -torch.arange(1.0, N * R + 1).view(N, R) / 10)
 
 
 class _Group(ActorGroup):

@@ -10,6 +10,7 @@ from bandpo.actor import worker
 from bandpo.actor.worker import Actor
 from bandpo.algo.options import LossOptions
 from bandpo.types import TrainBatch
+from tests.helpers.batches import ones_batch
 
 N, R, MINI = 4, 3, 2  # rows, response width, rows per optimizer step (two steps)
 
@@ -53,15 +54,10 @@ def _actor() -> Actor:
 
 
 def _batch() -> TrainBatch:
-    ids = torch.ones(N, R, dtype=torch.long)
-    return TrainBatch(
-        prompt_ids=ids,
-        prompt_mask=ids,
-        response_ids=ids,
-        response_mask=ids,
-        rollout_logprobs=torch.full((N, R), -7.0),
-        prompt_index=torch.arange(N),
-        finish_reasons=["stop"] * N,
+    return ones_batch(
+        N,
+        R,
+        torch.full((N, R), -7.0),
         advantages=torch.ones(N),
         old_logprobs=torch.full((N, R), -7.0),  # the engines' (actor.old_logprobs=rollout)
     )
