@@ -18,7 +18,8 @@ in micro-batches of 64 rows: TRL's per_device_train_batch_size=64,
 gradient_accumulation_steps=4, steps_per_generation=8. The loss matches bandpo's grpo
 algorithm: ratio clip 0.2 both sides, dual clip 10 (TRL's ``delta``), k3 KL at 0.001,
 seq-mean-token-mean (TRL's ``loss_type="grpo"``); lr 2e-5 constant, weight decay 0.01,
-grad-norm clip 1.0, float32 on CPU. Each RL step's time is the sum of its optimizer steps'
+grad-norm clip 1.0; float32 on CPU, or with ``--bf16`` TRL's own mixed precision (``bf16=True``:
+fp32 weights and AdamW, the forward and backward under bf16 autocast). Each RL step's time is the sum of its optimizer steps'
 on_step_begin -> on_step_end spans; step 1 is dropped as warm-up when there is more than
 one. Printed (and written as JSON): median and mean s/step; median seconds of its stages
 (generate: the ``model.generate`` call; reward: grading; other: old and reference log-probs,
@@ -169,6 +170,7 @@ def main() -> dict:
     ap.add_argument("--micro-batch-size", type=int, default=64, help="rows per forward/backward")
     ap.add_argument("--train-size", type=int, default=2048, help="tiny_arith train prompts to draw from")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="TRL's bf16 mixed precision (GRPOConfig bf16=True)")
     ap.add_argument("--out", default="bench_trl.json", help="JSON results file")
     args = ap.parse_args()
     if not (args.model_path / "config.json").is_file():
@@ -197,7 +199,7 @@ def main() -> dict:
     config = GRPOConfig(
         output_dir=out_dir,
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,
         seed=args.seed,
         report_to="none",
         logging_steps=1,

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate   # once, beside the venv
     .venv/bin/python scripts/bench_vs_trl.py [--trl-site /tmp/trl-site] [--steps 3] \\
-        [--scales tiny,25m,smollm2] [--out bench_vs_trl.json]
+        [--scales tiny,25m,smollm2] [--precision auto|fp32|bf16] [--out bench_vs_trl.json]
 
 For each scale, TRL first (``scripts/bench_trl.py``), then bandpo with ``algorithm=grpo``
 (``scripts/bench_step.py``), each as its own process with the same model, prompts, samples,
@@ -11,6 +11,11 @@ each side. Step 1 of each side is warm-up and dropped. Printed (and written as J
 seconds per RL step, generated tokens/s, their ratios (TRL / bandpo: above 1 means bandpo is
 faster), and bandpo's start-up (wall time outside its steps), which TRL's number does not have
 an equivalent for (its model loads in the benchmark process before timing starts).
+
+Precision (``--precision``): ``auto`` (default) runs each side at its best on this CPU: bf16 where it
+multiplies bf16 in hardware (avx512_bf16 or amx_bf16), for bandpo ``actor.bf16=true`` (the engines
+follow the actor's dtype) and for TRL its own mixed precision (``bench_trl.py --bf16``: fp32 weights
+and optimizer, bf16 autocast); fp32 on both sides elsewhere. ``fp32`` / ``bf16`` force both sides.
 
 Scales:
 - ``tiny``: the tiny recipe's model (configs/model/tiny.yaml's cached build), 16 prompts x 32
@@ -115,7 +120,7 @@ def run(cmd: list[str], env: dict, label: str) -> None:
     print(f"[{label}] done, load {load()}", flush=True)
 
 
-def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -> dict:
+def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path, bf16: bool) -> dict:
     s = SCALES[scale]
     py = sys.executable
     trl_json, bandpo_json = workdir / f"trl-{scale}.json", workdir / f"bandpo-{scale}.json"
@@ -143,6 +148,7 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
             str(s["micro_batch_size"]),
             "--out",
             str(trl_json),
+            *(["--bf16"] if bf16 else []),
         ],
         trl_env,
         f"{scale}: TRL",
@@ -171,6 +177,7 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
             "actor.lr=2e-5",
             # TRL has no dynamic sampling
             "algorithm.filter_groups.enable=false",
+            f"actor.bf16={str(bf16).lower()}",
         ],
         dict(os.environ),
         f"{scale}: bandpo",
@@ -180,6 +187,7 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path) -
     return {
         "scale": scale,
         "model": str(model),
+        "precision": "bf16" if bf16 else "fp32",
         **s,
         "trl_step_s": trl["median_step_s"],
         "bandpo_step_s": b["step"]["median_s"],
@@ -202,6 +210,12 @@ def main() -> list[dict]:
     )
     ap.add_argument("--steps", type=int, default=3, help="RL steps per side; step 1 is dropped as warm-up")
     ap.add_argument("--scales", default="tiny,25m", help=f"comma-separated, of {list(SCALES)}")
+    ap.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="both sides' precision; auto: bf16 where the CPU has avx512_bf16 / amx_bf16, else fp32",
+    )
     ap.add_argument("--out", default="bench_vs_trl.json")
     args = ap.parse_args()
     scales = args.scales.split(",")
@@ -213,6 +227,12 @@ def main() -> list[dict]:
             f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
             f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate"
         )
+    from bandpo.distributed.precision import cpu_has_fast_bf16, cpu_name
+
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_fast_bf16())
+    print(
+        f"{cpu_name()}: both sides in {'bf16' if bf16 else 'fp32'} (--precision {args.precision})", flush=True
+    )
     tiny = tiny_model()
     models = {
         "tiny": tiny,
@@ -220,8 +240,10 @@ def main() -> list[dict]:
         "smollm2": smollm2_model() if "smollm2" in scales else None,
     }
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl.") as tmp:
-        rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp)) for s in scales]
-    print(f"\nmachine: {os.cpu_count()} CPUs, load {load()} at the end\n")
+        rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp), bf16) for s in scales]
+    print(
+        f"\nmachine: {cpu_name()}, {os.cpu_count()} CPUs, {'bf16' if bf16 else 'fp32'}, load {load()} at the end\n"
+    )
     print(
         "| scale | TRL s/step | bandpo s/step | TRL / bandpo | tokens/s TRL | tokens/s bandpo | bandpo / TRL "
         "| bandpo start-up s |\n|---|---|---|---|---|---|---|---|"
@@ -233,7 +255,10 @@ def main() -> list[dict]:
             f"| {r['tokens_per_s_ratio_bandpo_over_trl']:.2f}x | {r['bandpo_startup_s']:.1f} |"
         )
     Path(args.out).write_text(
-        json.dumps({"machine": {"cpus": os.cpu_count()}, "rows": rows}, indent=2) + "\n"
+        json.dumps(
+            {"machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "bf16": bf16}, "rows": rows}, indent=2
+        )
+        + "\n"
     )
     print(f"\nwrote {args.out}")
     return rows
