@@ -24,6 +24,7 @@ own come from the update's forward: ``actor.reuse_old_logprobs``), ``ref_logprob
 
     DS_ACCELERATOR=cpu .venv/bin/python scripts/profile_actor.py [--bf16 both] [--out profile.json]
         [--model-path DIR | --random-shape smollm2 | --tiny] [--prompts 8 --samples 4 --response-len 128]
+        [--override actor.max_tokens_per_micro_batch=2048 ...]
 """
 
 from __future__ import annotations
@@ -184,12 +185,13 @@ def held_bytes(actor) -> dict[str, int]:
     return out
 
 
-def recipe(kl_coef: float | None):
-    """The recipe's composed config (``model=smollm2-135m algorithm=grpo``, the kl_coef overridden if given)."""
+def recipe(kl_coef: float | None, overrides: list[str]):
+    """The recipe's composed config (``model=smollm2-135m algorithm=grpo``, the kl_coef overridden if given,
+    then ``overrides``: Hydra overrides such as ``actor.max_tokens_per_micro_batch=2048``)."""
     from bandpo.config import compose
 
     kl = [] if kl_coef is None else [f"algorithm.kl_coef={kl_coef}"]
-    return compose(["model=smollm2-135m", "algorithm=grpo", *kl])
+    return compose(["model=smollm2-135m", "algorithm=grpo", *kl, *overrides])
 
 
 def model_source(args, cfg, tmp: str) -> str:
@@ -249,7 +251,7 @@ def build(args):
     from bandpo.config import reuse_old_logprobs
     from bandpo.config.algorithm import loss_options
 
-    cfg = recipe(args.kl_coef)
+    cfg = recipe(args.kl_coef, args.override)
     ac, bf16 = cfg.actor, resolved_bf16(args.bf16)
     mini = args.mini_prompts or min(int(ac.mini_batch_prompts), max(1, args.prompts // 2))
     if args.prompts % mini:
@@ -364,6 +366,13 @@ def main() -> None:
     p.add_argument("--mini-prompts", type=int, help="prompts per optimizer step (default: the recipe's)")
     p.add_argument("--kl-coef", type=float, help="algorithm.kl_coef (default: the recipe's; 0: no reference)")
     p.add_argument("--threads", type=int, help="torch threads (default: this process's CPUs)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override of the recipe (repeatable)",
+    )
     p.add_argument("--out", help="write the report here as JSON")
     args = p.parse_args()
     for key, (full, tiny) in BATCH.items():
@@ -377,6 +386,7 @@ def main() -> None:
         for key in [*BATCH, "model_path", "random_shape", "mini_prompts", "kl_coef", "threads"]:
             value = getattr(args, key)
             argv += [] if value is None else [f"--{key.replace('_', '-')}", str(value)]
+        argv += [a for o in args.override for a in ("--override", o)]
         for setting, dtype in (("false", "fp32"), ("true", "bf16")):
             with tempfile.TemporaryDirectory() as tmp:
                 cmd = [sys.executable, __file__, *argv, "--bf16", setting, "--out", f"{tmp}/report.json"]
