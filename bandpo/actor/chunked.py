@@ -15,7 +15,7 @@ and with G = dL/d(h W^T) [C, V]: dL/dh = G W, dL/dW += G^T h.
 Precision (``actor.bf16``): the two matmuls with the [V, H] weight run in the weight's dtype,
 as the model's own lm_head and the rollout engine's do: bf16 products accumulate in fp32 and
 only the result is rounded, a logit z to within |z| 2^-8 (the engine's logits are rounded the
-same way). Everything after that, over the vocabulary, is float32 (``_logits`` upcasts first):
+same way). Everything after that, over the vocabulary, is float32 (``_Workspace.logits`` upcasts first):
 logsumexp, log p = z - log Z, the entropy and the gradient G = dL/dz. In bf16 each of those
 results would be rounded again: log p to within |log p| 2^-8 (0.04 nats at log p = -10, a
 ratio pi / pi_old off by 4% before any update), and the small probabilities that make up G
@@ -52,14 +52,15 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         lse = torch.empty_like(logprobs)
+        ws = _Workspace(min(chunk, n), weight)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            logp = _logits(hidden[s:e], weight, temperature)  # [C, V] float32, becomes log p in place
-            lse[s:e] = torch.logsumexp(logp, dim=-1)
+            logp = ws.logits(hidden[s:e], weight, temperature)  # [C, V] float32, becomes log p in place
+            lse[s:e] = ws.logsumexp(logp)
             logp -= lse[s:e, None]
             logprobs[s:e] = logp.gather(-1, targets[s:e, None]).squeeze(-1)
             # H = -sum p log p; exp underflow gives p = 0 next to a finite log p, so no 0 * inf.
-            entropy[s:e] = -(logp.exp().mul_(logp)).sum(-1)
+            entropy[s:e] = -(ws.exp(logp).mul_(logp)).sum(-1)
             del logp
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
@@ -75,10 +76,11 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         n, t = hidden.shape[0], ctx.temperature
+        ws = _Workspace(min(ctx.chunk, n), weight)
         for s in range(0, n, ctx.chunk):
             e = min(s + ctx.chunk, n)
-            logp = _logits(hidden[s:e], weight, t).sub_(lse[s:e, None])  # [C, V] log p
-            p = logp.exp()
+            logp = ws.logits(hidden[s:e], weight, t).sub_(lse[s:e, None])  # [C, V] log p
+            p = ws.exp(logp)
             if grad_entropy is not None:  # g = -ge p (log p + H) = -ge p (z - E_p[z])
                 g = logp.add_(entropy[s:e, None]).mul_(p).mul_(-grad_entropy[s:e, None].float())
                 if grad_logprobs is not None:
@@ -90,17 +92,57 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             del logp, p
             g = g.div_(t)  # dL/d(h W^T), float32
             if need_h:
-                grad_hidden[s:e] = g.to(weight.dtype) @ weight
+                grad_hidden[s:e] = ws.low_precision(g) @ weight
             if need_w:  # from the float32 G: no bf16 rounding of its terms before the sum over tokens
                 grad_weight.addmm_(g.t(), hidden[s:e].float())
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[C, V] float32 logits / temperature: the matmul in the weight's dtype, the result upcast before
-    any arithmetic over the vocabulary (module docstring)."""
-    z = (hidden @ weight.t()).float()
-    return z / temperature if temperature != 1.0 else z
+class _Workspace:
+    """The [chunk, V] buffers of one pass, allocated once and reused by every chunk.
+
+    Why: each chunk's logits, their float32 copy and exp are [chunk, V] tensors (100 MB each at 512 x
+    49,152 in float32). Allocated per chunk, every one is above glibc's largest mmap threshold (32 MB),
+    so it is mapped afresh and page-faulted in full: on CPU ~0.6 s of system time per 2,304 tokens and
+    pass at SmolLM2's vocabulary. The arithmetic is the same ops in the same order as allocating ones
+    (``torch.logsumexp``'s own steps included), so the results are bit-identical.
+    """
+
+    def __init__(self, rows: int, weight: torch.Tensor):
+        v, dev = weight.shape[0], weight.device
+        self.z = torch.empty(rows, v, dtype=torch.float32, device=dev)  # logits, then log p
+        self.p = torch.empty_like(self.z)  # exp(z - max), then p
+        # the matmul's own result (its dtype), and G rounded to it for G W
+        self.low = (
+            None if weight.dtype == torch.float32 else torch.empty(rows, v, dtype=weight.dtype, device=dev)
+        )
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+        """[C, V] float32 logits / temperature: the matmul in the weight's dtype, the result upcast
+        before any arithmetic over the vocabulary (module docstring)."""
+        c = hidden.shape[0]
+        z = self.z[:c]
+        if self.low is None:
+            torch.mm(hidden, weight.t(), out=z)
+        else:
+            z.copy_(torch.mm(hidden, weight.t(), out=self.low[:c]))
+        return z.div_(temperature) if temperature != 1.0 else z
+
+    def logsumexp(self, z: torch.Tensor) -> torch.Tensor:
+        """``torch.logsumexp(z, -1)`` [C] by its own steps (max, exp of the difference, sum, log, plus
+        the max; an infinite max taken as 0), with the [C, V] difference in the workspace."""
+        m = z.amax(-1, keepdim=True)
+        m.masked_fill_(m.abs() == float("inf"), 0)
+        diff = torch.sub(z, m, out=self.p[: z.shape[0]])
+        return diff.exp_().sum(-1).log_().add_(m.squeeze(-1))
+
+    def exp(self, z: torch.Tensor) -> torch.Tensor:
+        """``z.exp()`` [C, V], in the workspace."""
+        return torch.exp(z, out=self.p[: z.shape[0]])
+
+    def low_precision(self, g: torch.Tensor) -> torch.Tensor:
+        """``g`` [C, V] float32 rounded to the weight's dtype (``g.to(weight.dtype)``), in the workspace."""
+        return g if self.low is None else self.low[: g.shape[0]].copy_(g)
 
 
 def chunked_logprobs_entropy(

@@ -54,6 +54,18 @@ def test_chunked_logprobs_entropy_and_grads_match_full_logits(temperature, chunk
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+def test_the_head_workspace_logsumexp_is_torch_s_bit_for_bit():
+    # The workspace replays torch.logsumexp's own steps to keep its [C, V] difference out of a fresh
+    # allocation; equality is exact (same ops, same order), including rows whose max is +-inf.
+    from bandpo.actor.chunked import _Workspace
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 301, generator=g) * 8
+    z[0], z[1, 7], z[2, :50] = -float("inf"), float("inf"), -float("inf")
+    got = _Workspace(6, torch.zeros(301, 4)).logsumexp(z.clone())
+    assert torch.equal(got, torch.logsumexp(z, dim=-1))
+
+
 # ---------------------------------------------------------------- packing helpers
 def test_pack_rows_layout_and_unpack():
     rb = make_rollout(3, 0)
