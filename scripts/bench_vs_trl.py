@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate   # once, beside the venv
     .venv/bin/python scripts/bench_vs_trl.py [--trl-site /tmp/trl-site] [--steps 3] \\
-        [--scales tiny,25m,smollm2] [--precision auto|fp32|bf16] [--out bench_vs_trl.json]
+        [--scales tiny,25m,smollm2] [--bf16 auto|true|false] [--out bench_vs_trl.json]
 
 For each scale, TRL first (``scripts/bench_trl.py``), then bandpo with ``algorithm=grpo``
 (``scripts/bench_step.py``), each as its own process with the same model, prompts, samples,
@@ -12,10 +12,11 @@ seconds per RL step, generated tokens/s, their ratios (TRL / bandpo: above 1 mea
 faster), and bandpo's start-up (wall time outside its steps), which TRL's number does not have
 an equivalent for (its model loads in the benchmark process before timing starts).
 
-Precision (``--precision``): ``auto`` (default) runs each side at its best on this CPU: bf16 where it
-multiplies bf16 in hardware (avx512_bf16 or amx_bf16), for bandpo ``actor.bf16=true`` (the engines
-follow the actor's dtype) and for TRL its own mixed precision (``bench_trl.py --bf16``: fp32 weights
-and optimizer, bf16 autocast); fp32 on both sides elsewhere. ``fp32`` / ``bf16`` force both sides.
+Precision (``--bf16``, resolved as ``actor.bf16`` is): ``auto`` (default) runs each side at its best on
+this CPU: bf16 where it multiplies bf16 in hardware (avx512_bf16 or amx_bf16), for bandpo
+``actor.bf16=true`` (the engines follow the actor's dtype) and for TRL its own mixed precision
+(``bench_trl.py --bf16``: fp32 weights and optimizer, bf16 autocast); fp32 on both sides elsewhere.
+``true`` / ``false`` force both sides.
 
 Scales:
 - ``tiny``: the tiny recipe's model (configs/model/tiny.yaml's cached build), 16 prompts x 32
@@ -187,7 +188,7 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path, b
     return {
         "scale": scale,
         "model": str(model),
-        "precision": "bf16" if bf16 else "fp32",
+        "bf16": bf16,
         **s,
         "trl_step_s": trl["median_step_s"],
         "bandpo_step_s": b["step"]["median_s"],
@@ -211,10 +212,10 @@ def main() -> list[dict]:
     ap.add_argument("--steps", type=int, default=3, help="RL steps per side; step 1 is dropped as warm-up")
     ap.add_argument("--scales", default="tiny,25m", help=f"comma-separated, of {list(SCALES)}")
     ap.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
+        "--bf16",
+        choices=("auto", "true", "false"),
         default="auto",
-        help="both sides' precision; auto: bf16 where the CPU has avx512_bf16 / amx_bf16, else fp32",
+        help="both sides in bf16, as actor.bf16 resolves it (auto: where the CPU has avx512_bf16 / amx_bf16)",
     )
     ap.add_argument("--out", default="bench_vs_trl.json")
     args = ap.parse_args()
@@ -227,12 +228,13 @@ def main() -> list[dict]:
             f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
             f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate"
         )
-    from bandpo.distributed.precision import cpu_has_fast_bf16, cpu_name
+    from bench_common import resolved_bf16
 
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_fast_bf16())
-    print(
-        f"{cpu_name()}: both sides in {'bf16' if bf16 else 'fp32'} (--precision {args.precision})", flush=True
-    )
+    from bandpo.distributed.precision import cpu_name
+
+    bf16 = resolved_bf16(args.bf16)
+    precision = "bf16" if bf16 else "fp32"
+    print(f"{cpu_name()}: both sides in {precision} (--bf16 {args.bf16})", flush=True)
     tiny = tiny_model()
     models = {
         "tiny": tiny,
@@ -241,9 +243,7 @@ def main() -> list[dict]:
     }
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl.") as tmp:
         rows = [compare(s, models[s], args.steps, args.trl_site, Path(tmp), bf16) for s in scales]
-    print(
-        f"\nmachine: {cpu_name()}, {os.cpu_count()} CPUs, {'bf16' if bf16 else 'fp32'}, load {load()} at the end\n"
-    )
+    print(f"\nmachine: {cpu_name()}, {os.cpu_count()} CPUs, {precision}, load {load()} at the end\n")
     print(
         "| scale | TRL s/step | bandpo s/step | TRL / bandpo | tokens/s TRL | tokens/s bandpo | bandpo / TRL "
         "| bandpo start-up s |\n|---|---|---|---|---|---|---|---|"
