@@ -55,7 +55,7 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
         ws = _Workspace(min(chunk, n), weight)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            logp = ws.logits(hidden[s:e], weight, temperature)  # [C, V] float32, becomes log p in place
+            logp = ws.logits(hidden[s:e], temperature)  # [C, V] float32, becomes log p in place
             lse[s:e] = ws.logsumexp(logp)
             logp -= lse[s:e, None]
             logprobs[s:e] = logp.gather(-1, targets[s:e, None]).squeeze(-1)
@@ -79,7 +79,7 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
         ws = _Workspace(min(ctx.chunk, n), weight)
         for s in range(0, n, ctx.chunk):
             e = min(s + ctx.chunk, n)
-            logp = ws.logits(hidden[s:e], weight, t).sub_(lse[s:e, None])  # [C, V] log p
+            logp = ws.logits(hidden[s:e], t).sub_(lse[s:e, None])  # [C, V] log p
             p = ws.exp(logp)
             if grad_entropy is not None:  # g = -ge p (log p + H) = -ge p (z - E_p[z])
                 g = logp.add_(entropy[s:e, None]).mul_(p).mul_(-grad_entropy[s:e, None].float())
@@ -109,6 +109,7 @@ class _Workspace:
     """
 
     def __init__(self, rows: int, weight: torch.Tensor):
+        self.weight = weight  # [V, H], the lm_head's
         v, dev = weight.shape[0], weight.device
         self.z = torch.empty(rows, v, dtype=torch.float32, device=dev)  # logits, then log p
         self.p = torch.empty_like(self.z)  # exp(z - max), then p
@@ -117,15 +118,15 @@ class _Workspace:
             None if weight.dtype == torch.float32 else torch.empty(rows, v, dtype=weight.dtype, device=dev)
         )
 
-    def logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
         """[C, V] float32 logits / temperature: the matmul in the weight's dtype, the result upcast
         before any arithmetic over the vocabulary (module docstring)."""
         c = hidden.shape[0]
         z = self.z[:c]
         if self.low is None:
-            torch.mm(hidden, weight.t(), out=z)
+            torch.mm(hidden, self.weight.t(), out=z)
         else:
-            z.copy_(torch.mm(hidden, weight.t(), out=self.low[:c]))
+            z.copy_(torch.mm(hidden, self.weight.t(), out=self.low[:c]))
         return z.div_(temperature) if temperature != 1.0 else z
 
     def logsumexp(self, z: torch.Tensor) -> torch.Tensor:
