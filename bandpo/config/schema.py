@@ -189,6 +189,10 @@ class TrainSource:
     limit: int | None = key(None, "first N rows")
     size: int | None = key(None, "a generated set's size")
     seed: int | None = key(None, "a generated set's seed")
+    kinds: list[str] | None = key(
+        None, "tiny_arith's problem kinds (add, sub, mul, two_step, word); null = all"
+    )
+    difficulty: int | None = key(None, "tiny_arith's level, 1-4 (the most digits of an operand); null = 1")
 
 
 @dataclass

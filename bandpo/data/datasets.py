@@ -86,24 +86,29 @@ REGISTRY: dict[str, DatasetSpec] = {
 
 @dataclass(frozen=True)
 class GeneratedSpec:
-    """A synthetic set built in-process: ``make(split, size, seed)`` returns rows with id/problem/answer."""
+    """A synthetic set built in-process: ``make(split, size, seed, **options)`` returns rows with
+    id/problem/answer; ``options`` names the keyword options ``make`` takes (a data source may set them)."""
 
-    make: Callable[[str, int, int], list[dict]]
+    make: Callable[..., list[dict]]
     split: str
     size: int
     seed: int = 0
+    options: tuple[str, ...] = ()
 
 
-def _tiny_arith(split: str, size: int, seed: int) -> list[dict]:
+def _tiny_arith(split: str, size: int, seed: int, **options: Any) -> list[dict]:
     from bandpo.data.tiny_arith_problems import make_split
 
-    return make_split(split, size, seed)
+    try:
+        return make_split(split, size, seed, **options)
+    except ValueError as e:  # a difficulty or kinds outside the generator's, or too few problems
+        raise InputError(f"tiny_arith[{split}:{size}:{seed}] {options}: {e}") from None
 
 
 GENERATED: dict[str, GeneratedSpec] = {
-    "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048),
+    "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048, options=("kinds", "difficulty")),
     # 200 held-out problems: the same set as the warm-start check of bandpo.models.tiny_arith.
-    "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200),
+    "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200, options=("kinds", "difficulty")),
 }
 
 
@@ -128,6 +133,7 @@ def load_examples(
     size: int | None = None,
     seed: int | None = None,
     cache_dir: str | None = None,
+    **options: Any,
 ) -> list[Example]:
     """Load a problem set by registered name, generated-set name, hub id or local file path.
 
@@ -136,16 +142,19 @@ def load_examples(
     a registered name; a registered hub id; any other hub id ("owner/name"), read with
     the given keys (default "problem"/"answer") and split (default "train").
     Keyword arguments override the registered field mapping and split. ``limit`` keeps
-    the first ``limit`` examples after skipping bad rows.
-    Raises ``InputError`` for an unknown name (listing the valid ones), for ``size``/``seed``
-    given to a set that is not generated, for a missing or malformed local file, and
+    the first ``limit`` examples after skipping bad rows. ``options`` go to a generated set's
+    generator (``GeneratedSpec.options``: tiny_arith's ``kinds`` and ``difficulty``).
+    Raises ``InputError`` for an unknown name (listing the valid ones), for ``size``/``seed``/
+    ``options`` given to a set that does not take them, for a missing or malformed local file, and
     (``HubUnreachable``) for a hub set that is neither reachable nor in the local cache.
     """
     keys = {"problem_key": problem_key, "answer_key": answer_key, "id_key": id_key}
     overrides = {k: v for k, v in keys.items() if v is not None}
-    if (size is not None or seed is not None) and name_or_path not in GENERATED:
+    options = {k: v for k, v in options.items() if v is not None}
+    if (size is not None or seed is not None or options) and name_or_path not in GENERATED:
         raise InputError(
-            f"dataset {name_or_path!r}: size/seed apply only to generated sets ({', '.join(GENERATED)})"
+            f"dataset {name_or_path!r}: size/seed/{'/'.join(OPTION_KEYS)} apply only to generated sets "
+            f"({', '.join(GENERATED)})"
         )
     if is_local_path(name_or_path):
         examples = load_local(name_or_path, **overrides)
@@ -154,8 +163,13 @@ def load_examples(
         split = split or gen.split
         size = gen.size if size is None else size
         seed = gen.seed if seed is None else seed
-        rows = gen.make(split, size, seed)
-        where = f"{name_or_path}[{split}:{size}:{seed}]"
+        unknown = sorted(set(options) - set(gen.options))
+        if unknown:
+            raise InputError(
+                f"dataset {name_or_path!r}: it takes no {unknown}; its options: {list(gen.options)}"
+            )
+        rows = gen.make(split, size, seed, **options)
+        where = f"{name_or_path}[{split}:{size}:{seed}{''.join(f':{k}={v}' for k, v in options.items())}]"
         examples = examples_from_rows(rows, source=name_or_path, where=where, **overrides)
     else:
         spec = _resolve_spec(name_or_path)
@@ -174,15 +188,30 @@ def load_many(sources: Sequence[str | Mapping[str, Any]], **defaults: Any) -> li
     return out
 
 
-SOURCE_KEYS = ("name", "path", "problem_key", "answer_key", "id_key", "split", "limit", "size", "seed")
+# A generated set's generator options (GeneratedSpec.options), as a data source may give them.
+OPTION_KEYS = ("kinds", "difficulty")
+SOURCE_KEYS = (
+    "name",
+    "path",
+    "problem_key",
+    "answer_key",
+    "id_key",
+    "split",
+    "limit",
+    "size",
+    "seed",
+    *OPTION_KEYS,
+)
 
 
 def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example]:
     """Load one entry of a data config's source list.
 
     ``entry`` is a name / hub id / path string, or a mapping with ``name`` and/or ``path`` plus
-    any of ``problem_key``, ``answer_key``, ``id_key``, ``split``, ``limit``, ``size``, ``seed``
-    (e.g. ``{name: tiny_arith, split: train, size: 4096}``, ``{path: /d/train.jsonl, problem_key: q}``).
+    any of ``problem_key``, ``answer_key``, ``id_key``, ``split``, ``limit``, ``size``, ``seed``, and a
+    generated set's options (``kinds``, ``difficulty``)
+    (e.g. ``{name: tiny_arith, split: train, size: 4096}``, ``{name: tiny_arith, kinds: [add, sub, mul],
+    difficulty: 2}``, ``{path: /d/train.jsonl, problem_key: q}``).
     ``name`` and ``path`` together read a local copy of a hub set (``{name: dapo17k, path:
     /d/dapo.jsonl}``, e.g. saved with ``Dataset.to_json`` where the Hub is reachable): with a
     registered name's field mapping, level filter and dedup, so it gives what the hub would
@@ -209,7 +238,7 @@ def _load_local_copy(name: str, path: str, options: dict[str, Any]) -> list[Exam
         raise InputError(
             f"data source {{name: {name}, path: {path}}}: {name} is generated, not read from a file"
         )
-    misplaced = sorted(set(options) & {"split", "size", "seed"})
+    misplaced = sorted(set(options) & {"split", "size", "seed", *OPTION_KEYS})
     if misplaced:
         raise InputError(
             f"data source {{name: {name}, path: {path}}}: {misplaced} do not apply to a local file"

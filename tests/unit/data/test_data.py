@@ -316,6 +316,25 @@ def test_generated_tiny_arith_sets():
         load_examples("amc23", size=10)
 
 
+def test_a_generated_set_s_options_choose_its_problems():
+    """tiny_arith's kinds and difficulty from a data source reach its generator: the rows are make_split's."""
+    from bandpo.data.tiny_arith_problems import make_split
+
+    entry = {"name": "tiny_arith", "size": 40, "kinds": ["add", "sub", "mul"], "difficulty": 2}
+    rows = make_split("train", 40, 0, difficulty=2, kinds=("add", "sub", "mul"))
+    got = load_source(entry)
+    assert [(e.problem, e.answer) for e in got] == [(r["problem"], r["answer"]) for r in rows]
+    assert {r["kind"] for r in rows} == {"add", "sub", "mul"}
+    assert max(int(n) for e in got for n in e.problem.rstrip("?").split() if n.isdigit()) >= 10
+    assert [e.problem for e in load_source({"name": "tiny_arith", "size": 40})] != [e.problem for e in got]
+    with pytest.raises(InputError, match="only 131 distinct train problems"):
+        load_source({"name": "tiny_arith", "size": 500, "kinds": ["add", "sub", "mul"], "difficulty": 1})
+    with pytest.raises(InputError, match="kinds must be a non-empty subset"):
+        load_source({"name": "tiny_arith", "kinds": ["div"]})
+    with pytest.raises(InputError, match="apply only to generated sets"):
+        load_source({"name": "amc23", "difficulty": 2})
+
+
 def test_load_source_entries(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", [{"q": "1+2?", "a": "3"}, {"q": "2+2?", "a": "4"}])
     assert len(load_source({"name": "tiny_arith", "split": "train", "size": 5})) == 5
