@@ -181,7 +181,7 @@ class Stage0:
         self.order = EpochSampler(len(train.prompt_ids), seed=cfg.data.shuffle_seed).order(0).tolist()
         self.train = train
         need = PROMPT_OFFSET + args.batches * cfg.trainer.prompts_per_step
-        if need > len(self.order):
+        if args.batches and need > len(self.order):  # no batches (a probe only): any training set
             raise SystemExit(
                 f"{args.batches} batches need {need} training prompts, data.train has {len(self.order)}"
             )
