@@ -105,10 +105,11 @@ def _tiny_arith(split: str, size: int, seed: int, **options: Any) -> list[dict]:
         raise InputError(f"tiny_arith[{split}:{size}:{seed}] {options}: {e}") from None
 
 
+_TINY_ARITH_OPTIONS = ("kinds", "difficulty")  # make_split's keyword options
 GENERATED: dict[str, GeneratedSpec] = {
-    "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048, options=("kinds", "difficulty")),
+    "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048, options=_TINY_ARITH_OPTIONS),
     # 200 held-out problems: the same set as the warm-start check of bandpo.models.tiny_arith.
-    "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200, options=("kinds", "difficulty")),
+    "tiny_arith_test": GeneratedSpec(_tiny_arith, "test", 200, options=_TINY_ARITH_OPTIONS),
 }
 
 
@@ -188,8 +189,8 @@ def load_many(sources: Sequence[str | Mapping[str, Any]], **defaults: Any) -> li
     return out
 
 
-# A generated set's generator options (GeneratedSpec.options), as a data source may give them.
-OPTION_KEYS = ("kinds", "difficulty")
+# Every generated set's generator options (GeneratedSpec.options), as a data source may give them.
+OPTION_KEYS = tuple(dict.fromkeys(key for gen in GENERATED.values() for key in gen.options))
 SOURCE_KEYS = (
     "name",
     "path",

@@ -183,12 +183,7 @@ def main() -> None:
             overrides += [f"model.path={Path(args.model).expanduser().resolve()}", "model.build=null"]
         args.records = str(records)
         run(args, [*overrides, *args.overrides])
-    from bandpo.checkpoint.atomic import write_text_atomic
-
-    section = report(records)
-    document = out.read_text() if out.exists() else entropy_stats.TITLE
-    write_text_atomic(out, entropy_stats.replace_section(document, section, HEADING))
-    print(section)
+    print(entropy_stats.write_section(out, report(records), HEADING))
     print(f"wrote {out}")
 
 

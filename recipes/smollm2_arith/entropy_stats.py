@@ -272,12 +272,17 @@ def load_records(folder: Path) -> list[dict]:
 
 def write_report(records_dir: Path, out: Path) -> str:
     """Stage 0's section of ``out`` (made with ``TITLE`` if missing) rebuilt from the records; returns it."""
-    from bandpo.checkpoint.atomic import write_text_atomic
-
     records = load_records(records_dir)
     if not records:
         raise SystemExit(f"no trial records in {records_dir}")
-    section = report(records)
+    return write_section(out, report(records))
+
+
+def write_section(out: Path, section: str, heading: str = "## Stage 0") -> str:
+    """``section`` in place of ``out``'s part under ``heading`` (``replace_section``), written atomically;
+    ``out`` is made with ``TITLE`` if missing. Returns ``section``."""
+    from bandpo.checkpoint.atomic import write_text_atomic
+
     document = out.read_text() if out.exists() else TITLE
-    write_text_atomic(out, replace_section(document, section))
+    write_text_atomic(out, replace_section(document, section, heading))
     return section
