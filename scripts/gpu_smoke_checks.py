@@ -5,6 +5,7 @@ against (MFU, the log-prob tolerance of a dtype)."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import math
 import threading
@@ -135,6 +136,19 @@ class PeakMemory:
 
         return psutil.Process().memory_info().rss
 
+    @classmethod
+    def live_rss(cls) -> int:
+        """The resident set after glibc returns its freed-but-kept heap (``malloc_trim(0)``): a
+        baseline that counts live memory only. An untrimmed one can hold a previous actor's freed
+        pages, which glibc may return during the block, so the peak above it could come out
+        negative. Garbage is collected first for the same reason."""
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass  # not glibc: nothing kept to return
+        return cls.rss()
+
     def __enter__(self):
         import torch
 
@@ -252,7 +266,7 @@ def _run_stage(
     loss = LossOptions(
         algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
     )
-    baseline = PeakMemory.rss()
+    baseline = PeakMemory.live_rss()
     actor = Actor(
         model_dir,
         zero_stage=stage,

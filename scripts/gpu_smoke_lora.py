@@ -120,7 +120,7 @@ def _run(out, model_dir, stage, args, shape, params, workdir: Path, refs: list) 
     loss = LossOptions(
         algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
     )
-    baseline = PeakMemory.rss()
+    baseline = PeakMemory.live_rss()
     actor = _actor(model_dir, stage, args, refs)
     try:
         out["phase"] = "update"
