@@ -198,8 +198,10 @@ class TrainSource:
 @dataclass
 class DataConfig:
     train: list[TrainSource] = key(doc="training sources", factory=list)
-    template: str = key("dapo", "prompt template: dapo (an 'Answer:' line) | boxed | a text with {problem}")
-    answer_format: str = key("dapo", "what the verifier extracts: dapo | boxed | auto")
+    template: str = key("dapo", "prompt template: dapo (an 'Answer:' line) | boxed")
+    answer_format: str | None = key(
+        None, "what the verifier extracts: dapo | boxed | auto; null = the template's"
+    )
     max_prompt_len: int = key(1024, "longer prompts are dropped")
     shuffle_seed: int = key("${trainer.seed}", "the training order's seed")
 
@@ -284,7 +286,9 @@ class TrainEvalConfig:
     top_p: float = key(1.0, "nucleus sampling")
     max_tokens: int = key("${rollout.max_tokens}", "response cap")
     template: str = key("${data.template}", "prompt template")
-    answer_format: str = key("${data.answer_format}", "what the verifier extracts")
+    answer_format: str | None = key(
+        "${data.answer_format}", "what the verifier extracts; null = the template's"
+    )
 
 
 @dataclass

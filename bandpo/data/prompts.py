@@ -36,9 +36,11 @@ TEMPLATES: dict[str, str] = {
 ANSWER_FORMATS: dict[str, str] = {"dapo": "dapo", "boxed": "boxed"}
 
 
-def answer_format_for(template: str) -> str:
-    """The reward's ``answer_format`` matching ``template`` ("auto" for a custom template)."""
-    return ANSWER_FORMATS.get(template, "auto")
+def answer_format_for(template: str, answer_format: str | None = None) -> str:
+    """The reward's ``answer_format``: ``answer_format`` when one is set, else the one matching
+    ``template`` ("auto" for a custom template), so that a template swapped alone
+    (``data.template=boxed``) is not graded for the other template's answer line."""
+    return answer_format if answer_format is not None else ANSWER_FORMATS.get(template, "auto")
 
 
 def format_user_message(problem: str, template: str) -> str:

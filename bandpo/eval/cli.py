@@ -81,7 +81,7 @@ def _run(cfg: EvalCLIConfig, targets: list[Target], datasets, tmp: Path) -> dict
     from bandpo.rollout import make_engine
 
     ev = cfg.eval
-    answer_format = ev.answer_format or answer_format_for(ev.template)
+    answer_format = answer_format_for(ev.template, ev.answer_format)
     scorer = RewardScorer(
         answer_format=answer_format, num_workers=ev.verifier_workers, timeout=ev.verifier_timeout
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bandpo.config import to_plain
-from bandpo.data import EpochSampler, load_eval_sets
+from bandpo.data import EpochSampler, answer_format_for, load_eval_sets
 from bandpo.distributed import init_ray
 from bandpo.distributed.nodes import check_nodes
 from bandpo.distributed.plan import layout_of
@@ -393,7 +393,7 @@ def start_workers(
     with phase("verifier"), stage("start", "verifier"):  # verifier actors, each with its own grading pool
         into.scorer = RayScorer(
             scheme,
-            answer_format=cfg.data.answer_format,
+            answer_format=answer_format_for(cfg.data.template, cfg.data.answer_format),
             num_workers=cfg.trainer.verifier_workers,
             timeout=cfg.trainer.verifier_timeout,
             actors=cfg.trainer.verifier_actors,

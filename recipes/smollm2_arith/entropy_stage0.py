@@ -155,7 +155,7 @@ class Stage0:
     def __init__(self, args, overrides: list[str]):
         from bandpo.config import loss_options, to_plain
         from bandpo.config.rules import reuse_old_logprobs
-        from bandpo.data import EpochSampler, encode_examples, load_eval_sets
+        from bandpo.data import EpochSampler, answer_format_for, encode_examples, load_eval_sets
         from bandpo.distributed.precision import engine_dtype, resolve_bf16
         from bandpo.hub import load_tokenizer
         from bandpo.reward import RewardScorer
@@ -198,7 +198,10 @@ class Stage0:
             device="cpu",
         )
         self.scorer = RewardScorer(
-            reward_scheme(cfg), cfg.data.answer_format, num_workers=1, timeout=cfg.trainer.verifier_timeout
+            reward_scheme(cfg),
+            answer_format_for(cfg.data.template, cfg.data.answer_format),
+            num_workers=1,
+            timeout=cfg.trainer.verifier_timeout,
         )
         self.before: dict[str, dict] = {}  # state -> its probe before any update (batch and numbers)
         self.build_s: list[float] = []  # this trial's actor builds, seconds

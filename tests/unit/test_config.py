@@ -375,3 +375,20 @@ def test_the_docs_key_table_is_the_schema_s():
     documented = {k for k, *_ in reference.rows()}
     assert "algorithm.band.delta" in documented and "trainer.reward.correct" in documented
     assert all(doc for *_, doc in reference.rows()), "every key has a one-line doc"
+
+
+def test_the_verifier_follows_the_template_unless_told():
+    # A template swapped alone must not be graded for the other template's answer line: boxed
+    # responses read for an "Answer:" line are all "no answer", every reward the incorrect one.
+    from bandpo.data import answer_format_for
+
+    def graded(overrides):
+        d = compose(overrides).data
+        return answer_format_for(d.template, d.answer_format)
+
+    assert graded([]) == "dapo"
+    assert graded(["data.template=boxed"]) == "boxed"
+    assert graded(["data=dapo_math", "data.template=boxed"]) == "boxed"
+    assert graded(["data.template=boxed", "data.answer_format=auto"]) == "auto"  # explicit wins
+    assert graded(["model=smollm2-135m"]) == "auto"  # its recipe sets it
+    assert compose(["data.template=boxed"]).eval.answer_format is None  # eval follows its own template
