@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Stage 2 of the entropy test (recipes/smollm2_arith/entropy_stage2.py has the method): GRPO against
+# BandPO, 3 seeds x 60 steps at stage 1's settings, GRPO's seed 0 being stage 1's pilot continued; each
+# run's checkpoints probed every 5 steps and evaluated at 30 and 60, then removed but the last; the report's
+# Stage 2 section in recipes/smollm2_arith/results-entropy.md. It refuses to start unless stage 1's rule
+# let it (GRPO's probe entropy fell to <= 60% of its start).
+#
+#   recipes/smollm2_arith/entropy_stage2.sh [extra Hydra overrides for the runs and the probes...]
+#
+# Resumable: a run resumes from its last checkpoint; a probe or an evaluation recorded in
+# recipes/smollm2_arith/entropy-runs/stage2/ is never made again. ~2.5 h a run on 2 cores (fp32), six runs.
+# Environment: RUNS (default runs/entropy_stage2), PILOT (stage 1's run, default runs/entropy_stage1/grpo),
+# STAGE1_RECORDS, RECORDS (default recipes/smollm2_arith/entropy-runs/stage1 and .../stage2), RESULTS.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[[ -x .venv/bin/python ]] || bash scripts/setup.sh
+exec .venv/bin/python recipes/smollm2_arith/entropy_stage2.py \
+  --runs "${RUNS:-runs/entropy_stage2}" --pilot "${PILOT:-runs/entropy_stage1/grpo}" \
+  --stage1-records "${STAGE1_RECORDS:-recipes/smollm2_arith/entropy-runs/stage1}" \
+  --records "${RECORDS:-recipes/smollm2_arith/entropy-runs/stage2}" \
+  --out "${RESULTS:-recipes/smollm2_arith/results-entropy.md}" "$@"

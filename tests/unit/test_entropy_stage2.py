@@ -1,0 +1,122 @@
+"""recipes/smollm2_arith/entropy_stage2.py: the verdict rules, the ratio and accuracy intervals (numbers
+by hand), stage 1's gate, the runs' commands, and the report from records alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "smollm2_arith"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(RECIPE))
+    spec = importlib.util.spec_from_file_location(name, RECIPE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+S2 = _load("entropy_stage2")
+
+
+def test_ratio_interval_by_hand():
+    # ln R = 0.095310, 0.182322, 0: mean 0.092544, sd 0.091194; t(0.95, 2) = 4.302653
+    # half-width 4.302653 x 0.091194 / sqrt(3) = 0.226535
+    mean, lo, hi = S2.ratio_interval([1.1, 1.2, 1.0])
+    assert mean == pytest.approx(math.exp(0.092544), abs=1e-5)  # 1.096961
+    assert lo == pytest.approx(math.exp(0.092544 - 0.226535), abs=1e-5)  # 0.874600
+    assert hi == pytest.approx(math.exp(0.092544 + 0.226535), abs=1e-5)  # 1.375863
+    with pytest.raises(ValueError, match="2 seeds"):
+        S2.ratio_interval([2.0])
+
+
+def test_noninferiority_by_hand():
+    # d = -2, 2, -5: mean -1.666667, sd 3.511885; one-sided 95% = two-sided 90%: t(0.90, 2) = 2.919986
+    # lower end -1.666667 - 2.919986 x 3.511885 / sqrt(3) = -1.666667 - 5.920524 = -7.587191
+    diff, low, ok = S2.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0])
+    assert diff == pytest.approx(-5 / 3, abs=1e-9)
+    assert low == pytest.approx(-7.587191, abs=1e-5)
+    assert ok  # above -10
+    assert not S2.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0], margin=7.5)[2]
+
+
+@pytest.mark.parametrize(
+    "grpo60, band60, expected",
+    [
+        ([0.4, 0.5, 0.3], [0.9, 1.0, 0.7], "holds"),  # G <= 0.5 (0.5 itself counts), R 2.25 / 2.0 / 2.33
+        ([0.4, 0.4, 0.4], [0.44, 0.48, 0.40], "fails"),  # R 1.1 / 1.2 / 1.0: interval's upper end 1.376 < 1.5
+        ([0.6, 0.4, 0.4], [1.5, 1.0, 1.0], "inconclusive"),  # seed 0 did not collapse (G 0.6)
+        ([0.4, 0.4, 0.4], [0.76, 1.0, 0.88], "inconclusive"),  # R 1.9 / 2.5 / 2.2: not all >= 2, upper > 1.5
+    ],
+)
+def test_verdict_rules(grpo60, band60, expected):
+    assert S2.verdict([1.0, 1.0, 1.0], grpo60, band60) == expected
+
+
+def _probe(path: Path, step: int, h: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"step": step, "source": "x", "settings": {}, "probe": {"entropy": h}}))
+
+
+def test_stage1_gate(tmp_path):
+    for step, h in {0: 0.5, 5: 0.45, 10: 0.4}.items():
+        _probe(tmp_path / f"probe-step_{step:06d}.json", step, h)
+    ok, why = S2.stage1_lets_run(tmp_path)
+    assert not ok and "not complete" in why  # no probe at step 30 yet
+    _probe(tmp_path / "probe-step_000030.json", 30, 0.35)  # 70%
+    ok, why = S2.stage1_lets_run(tmp_path)
+    assert not ok and "70%" in why
+    _probe(tmp_path / "probe-step_000025.json", 25, 0.3)  # 60%: the rule's bound itself lets it run
+    ok, why = S2.stage1_lets_run(tmp_path)
+    assert ok and "60%" in why
+
+
+def test_runs_are_paired_by_seed_and_continue_stage_1():
+    assert S2.plan() == [("grpo", 0), ("bandpo", 0), ("grpo", 1), ("bandpo", 1), ("grpo", 2), ("bandpo", 2)]
+    cmd = S2.train_command("bandpo", 2, Path("/r/bandpo-s2"), ["actor.bf16=false"])
+    assert cmd[:2] == ["bash", "scripts/train.sh"]
+    assert cmd[2 : 2 + len(S2.SETTING)] == list(S2.SETTING)  # stage 1's settings, first
+    for item in ("algorithm=bandpo", "algorithm.band.divergence=kl", "algorithm.band.delta=0.05"):
+        assert item in cmd
+    for item in ("trainer.seed=2", "trainer.total_steps=60", "trainer.save_every=5", "trainer.keep_last=12"):
+        assert item in cmd  # every probed checkpoint kept until its probe
+    assert "trainer.output_dir=/r/bandpo-s2" in cmd and cmd[-1] == "actor.bf16=false"
+
+
+def _records(folder: Path, h0: float, h60: dict[str, float], acc: dict[str, float], seeds=(0, 1, 2)) -> None:
+    _probe(folder / "probe-base-step_000000.json", 0, h0)
+    for seed in seeds:
+        for arm in ("grpo", "bandpo"):
+            name = f"{arm}-s{seed}"
+            for step in range(5, 61, 5):
+                _probe(folder / f"probe-{name}-step_{step:06d}.json", step, h60[arm] if step == 60 else h0)
+            results = {"tiny_arith_test": {"mean@8": acc[arm], "maj@8": 0.5, "pass@8": 0.9, "truncated": 0.0}}
+            (folder / f"eval-{name}-step_000060-sampled.json").write_text(json.dumps({"results": results}))
+
+
+def test_report_from_records(tmp_path):
+    assert "Not run yet." in S2.report(tmp_path)
+    _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0, 1))
+    text = S2.report(tmp_path)
+    assert "Not decided: 2 of 3 seeds" in text and "**Verdict" not in text
+    _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45})
+    text = S2.report(tmp_path)
+    # G = 0.2 / 0.5 = 0.4 and R = 2.5 on every seed; no spread: the interval is the point itself
+    assert "G = H_GRPO(60) / H(0) 0.40, 0.40, 0.40" in text and "R's geometric mean 2.50" in text
+    assert "+5.0 points" in text and "non-inferior" in text
+    assert "**Verdict: the claim holds at this scale.**" in text
+    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 | - / - / - / - |" in text
+
+
+def test_a_checkpoint_is_the_same_source_however_written():
+    rel = "runs/entropy_stage1/grpo/checkpoints/step_000005"
+    assert S2.same_source(rel, str(REPO / rel)) and S2.same_source("base", "base")
+    assert not S2.same_source("base", rel) and not S2.same_source(rel, rel.replace("05", "10"))
