@@ -18,13 +18,17 @@ RUNS=${RUNS:-runs/entropy_stage1} RECORDS=${RECORDS:-recipes/smollm2_arith/entro
 RESULTS=${RESULTS:-recipes/smollm2_arith/results-entropy.md}
 mapfile -t SETTING < <(.venv/bin/python "$PY" --print-setting)
 
-if [[ ! -d $RUNS/grpo/checkpoints/step_000030 ]]; then
-  mkdir -p "$RUNS/grpo"
-  bash scripts/train.sh "${SETTING[@]}" algorithm=grpo trainer.total_steps=30 trainer.save_every=5 \
-    trainer.keep_last=6 "trainer.output_dir=$RUNS/grpo" trainer.eval_before_train=false trainer.eval_every=0 \
-    trainer.export_hf=false trainer.wandb.mode=disabled "$@" 2>&1 | tee -a "$RUNS/grpo/train.log"
+# Recorded once, when the run has reached step 30: stage 2 continues this run to step 60 and prunes its
+# checkpoints, which must not send it back here.
+if [[ ! -f $RECORDS/run/metrics.jsonl ]]; then
+  if [[ ! -d $RUNS/grpo/checkpoints/step_000030 ]]; then
+    mkdir -p "$RUNS/grpo"
+    bash scripts/train.sh "${SETTING[@]}" algorithm=grpo trainer.total_steps=30 trainer.save_every=5 \
+      trainer.keep_last=6 "trainer.output_dir=$RUNS/grpo" trainer.eval_before_train=false trainer.eval_every=0 \
+      trainer.export_hf=false trainer.wandb.mode=disabled "$@" 2>&1 | tee -a "$RUNS/grpo/train.log"
+  fi
+  mkdir -p "$RECORDS/run"
+  cp "$RUNS/grpo/metrics.jsonl" "$RUNS/grpo/config.yaml" "$RECORDS/run/"
 fi
-mkdir -p "$RECORDS/run"
-cp "$RUNS/grpo/metrics.jsonl" "$RUNS/grpo/config.yaml" "$RECORDS/run/"
 
 .venv/bin/python "$PY" --run "$RUNS/grpo" --records "$RECORDS" --out "$RESULTS" "$@"
