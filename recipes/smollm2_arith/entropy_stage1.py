@@ -99,10 +99,15 @@ def train_metrics(records: Path) -> dict[int, dict]:
     return {int(r["step"]): r for r in rows if "step" in r}
 
 
-def report(records: Path) -> str:
-    probes = sorted(
+def load_probes(records: Path) -> list[dict]:
+    """The probe records in ``records``, by step (the report's and stage 2's gate's input)."""
+    return sorted(
         (json.loads(p.read_text()) for p in records.glob("probe-step_*.json")), key=lambda r: r["step"]
     )
+
+
+def report(records: Path) -> str:
+    probes = load_probes(records)
     if not probes:
         raise SystemExit(f"no probe records in {records}")
     metrics = train_metrics(records)

@@ -47,6 +47,7 @@ SETTING = entropy_stage1.SETTING
 ARMS = entropy_stage0.ARMS  # grpo; bandpo with KL, delta 0.05
 SEEDS = (0, 1, 2)
 STEPS, EVERY, EVALS = 60, 5, (30, 60)
+PROBED = range(EVERY, STEPS + 1, EVERY)  # each run's probed steps (step 0, the base model, is shared)
 # The training mix's own kind, held out: tiny_arith's test split has 15 level-1 one-operation problems
 # (none in the 131 of the training split); the recipe's held-out set (the first 64 of tiny_arith_test,
 # the probe's problems, 75% two-step) is evaluated beside it and is the accuracy endpoint, as the rules
@@ -148,8 +149,7 @@ def probe(stage, source: str, step: int, record: Path, earlier: Path | None = No
 def stage1_lets_run(stage1_records: Path) -> tuple[bool, str]:
     """Stage 1's rule: GRPO's probe entropy at <= ``entropy_stage1.RULE`` of step 0's at a probe up to
     its last step. Returns (whether stage 2 may run, why)."""
-    probes = {r["step"]: r["probe"]["entropy"] for p in stage1_records.glob("probe-step_*.json")
-              if (r := json.loads(p.read_text()))}  # fmt: skip
+    probes = {r["step"]: r["probe"]["entropy"] for r in entropy_stage1.load_probes(stage1_records)}
     if 0 not in probes or max(probes) < entropy_stage1.STEPS:
         return False, f"stage 1 is not complete in {stage1_records} (probes at steps {sorted(probes)})"
     low = min(h / probes[0] for s, h in probes.items() if s)
@@ -183,8 +183,7 @@ def run_all(args, extra: list[str]) -> None:
 def one_run(stage, arm, seed, runs: Path, records: Path, heldout: Path, args, extra) -> None:
     name = run_name(arm, seed)
     folder = Path(args.pilot).resolve() if (arm, seed) == ("grpo", 0) else runs / name
-    steps = range(EVERY, STEPS + 1, EVERY)
-    probes = {s: records / f"probe-{name}-step_{s:06d}.json" for s in steps}
+    probes = {s: records / f"probe-{name}-step_{s:06d}.json" for s in PROBED}
     evals = {(s, k): records / f"eval-{name}-step_{s:06d}-{k}.json" for s in EVALS for k in EVAL_KINDS}
     if all(p.exists() for p in [*probes.values(), *evals.values()]):
         print(f"[stage2] {name}: recorded, skipped", flush=True)
@@ -200,15 +199,13 @@ def one_run(stage, arm, seed, runs: Path, records: Path, heldout: Path, args, ex
         shutil.copy(folder / f, kept / f)
     stage1 = Path(args.stage1_records)
     for s, path in probes.items():
-        missing = not checkpoint(folder, s).is_dir()
-        if missing and not path.exists():
+        if not checkpoint(folder, s).is_dir() and not path.exists():
             raise SystemExit(f"{checkpoint(folder, s)}: no checkpoint to probe (removed before its probe?)")
         earlier = stage1 / f"probe-step_{s:06d}.json" if (arm, seed) == ("grpo", 0) else None
-        if not missing or path.exists():
-            probe(stage, str(checkpoint(folder, s)), s, path, earlier)
+        probe(stage, str(checkpoint(folder, s)), s, path, earlier)
     for (s, kind), path in evals.items():
         evaluate(str(checkpoint(folder, s)), kind, heldout, runs / "evals" / f"{name}-{s}-{kind}", path)
-    for s in steps:  # all recorded: only the last checkpoint is kept
+    for s in PROBED:  # all recorded: only the last checkpoint is kept
         if s != STEPS and checkpoint(folder, s).is_dir():
             shutil.rmtree(checkpoint(folder, s))
 
@@ -257,7 +254,7 @@ def collect(records: Path) -> dict:
     h = {}
     for arm, seed in plan():
         name = run_name(arm, seed)
-        h[name] = {s: r["probe"]["entropy"] for s in range(EVERY, STEPS + 1, EVERY)
+        h[name] = {s: r["probe"]["entropy"] for s in PROBED
                    if (r := _load(records / f"probe-{name}-step_{s:06d}.json"))}  # fmt: skip
     evals = {}
     for path in records.glob("eval-*-sampled.json"):
@@ -267,11 +264,10 @@ def collect(records: Path) -> dict:
 
 
 def entropy_table(h0: float, h: dict[str, dict[int, float]]) -> list[str]:
-    steps = range(EVERY, STEPS + 1, EVERY)
     lines = [f"Probe entropy H (nats) by step, and H / H(0); step 0 (the base model): H = {h0:.4f}", ""]
-    lines += ["| run | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines += ["| run | " + " | ".join(str(s) for s in PROBED) + " |", "|---|" + "---|" * len(PROBED)]
     for name, by_step in h.items():
-        cells = [f"{by_step[s]:.3f} ({by_step[s] / h0:.2f})" if s in by_step else "" for s in steps]
+        cells = [f"{by_step[s]:.3f} ({by_step[s] / h0:.2f})" if s in by_step else "" for s in PROBED]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
