@@ -314,12 +314,14 @@ def decision(h0: float, h: dict[str, dict[int, float]], evals: dict[tuple[str, i
     ]
 
 
-def report(records: Path) -> str:
+def report(records: Path, figure: str | None = None) -> str:
+    """The section from ``records``; ``figure`` (a file name beside the report) is shown first."""
     data = collect(records)
     h0, h, evals = data["h0"], data["h"], data["evals"]
     lines = [f"{HEADING}: GRPO against BandPO, 3 seeds x {STEPS} steps", "", RULES, ""]
     if h0 is None:
         return "\n".join([*lines, "Not run yet.", ""])
+    lines += [f"![headline]({figure})", ""] if figure else []
     lines += [*entropy_table(h0, h), "", *eval_table(evals), "", *decision(h0, h, evals), ""]
     return "\n".join(lines)
 
@@ -366,7 +368,12 @@ def main() -> None:
     args = ap.parse_args()
     if not args.report:
         run_all(args, list(args.overrides))
-    print(entropy_stats.write_section(Path(args.out), report(Path(args.records)), HEADING))
+    import entropy_figure  # draws with matplotlib: only here
+
+    out, records = Path(args.out), Path(args.records)
+    runs = entropy_figure.series(records)
+    png = entropy_figure.draw(runs, out.with_name(out.stem + "-headline.png")) if runs else None
+    print(entropy_stats.write_section(out, report(records, png.name if png else None), HEADING))
     print(f"wrote {args.out}")
 
 

@@ -120,3 +120,27 @@ def test_a_checkpoint_is_the_same_source_however_written():
     rel = "runs/entropy_stage1/grpo/checkpoints/step_000005"
     assert S2.same_source(rel, str(REPO / rel)) and S2.same_source("base", "base")
     assert not S2.same_source("base", rel) and not S2.same_source(rel, rel.replace("05", "10"))
+
+
+def test_headline_figure_from_records(tmp_path):
+    fig = _load("entropy_figure")
+    _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    base = {"tiny_arith_test": {"mean@8": 0.25}}
+    (tmp_path / "eval-base-step_000000-sampled.json").write_text(json.dumps({"results": base}))
+    rows = [{"step": 1, "actor/entropy": 0.54, "actor/clip_frac_up": 0.002, "actor/clip_frac_down": 0.0125},
+            {"note": "no step: skipped"}, {"step": 2, "actor/entropy": 0.5}]  # fmt: skip
+    (tmp_path / "run-grpo-s0").mkdir()
+    (tmp_path / "run-grpo-s0" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    runs = fig.series(tmp_path)
+    assert list(runs) == ["grpo-s0", "bandpo-s0"]  # seeds 1 and 2 have no record: left out
+    grpo = runs["grpo-s0"]
+    # H / H(0): 1.0 at the base, 0.5 / 0.5 = 1.0 to step 55, 0.2 / 0.5 = 0.4 at 60
+    assert grpo["probe"][0] == (0, 1.0) and grpo["probe"][-1] == pytest.approx((60, 0.4))
+    assert len(grpo["probe"]) == 13
+    assert grpo["rollout"] == [(1, 0.54), (2, 0.5)]
+    assert grpo["up"] == [(1, pytest.approx(0.2))] and grpo["down"] == [(1, pytest.approx(1.25))]
+    assert grpo["mean@8"] == [(0, 25.0), (60, 40.0)]  # no step-30 record: no point
+    assert runs["bandpo-s0"]["rollout"] == [] and runs["bandpo-s0"]["mean@8"] == [(0, 25.0), (60, 45.0)]
+    png = fig.draw(runs, tmp_path / "headline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![headline](h.png)" in S2.report(tmp_path, "h.png")
