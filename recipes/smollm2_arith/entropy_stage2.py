@@ -24,6 +24,10 @@ Records in ``<records>``: ``probe-<run>-step_N.json``, ``eval-<run>-step_N-<samp
 (``<run>`` = ``base`` at step 0), ``run-<arm>-s<seed>/`` (metrics.jsonl, config.yaml). A record is
 never made again; one made with other settings stops the script. Stage 1's probes of the pilot (same
 settings, same checkpoints) are taken as they are.
+
+Both holds and fails need GRPO's collapse on every seed, so once a GRPO seed is probed at step 60 above
+the collapse the verdict is fixed (inconclusive): the report says so, and a seed not begun is not
+started (``--all-seeds`` runs it anyway); a begun seed's pair is finished.
 """
 
 from __future__ import annotations
@@ -175,9 +179,26 @@ def run_all(args, extra: list[str]) -> None:
             evaluate(stage.model_path, kind, heldout, runs / "evals" / f"base-{kind}",
                      records / f"eval-base-step_000000-{kind}.json")  # fmt: skip
         for arm, seed in plan():
+            why = None if args.all_seeds else held_back(records, runs, seed)
+            if why:
+                print(f"[stage2] {why}; --all-seeds runs them", flush=True)
+                break
             one_run(stage, arm, seed, runs, records, heldout, args, extra)
     finally:
         stage.close()
+
+
+def held_back(records: Path, runs: Path, seed: int) -> str | None:
+    """Why ``seed``'s runs are not started, or None: the records already fix the verdict
+    (``short_of_collapse``) and no run of the seed has begun. A begun seed is finished, so that every
+    recorded run has its partner of the other arm."""
+    data = collect(records)
+    short = short_of_collapse(data["h0"], data["h"])
+    names = [run_name(a, seed) for a in ARMS]
+    if not short or any((records / f"run-{n}").is_dir() or (runs / n).is_dir() for n in names):
+        return None
+    s, g = short[0]
+    return f"the verdict is fixed (GRPO seed {s} kept {g:.2f} of its probe entropy): seed {seed} and later not run"
 
 
 def one_run(stage, arm, seed, runs: Path, records: Path, heldout: Path, args, extra) -> None:
@@ -286,7 +307,7 @@ def eval_table(evals: dict[tuple[str, int], dict]) -> list[str]:
 
 
 def decision(h0: float, h: dict[str, dict[int, float]], evals: dict[tuple[str, int], dict]) -> list[str]:
-    """The verdict's lines once every seed's step 60 is probed and evaluated; else what is missing."""
+    """The verdict's lines once every seed's step 60 is probed and evaluated; before, ``early``'s."""
     acc = {
         (arm, s): evals.get((run_name(arm, s), STEPS), {}).get(ENDPOINT_SET, {}).get("mean@8")
         for arm in ARMS
@@ -294,7 +315,7 @@ def decision(h0: float, h: dict[str, dict[int, float]], evals: dict[tuple[str, i
     }
     done = [s for s in SEEDS if all(STEPS in h[run_name(a, s)] and acc[(a, s)] is not None for a in ARMS)]
     if len(done) < len(SEEDS):
-        return [f"Not decided: {len(done)} of {len(SEEDS)} seeds probed and evaluated at step {STEPS}."]
+        return early(h0, h, len(done))
     grpo60 = [h[run_name("grpo", s)][STEPS] for s in SEEDS]
     band60 = [h[run_name("bandpo", s)][STEPS] for s in SEEDS]
     ratios = [b / g for g, b in zip(grpo60, band60)]
@@ -310,7 +331,42 @@ def decision(h0: float, h: dict[str, dict[int, float]], evals: dict[tuple[str, i
         f"points, one-sided 95% lower end {low:+.1f}: {'non-inferior' if ok else 'non-inferiority not shown'} "
         f"at the {MARGIN:.0f}-point margin.",
         "",
-        f"**Verdict: the claim {verdict([h0] * len(SEEDS), grpo60, band60)} at this scale.**",
+        f"**Verdict: {WORDS[verdict([h0] * len(SEEDS), grpo60, band60)]} at this scale.**",
+    ]
+
+
+WORDS = {"holds": "the claim holds", "fails": "the claim fails", "inconclusive": "inconclusive"}
+
+
+def short_of_collapse(h0: float | None, h: dict[str, dict[int, float]]) -> list[tuple[int, float]]:
+    """(seed, G_s) of the GRPO seeds probed at step 60 that kept more than ``COLLAPSE`` of H(0)."""
+    grpo = [(s, h[run_name("grpo", s)].get(STEPS)) for s in SEEDS]
+    return [(s, x / h0) for s, x in grpo if h0 and x is not None and x / h0 > COLLAPSE]
+
+
+def early(h0: float, h: dict[str, dict[int, float]], done: int) -> list[str]:
+    """Before every seed is in: the paired ratios so far, and the verdict where the records already fix
+    it. Both holds and fails need GRPO's collapse (G_s <= COLLAPSE) on every seed, so one GRPO seed
+    probed at step 60 above it leaves inconclusive alone, whatever the other runs show."""
+    at60 = {name: by_step[STEPS] for name, by_step in h.items() if STEPS in by_step}
+    lines = [f"Not complete: {done} of {len(SEEDS)} seeds probed and evaluated at step {STEPS}."]
+    paired = [s for s in SEEDS if all(run_name(a, s) in at60 for a in ARMS)]
+    if paired:
+        ratios = ", ".join(
+            f"seed {s} {at60[run_name('bandpo', s)] / at60[run_name('grpo', s)]:.2f}" for s in paired
+        )
+        lines.append(f"R = H_BandPO(60) / H_GRPO(60) so far: {ratios}.")
+    over = short_of_collapse(h0, h)
+    if not over:
+        return [*lines[:1], "Not decided yet.", *lines[1:]]
+    s, g = over[0]
+    return [
+        *lines,
+        f"GRPO kept G = {g:.2f} of its probe entropy at step {STEPS} on seed {s}: the rules' collapse "
+        f"(G <= {COLLAPSE} on every seed) is out of reach, and both holds and fails need it, so the verdict "
+        "is fixed whatever the other runs show.",
+        "",
+        f"**Verdict: {WORDS['inconclusive']} at this scale.**",
     ]
 
 
@@ -365,6 +421,9 @@ def main() -> None:
     ap.add_argument("--probe-prompts", type=int, default=64, help="held-out problems (stage 0's probe)")
     ap.add_argument("--probe-samples", type=int, default=1, help="samples of each probe problem")
     ap.add_argument("--report", action="store_true", help="only write the section from the records")
+    ap.add_argument("--all-seeds", action="store_true",
+                    help="run every seed even when the records already fix the verdict (by default a seed not "
+                         "begun is not started then)")  # fmt: skip
     args = ap.parse_args()
     if not args.report:
         run_all(args, list(args.overrides))

@@ -106,7 +106,8 @@ def test_report_from_records(tmp_path):
     assert "Not run yet." in S2.report(tmp_path)
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0, 1))
     text = S2.report(tmp_path)
-    assert "Not decided: 2 of 3 seeds" in text and "**Verdict" not in text
+    assert "Not complete: 2 of 3 seeds" in text and "Not decided yet." in text and "**Verdict" not in text
+    assert "R = H_BandPO(60) / H_GRPO(60) so far: seed 0 2.50, seed 1 2.50." in text
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45})
     text = S2.report(tmp_path)
     # G = 0.2 / 0.5 = 0.4 and R = 2.5 on every seed; no spread: the interval is the point itself
@@ -114,6 +115,30 @@ def test_report_from_records(tmp_path):
     assert "+5.0 points" in text and "non-inferior" in text
     assert "**Verdict: the claim holds at this scale.**" in text
     assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 | - / - / - / - |" in text
+
+
+def test_one_grpo_seed_short_of_collapse_fixes_the_verdict(tmp_path):
+    # seed 0 alone: GRPO 0.3 / 0.5 = 0.60 > 0.5 of its start; holds and fails both need <= 0.5 on every seed
+    _records(tmp_path, 0.5, {"grpo": 0.3, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    text = S2.report(tmp_path)
+    assert "Not complete: 1 of 3 seeds" in text and "seed 0 1.50." in text
+    assert "G = 0.60 of its probe entropy at step 60 on seed 0" in text
+    assert "**Verdict: inconclusive at this scale.**" in text
+    # exactly at the bound (0.25 / 0.5 = 0.5): collapsed by the rules, so nothing is fixed yet
+    _records(tmp_path, 0.5, {"grpo": 0.25, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    assert "Not decided yet." in S2.report(tmp_path) and "**Verdict" not in S2.report(tmp_path)
+
+
+def test_a_fixed_verdict_holds_back_seeds_not_begun(tmp_path):
+    records, runs = tmp_path / "records", tmp_path / "runs"
+    _records(records, 0.5, {"grpo": 0.25, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    assert S2.held_back(records, runs, 1) is None  # G = 0.5: collapsed by the rules, nothing fixed
+    _records(records, 0.5, {"grpo": 0.3, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    (records / "run-grpo-s0").mkdir()
+    assert S2.held_back(records, runs, 0) is None  # seed 0 begun: its BandPO partner still runs
+    assert "GRPO seed 0 kept 0.60" in S2.held_back(records, runs, 1)
+    (runs / "grpo-s1").mkdir(parents=True)  # a sitting that began seed 1 before the verdict was fixed
+    assert S2.held_back(records, runs, 1) is None and "seed 2 and later" in S2.held_back(records, runs, 2)
 
 
 def test_a_checkpoint_is_the_same_source_however_written():
