@@ -15,7 +15,6 @@ Four panels, one colour an arm (GRPO, BandPO), one line style a seed:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,13 +25,6 @@ import entropy_stage2 as s2  # noqa: E402 (beside this file)
 COLORS = {"grpo": "tab:red", "bandpo": "tab:blue"}
 STYLES = ("-", "--", ":")  # seeds 0, 1, 2
 Points = list[tuple[int, float]]
-
-
-def _metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted((r for r in rows if "step" in r), key=lambda r: r["step"])
 
 
 def _by_step(rows: list[dict], key: str, scale: float) -> Points:
@@ -48,7 +40,7 @@ def series(records: Path) -> dict[str, dict[str, Points]]:
     out: dict[str, dict[str, Points]] = {}
     for arm, seed in s2.plan():
         name = s2.run_name(arm, seed)
-        rows = _metrics(records / f"run-{name}" / "metrics.jsonl")
+        rows = s2.metrics_rows(records, name)
         probe = sorted(data["h"][name].items())
         if not rows and not probe:
             continue

@@ -284,6 +284,46 @@ def collect(records: Path) -> dict:
     return {"h0": None if base is None else base["probe"]["entropy"], "h": h, "evals": evals}
 
 
+def metrics_rows(records: Path, name: str) -> list[dict]:
+    """The per-step lines of run ``name``'s recorded metrics.jsonl, by step ([] without a record)."""
+    path = records / f"run-{name}" / "metrics.jsonl"
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+    return sorted((r for r in rows if "step" in r), key=lambda r: r["step"])
+
+
+SIGNAL = (  # (column, metrics key, scale): what the policy gradient had to work with
+    ("train accuracy", "reward/accuracy", 1),
+    ("groups without advantage", "adv/zero_signal_group_frac", 1),
+    ("up-clipped % (A > 0)", "actor/clip_frac_up", 100),
+    ("down-clipped % (A < 0)", "actor/clip_frac_down", 100),
+    ("KL to the reference", "actor/kl_ref", 1),
+    ("rollout entropy", "actor/entropy", 1),
+)
+
+
+def signal_table(records: Path, window: int = 10) -> list[str]:
+    """Per run and ``window`` steps, the means of ``SIGNAL``'s metrics from the recorded training logs."""
+    lines = [f"Training signal, means over {window} steps (the runs' own logs)", ""]
+    lines += [
+        "| run | steps | " + " | ".join(c for c, _, _ in SIGNAL) + " |",
+        "|---|---|" + "---|" * len(SIGNAL),
+    ]
+    for arm, seed in plan():
+        rows = metrics_rows(records, run_name(arm, seed))
+        for lo in range(1, STEPS + 1, window):
+            part = [r for r in rows if lo <= r["step"] < lo + window]
+            if not part:
+                continue
+            cells = []
+            for _, key, scale in SIGNAL:
+                values = [scale * r[key] for r in part if key in r]
+                cells.append(f"{sum(values) / len(values):.3f}" if values else "")
+            lines.append(f"| {run_name(arm, seed)} | {lo}-{part[-1]['step']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def entropy_table(h0: float, h: dict[str, dict[int, float]]) -> list[str]:
     lines = [f"Probe entropy H (nats) by step, and H / H(0); step 0 (the base model): H = {h0:.4f}", ""]
     lines += ["| run | " + " | ".join(str(s) for s in PROBED) + " |", "|---|" + "---|" * len(PROBED)]
@@ -378,7 +418,8 @@ def report(records: Path, figure: str | None = None) -> str:
     if h0 is None:
         return "\n".join([*lines, "Not run yet.", ""])
     lines += [f"![headline]({figure})", ""] if figure else []
-    lines += [*entropy_table(h0, h), "", *eval_table(evals), "", *decision(h0, h, evals), ""]
+    lines += [*entropy_table(h0, h), "", *eval_table(evals), "", *signal_table(records), ""]
+    lines += [*decision(h0, h, evals), ""]
     return "\n".join(lines)
 
 

@@ -166,6 +166,8 @@ def test_headline_figure_from_records(tmp_path):
     assert grpo["up"] == [(1, pytest.approx(0.2))] and grpo["down"] == [(1, pytest.approx(1.25))]
     assert grpo["mean@8"] == [(0, 25.0), (60, 40.0)]  # no step-30 record: no point
     assert runs["bandpo-s0"]["rollout"] == [] and runs["bandpo-s0"]["mean@8"] == [(0, 25.0), (60, 45.0)]
+    # the training signal's means over steps 1-2: entropy (0.54 + 0.5) / 2; the clip shares from step 1 alone
+    assert "| grpo-s0 | 1-2 |  |  | 0.200 | 1.250 |  | 0.520 |" in S2.signal_table(tmp_path)
     png = fig.draw(runs, tmp_path / "headline.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![headline](h.png)" in S2.report(tmp_path, "h.png")
