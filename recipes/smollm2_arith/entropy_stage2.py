@@ -277,10 +277,14 @@ def collect(records: Path) -> dict:
         name = run_name(arm, seed)
         h[name] = {s: r["probe"]["entropy"] for s in PROBED
                    if (r := _load(records / f"probe-{name}-step_{s:06d}.json"))}  # fmt: skip
-    evals = {}
+    evals = {}  # (run, step) -> the sampled evaluation's results, each set's with "greedy" (mean@1) added
     for path in records.glob("eval-*-sampled.json"):
         name, step = path.name[5:].rsplit("-step_", 1)
-        evals[(name, int(step.split("-")[0]))] = json.loads(path.read_text())["results"]
+        results = json.loads(path.read_text())["results"]
+        greedy = _load(path.with_name(path.name.replace("-sampled.json", "-greedy.json")))
+        for name_set, m in (greedy or {}).get("results", {}).items():
+            results.setdefault(name_set, {})["greedy"] = m["mean@1"]
+        evals[(name, int(step.split("-")[0]))] = results
     return {"h0": None if base is None else base["probe"]["entropy"], "h": h, "evals": evals}
 
 
@@ -334,8 +338,8 @@ def entropy_table(h0: float, h: dict[str, dict[int, float]]) -> list[str]:
 
 
 def eval_table(evals: dict[tuple[str, int], dict]) -> list[str]:
-    keys = ("mean@8", "maj@8", "pass@8", "truncated")
-    lines = ["Held-out, sampled (n 8, T 0.6), % : mean@8 / maj@8 / pass@8 / truncated", ""]
+    keys = ("mean@8", "maj@8", "pass@8", "truncated", "greedy")
+    lines = ["Held-out, %: mean@8 / maj@8 / pass@8 / truncated (sampled: n 8, T 0.6) / greedy accuracy", ""]
     lines += [f"| run | step | {ENDPOINT_SET} (first 64) | l1_test (15) |", "|---|---|---|---|"]
     for (name, step), results in sorted(evals.items(), key=lambda x: (x[0][0] != "base", x[0])):
         cells = [

@@ -114,7 +114,10 @@ def test_report_from_records(tmp_path):
     assert "G = H_GRPO(60) / H(0) 0.40, 0.40, 0.40" in text and "R's geometric mean 2.50" in text
     assert "+5.0 points" in text and "non-inferior" in text
     assert "**Verdict: the claim holds at this scale.**" in text
-    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 | - / - / - / - |" in text
+    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 / - | - / - / - / - / - |" in text
+    greedy = {"tiny_arith_test": {"mean@1": 0.5}, "l1_test": {"mean@1": 0.75}}
+    (tmp_path / "eval-grpo-s0-step_000060-greedy.json").write_text(json.dumps({"results": greedy}))
+    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 / 50.0 | - / - / - / - / 75.0 |" in S2.report(tmp_path)
 
 
 def test_one_grpo_seed_short_of_collapse_fixes_the_verdict(tmp_path):
