@@ -61,7 +61,10 @@ def series(records: Path) -> dict[str, dict[str, Points]]:
 
 def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
     """The four panels of ``series``' output into ``png``."""
-    from bandpo.viz import plt
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.3))
     ax_p, ax_r, ax_c, ax_a = axes
