@@ -92,11 +92,10 @@ def run(args, overrides: list[str]) -> None:
 
 def train_metrics(records: Path) -> dict[int, dict]:
     """The run's per-step training metrics (copied into ``<records>/run/metrics.jsonl``), by step."""
+    from bandpo.viz import read_metrics
+
     path = records / "run" / "metrics.jsonl"
-    if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {int(r["step"]): r for r in rows if "step" in r}
+    return {int(r["step"]): r for r in read_metrics(path)} if path.exists() else {}
 
 
 def load_probes(records: Path) -> list[dict]:

@@ -290,11 +290,10 @@ def collect(records: Path) -> dict:
 
 def metrics_rows(records: Path, name: str) -> list[dict]:
     """The per-step lines of run ``name``'s recorded metrics.jsonl, by step ([] without a record)."""
+    from bandpo.viz import read_metrics
+
     path = records / f"run-{name}" / "metrics.jsonl"
-    rows = (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
-    return sorted((r for r in rows if "step" in r), key=lambda r: r["step"])
+    return read_metrics(path) if path.exists() else []
 
 
 SIGNAL = (  # (column, metrics key, scale): what the policy gradient had to work with
