@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 import entropy_stage2 as s2  # noqa: E402 (beside this file)
+import entropy_verdict as v  # noqa: E402
 
 COLORS = {"grpo": "tab:red", "bandpo": "tab:blue"}
 STYLES = ("-", "--", ":")  # seeds 0, 1, 2
@@ -35,12 +36,12 @@ def series(records: Path) -> dict[str, dict[str, Points]]:
     """Per run (``grpo-s0`` ...), what each panel draws: ``probe`` (step, H / H(0)) from step 0 (1.0);
     ``rollout`` (step, actor entropy in nats); ``up`` and ``down`` (step, % of the update's tokens);
     ``mean@8`` (step, % on the endpoint set). Runs without a record are left out."""
-    data = s2.collect(records)
+    data = v.collect(records)
     h0, evals = data["h0"], data["evals"]
     out: dict[str, dict[str, Points]] = {}
     for arm, seed in s2.plan():
         name = s2.run_name(arm, seed)
-        rows = s2.metrics_rows(records, name)
+        rows = v.metrics_rows(records, name)
         probe = sorted(data["h"][name].items())
         if not rows and not probe:
             continue
@@ -79,7 +80,7 @@ def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
             ax_c.plot(*zip(*s["up"]), label=f"{label}: up (A > 0)", **style)
         if s["down"]:
             ax_c.plot(*zip(*s["down"]), label=f"{label}: down (A < 0)", alpha=0.35, **{**style, "lw": 1.0})
-    ax_p.axhline(s2.COLLAPSE, color="0.3", ls=":", lw=1.0, label=f"collapse the rules need ({s2.COLLAPSE})")
+    ax_p.axhline(v.COLLAPSE, color="0.3", ls=":", lw=1.0, label=f"collapse the rules need ({v.COLLAPSE})")
     ax_p.set(title="probe entropy / base model's", xlabel="step", ylim=(0, None))
     ax_r.set(title="rollout entropy of the training batch (nats/token)", xlabel="step")
     ax_c.set(title="update tokens whose gradient the clip removed (%)", xlabel="step")

@@ -1,5 +1,6 @@
-"""recipes/smollm2_arith/entropy_stage2.py: the verdict rules, the ratio and accuracy intervals (numbers
-by hand), stage 1's gate, the runs' commands, and the report from records alone."""
+"""recipes/smollm2_arith/entropy_stage2.py and entropy_verdict.py: the verdict rules, the ratio and
+accuracy intervals (numbers by hand), stage 1's gate, the runs' commands, and the report from records
+alone."""
 
 from __future__ import annotations
 
@@ -25,27 +26,28 @@ def _load(name: str):
 
 
 S2 = _load("entropy_stage2")
+V = _load("entropy_verdict")
 
 
 def test_ratio_interval_by_hand():
     # ln R = 0.095310, 0.182322, 0: mean 0.092544, sd 0.091194; t(0.95, 2) = 4.302653
     # half-width 4.302653 x 0.091194 / sqrt(3) = 0.226535
-    mean, lo, hi = S2.ratio_interval([1.1, 1.2, 1.0])
+    mean, lo, hi = V.ratio_interval([1.1, 1.2, 1.0])
     assert mean == pytest.approx(math.exp(0.092544), abs=1e-5)  # 1.096961
     assert lo == pytest.approx(math.exp(0.092544 - 0.226535), abs=1e-5)  # 0.874600
     assert hi == pytest.approx(math.exp(0.092544 + 0.226535), abs=1e-5)  # 1.375863
     with pytest.raises(ValueError, match="2 seeds"):
-        S2.ratio_interval([2.0])
+        V.ratio_interval([2.0])
 
 
 def test_noninferiority_by_hand():
     # d = -2, 2, -5: mean -1.666667, sd 3.511885; one-sided 95% = two-sided 90%: t(0.90, 2) = 2.919986
     # lower end -1.666667 - 2.919986 x 3.511885 / sqrt(3) = -1.666667 - 5.920524 = -7.587191
-    diff, low, ok = S2.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0])
+    diff, low, ok = V.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0])
     assert diff == pytest.approx(-5 / 3, abs=1e-9)
     assert low == pytest.approx(-7.587191, abs=1e-5)
     assert ok  # above -10
-    assert not S2.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0], margin=7.5)[2]
+    assert not V.noninferiority([50.0, 60.0, 55.0], [52.0, 58.0, 60.0], margin=7.5)[2]
 
 
 @pytest.mark.parametrize(
@@ -58,12 +60,13 @@ def test_noninferiority_by_hand():
     ],
 )
 def test_verdict_rules(grpo60, band60, expected):
-    assert S2.verdict([1.0, 1.0, 1.0], grpo60, band60) == expected
+    assert V.verdict([1.0, 1.0, 1.0], grpo60, band60) == expected
 
 
-def _probe(path: Path, step: int, h: float) -> None:
+def _probe(path: Path, step: int, h: float, tokens: int = 6400, truncated: float = 0.0625) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"step": step, "source": "x", "settings": {}, "probe": {"entropy": h}}))
+    probe = {"entropy": h, "tokens": tokens, "truncated": truncated, "accuracy": 0.5}
+    path.write_text(json.dumps({"step": step, "source": "x", "settings": {}, "probe": probe}))
 
 
 def test_stage1_gate(tmp_path):
@@ -103,13 +106,13 @@ def _records(folder: Path, h0: float, h60: dict[str, float], acc: dict[str, floa
 
 
 def test_report_from_records(tmp_path):
-    assert "Not run yet." in S2.report(tmp_path)
+    assert "Not run yet." in V.report(tmp_path)
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0, 1))
-    text = S2.report(tmp_path)
+    text = V.report(tmp_path)
     assert "Not complete: 2 of 3 seeds" in text and "Not decided yet." in text and "**Verdict" not in text
     assert "R = H_BandPO(60) / H_GRPO(60) so far: seed 0 2.50, seed 1 2.50." in text
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45})
-    text = S2.report(tmp_path)
+    text = V.report(tmp_path)
     # G = 0.2 / 0.5 = 0.4 and R = 2.5 on every seed; no spread: the interval is the point itself
     assert "G = H_GRPO(60) / H(0) 0.40, 0.40, 0.40" in text and "R's geometric mean 2.50" in text
     assert "+5.0 points" in text and "non-inferior" in text
@@ -117,19 +120,30 @@ def test_report_from_records(tmp_path):
     assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 / - | - / - / - / - / - |" in text
     greedy = {"tiny_arith_test": {"mean@1": 0.5}, "l1_test": {"mean@1": 0.75}}
     (tmp_path / "eval-grpo-s0-step_000060-greedy.json").write_text(json.dumps({"results": greedy}))
-    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 / 50.0 | - / - / - / - / 75.0 |" in S2.report(tmp_path)
+    assert "| grpo-s0 | 60 | 40.0 / 50.0 / 90.0 / 0.0 / 50.0 | - / - / - / - / 75.0 |" in V.report(tmp_path)
+
+
+def test_probe_responses_beside_the_entropy(tmp_path):
+    _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    _probe(tmp_path / "probe-bandpo-s0-step_000060.json", 60, 0.5, tokens=16384, truncated=1.0)
+    lines = V.probe_table(V.collect(tmp_path)["probes"])
+    # 12 probed steps and step 0: 13 cells a row; runs without a record have no row
+    assert lines[2] == "| run | 0 | " + " | ".join(str(s) for s in range(5, 61, 5)) + " |"
+    assert lines[4] == "| base | 6400 / 6 / 50 |" + "  |" * 12
+    assert lines[6].startswith("| bandpo-s0 |  | 6400 / 6 / 50 |")
+    assert lines[6].endswith("| 16384 / 100 / 50 |") and len(lines) == 7
 
 
 def test_one_grpo_seed_short_of_collapse_fixes_the_verdict(tmp_path):
     # seed 0 alone: GRPO 0.3 / 0.5 = 0.60 > 0.5 of its start; holds and fails both need <= 0.5 on every seed
     _records(tmp_path, 0.5, {"grpo": 0.3, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
-    text = S2.report(tmp_path)
+    text = V.report(tmp_path)
     assert "Not complete: 1 of 3 seeds" in text and "seed 0 1.50." in text
     assert "G = 0.60 of its probe entropy at step 60 on seed 0" in text
     assert "**Verdict: inconclusive at this scale.**" in text
     # exactly at the bound (0.25 / 0.5 = 0.5): collapsed by the rules, so nothing is fixed yet
     _records(tmp_path, 0.5, {"grpo": 0.25, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
-    assert "Not decided yet." in S2.report(tmp_path) and "**Verdict" not in S2.report(tmp_path)
+    assert "Not decided yet." in V.report(tmp_path) and "**Verdict" not in V.report(tmp_path)
 
 
 def test_a_fixed_verdict_holds_back_seeds_not_begun(tmp_path):
@@ -170,7 +184,7 @@ def test_headline_figure_from_records(tmp_path):
     assert grpo["mean@8"] == [(0, 25.0), (60, 40.0)]  # no step-30 record: no point
     assert runs["bandpo-s0"]["rollout"] == [] and runs["bandpo-s0"]["mean@8"] == [(0, 25.0), (60, 45.0)]
     # the training signal's means over steps 1-2: entropy (0.54 + 0.5) / 2; the clip shares from step 1 alone
-    assert "| grpo-s0 | 1-2 |  |  | 0.200 | 1.250 |  | 0.520 |" in S2.signal_table(tmp_path)
+    assert "| grpo-s0 | 1-2 |  |  | 0.200 | 1.250 |  | 0.520 |" in V.signal_table(tmp_path)
     png = fig.draw(runs, tmp_path / "headline.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "![headline](h.png)" in S2.report(tmp_path, "h.png")
+    assert "![headline](h.png)" in V.report(tmp_path, "h.png")
