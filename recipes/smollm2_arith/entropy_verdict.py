@@ -146,9 +146,9 @@ def entropy_table(h0: float, h: dict[str, dict[int, float]]) -> list[str]:
 
 def probe_table(probes: dict[str, dict[int, dict]]) -> list[str]:
     """The probe's responses behind each entropy: their tokens in all (the same number of responses at
-    every step), the share cut at the cap, and their accuracy. The entropy is a mean over every response token, so a run whose responses go on
-    past the answer (to the cap) is measured on other text than one that stops: a ratio of entropies
-    is read beside these."""
+    every step), the share cut at the cap, and their accuracy. The entropy is a mean over every
+    response token, so a run whose responses go on past the answer (to the cap) is measured on other
+    text than one that stops: a ratio of entropies is read beside these."""
     lines = ["Probe responses by step (the same problems and sampling seeds at every step): response tokens in "
              "all / truncated % / accuracy %", ""]  # fmt: skip
     steps = [0, *PROBED]
