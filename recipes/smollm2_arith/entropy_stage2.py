@@ -22,7 +22,8 @@ probed once for all runs.
 
 Records in ``<records>``: ``probe-<run>-step_N.json``, ``eval-<run>-step_N-<sampled|greedy>.json``
 (``<run>`` = ``base`` at step 0), ``run-<arm>-s<seed>/`` (metrics.jsonl, config.yaml). A record is
-never made again; one made with other settings stops the script. Stage 1's probes of the pilot (same
+never made again; one made with other settings stops the script, and so does a run whose folder is
+gone after records were taken from it (trained again, it would be another run: ``lost``). Stage 1's probes of the pilot (same
 settings, same checkpoints) are taken as they are.
 
 The verdict's rules and the report are entropy_verdict.py's. Both holds and fails need GRPO's collapse
@@ -198,6 +199,22 @@ def held_back(records: Path, runs: Path, seed: int) -> str | None:
     return f"the verdict is fixed (GRPO seed {s} kept {g:.2f} of its probe entropy): seed {seed} and later not run"
 
 
+def lost(name: str, folder: Path, records: Path) -> str | None:
+    """Why run ``name`` must not be trained again here, or None: records were taken from it (a probe, an
+    evaluation, its log) but its folder is gone. Retraining would not give it back: float rounding
+    flips a sampled token within a few steps (BandPO's seed 0, retrained on another machine, parted
+    from its record at step 7), so what is measured next would be another run's."""
+    made = sorted(p.name for p in records.glob(f"*-{name}-step_*.json"))
+    made += [f"run-{name}/"] if (records / f"run-{name}").is_dir() else []
+    if not made or (folder / "metrics.jsonl").exists():
+        return None
+    return (
+        f"{name}: {folder} is gone, but records were taken from it ({', '.join(made[:3])}"
+        f"{', ...' if len(made) > 3 else ''}); training it again would record another run under its name. "
+        f"Restore the folder, or remove {records}/*-{name}-step_*.json and run-{name}/ to start it over."
+    )
+
+
 def one_run(stage, arm, seed, runs: Path, records: Path, heldout: Path, args, extra) -> None:
     name = run_name(arm, seed)
     folder = Path(args.pilot).resolve() if (arm, seed) == ("grpo", 0) else runs / name
@@ -207,6 +224,8 @@ def one_run(stage, arm, seed, runs: Path, records: Path, heldout: Path, args, ex
         print(f"[stage2] {name}: recorded, skipped", flush=True)
         return
     if not checkpoint(folder, STEPS).is_dir():
+        if why := lost(name, folder, records):
+            raise SystemExit(why)
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "train.log", "a") as log:
             subprocess.run(train_command(arm, seed, folder, extra), cwd=REPO, check=True, stdout=log,

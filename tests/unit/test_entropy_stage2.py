@@ -158,6 +158,21 @@ def test_a_fixed_verdict_holds_back_seeds_not_begun(tmp_path):
     assert S2.held_back(records, runs, 1) is None and "seed 2 and later" in S2.held_back(records, runs, 2)
 
 
+def test_a_run_with_records_and_no_folder_is_not_trained_again(tmp_path):
+    records, folder = tmp_path / "records", tmp_path / "runs" / "bandpo-s0"
+    records.mkdir()
+    assert S2.lost("bandpo-s0", folder, records) is None  # nothing recorded: a first run
+    (records / "probe-bandpo-s0-step_000005.json").write_text("{}")
+    (records / "probe-bandpo-s0-replicate-step_000030.json").write_text("{}")  # another run's record
+    (records / "run-bandpo-s0").mkdir()
+    why = S2.lost("bandpo-s0", folder, records)
+    assert "is gone" in why and "probe-bandpo-s0-step_000005.json, run-bandpo-s0/)" in why
+    assert S2.lost("grpo-s0", tmp_path / "runs" / "grpo-s0", records) is None  # only its own records count
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("")
+    assert S2.lost("bandpo-s0", folder, records) is None  # the folder is there: it resumes
+
+
 def test_a_checkpoint_is_the_same_source_however_written():
     rel = "runs/entropy_stage1/grpo/checkpoints/step_000005"
     assert S2.same_source(rel, str(REPO / rel)) and S2.same_source("base", "base")
