@@ -12,7 +12,7 @@
 #
 # Resumable in each of its three parts. The GRPO run (scripts/train.sh into $RUNS/grpo, no evaluation)
 # resumes from its last checkpoint (every SAVE_EVERY steps, all kept: each is a state) and is skipped
-# once the last state's checkpoint exists; its metrics.jsonl and config.yaml are copied into the records
+# once the last state's checkpoint exists (if its folder is gone once recorded, the script stops); its metrics.jsonl and config.yaml are copied into the records
 # (grpo-run/). Each trial is written to recipes/smollm2_arith/entropy-runs/stage0/<state>-b<batch>.json
 # (committed with the report) as it ends and is never run again, so a clone with the records runs only
 # the rest. The report is rebuilt from the records alone (entropy_stage0.py --report).
@@ -44,6 +44,13 @@ for s in "${steps[@]}"; do
 done
 
 if [[ ! -d $RUNS/grpo/checkpoints/step_$(printf %06d "$last") ]]; then
+  # Trials were recorded from this run's states: trained again it would be another run (float rounding
+  # flips a sampled token within a few steps), and the states' remaining trials would measure its states.
+  if [[ -d $RECORDS/grpo-run && ! -f $RUNS/grpo/metrics.jsonl ]]; then
+    echo "entropy_stage0.sh: $RUNS/grpo is gone, but $RECORDS/grpo-run records it and trials were taken from" \
+      "its states; restore the folder, or remove $RECORDS to start stage 0 over" >&2
+    exit 2
+  fi
   mkdir -p "$RUNS/grpo"
   bash scripts/train.sh "${SETTING[@]}" algorithm=grpo "trainer.total_steps=$last" \
     "trainer.save_every=$SAVE_EVERY" "trainer.keep_last=$((last / SAVE_EVERY))" "trainer.output_dir=$RUNS/grpo" \

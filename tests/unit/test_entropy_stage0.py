@@ -163,3 +163,14 @@ def test_report_command_rebuilds_from_records(tmp_path):
     text = out.read_text()
     assert text.startswith("# kept title\n\n## Stage 0:") and text.endswith("\n\n## Stage 1: pilot\nkeep\n")
     assert "| all | 6 |" in text
+
+
+def test_the_script_stops_when_the_recorded_grpo_run_is_gone(tmp_path):
+    # Trials were recorded from the run's states; training it again would give another run's states.
+    records = tmp_path / "records"
+    (records / "grpo-run").mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "RUNS": str(tmp_path / "runs"), "RECORDS": str(records)}
+    script = RECIPE / "entropy_stage0.sh"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{tmp_path / 'runs'}/grpo is gone" in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing trained
