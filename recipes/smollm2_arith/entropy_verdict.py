@@ -66,13 +66,25 @@ def _load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def others(records: Path, prefix: str) -> list[str]:
+    """The runs recorded beside the plan's (``<prefix><run>-step_N.json`` or ``run-<run>/``): a replicate,
+    say (``bandpo-s0-replicate``). The tables show them after the plan's runs; the verdict never reads
+    them."""
+    known = {"base", *(run_name(a, s) for a, s in plan())}
+    if prefix == "run-":
+        names = {p.name[4:] for p in records.glob("run-*") if p.is_dir()}
+    else:
+        names = {p.name[len(prefix) :].rsplit("-step_", 1)[0] for p in records.glob(f"{prefix}*-step_*.json")}
+    return sorted(names - known)
+
+
 def collect(records: Path) -> dict:
     """What the records hold: ``h0`` (the base model's probe entropy), ``h`` (probe entropies by run and
-    step), ``probes`` (the probes' results by run and step; ``base`` at step 0), ``evals`` (below)."""
+    step), ``probes`` (the probes' results by run and step; ``base`` at step 0; the plan's runs, then
+    ``others``), ``evals`` (below)."""
     base = _load(records / "probe-base-step_000000.json")
     probes = {"base": {0: base["probe"]}} if base else {}
-    for arm, seed in plan():
-        name = run_name(arm, seed)
+    for name in [*(run_name(a, s) for a, s in plan()), *others(records, "probe-")]:
         probes[name] = {s: r["probe"] for s in PROBED
                         if (r := _load(records / f"probe-{name}-step_{s:06d}.json"))}  # fmt: skip
     h = {
@@ -121,8 +133,8 @@ def signal_table(records: Path, window: int = 10) -> list[str]:
         "| run | steps | " + " | ".join(c for c, _, _ in SIGNAL) + " |",
         "|---|---|" + "---|" * len(SIGNAL),
     ]
-    for arm, seed in plan():
-        rows = metrics_rows(records, run_name(arm, seed))
+    for name in [*(run_name(a, s) for a, s in plan()), *others(records, "run-")]:
+        rows = metrics_rows(records, name)
         for lo in range(1, STEPS + 1, window):
             part = [r for r in rows if lo <= r["step"] < lo + window]
             if not part:
@@ -131,7 +143,7 @@ def signal_table(records: Path, window: int = 10) -> list[str]:
             for _, key, scale in SIGNAL:
                 values = [scale * r[key] for r in part if key in r]
                 cells.append(f"{sum(values) / len(values):.3f}" if values else "")
-            lines.append(f"| {run_name(arm, seed)} | {lo}-{part[-1]['step']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {lo}-{part[-1]['step']} | " + " | ".join(cells) + " |")
     return lines
 
 

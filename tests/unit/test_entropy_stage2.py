@@ -134,6 +134,29 @@ def test_probe_responses_beside_the_entropy(tmp_path):
     assert lines[6].endswith("| 16384 / 100 / 50 |") and len(lines) == 7
 
 
+def test_a_replicate_is_shown_after_the_plans_runs_and_not_judged(tmp_path):
+    _records(tmp_path, 0.5, {"grpo": 0.3, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
+    before = V.report(tmp_path)
+    _probe(tmp_path / "probe-bandpo-s0-replicate-step_000030.json", 30, 0.4, truncated=0.5)
+    results = {"tiny_arith_test": {"mean@8": 0.25, "maj@8": 0.5, "pass@8": 0.75, "truncated": 0.5}}
+    (tmp_path / "eval-bandpo-s0-replicate-step_000030-sampled.json").write_text(
+        json.dumps({"results": results})
+    )
+    (tmp_path / "run-bandpo-s0-replicate").mkdir()
+    rows = [{"step": s, "reward/accuracy": 0.5, "actor/entropy": 0.25} for s in (1, 2)]
+    (tmp_path / "run-bandpo-s0-replicate" / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    assert V.others(tmp_path, "probe-") == V.others(tmp_path, "run-") == ["bandpo-s0-replicate"]
+    text = V.report(tmp_path)
+    # step 30 is the 6th probed step: 5 empty cells before it, 6 after; H / H(0) = 0.4 / 0.5
+    assert "| bandpo-s0-replicate |" + "  |" * 5 + " 0.400 (0.80) |" + "  |" * 6 in text
+    assert "| bandpo-s0-replicate | 30 | 25.0 / 50.0 / 75.0 / 50.0 / - | - / - / - / - / - |" in text
+    assert "| bandpo-s0-replicate | 1-2 | 0.500 |  |  |  |  | 0.250 |" in text
+    verdict = before[before.index("Not complete") :]
+    assert text.endswith(verdict)  # the same verdict lines: the replicate is not a seed
+
+
 def test_one_grpo_seed_short_of_collapse_fixes_the_verdict(tmp_path):
     # seed 0 alone: GRPO 0.3 / 0.5 = 0.60 > 0.5 of its start; holds and fails both need <= 0.5 on every seed
     _records(tmp_path, 0.5, {"grpo": 0.3, "bandpo": 0.45}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
