@@ -12,10 +12,11 @@
 #
 # Resumable in each of its three parts. The GRPO run (scripts/train.sh into $RUNS/grpo, no evaluation)
 # resumes from its last checkpoint (every SAVE_EVERY steps, all kept: each is a state) and is skipped
-# once the last state's checkpoint exists (if its folder is gone once recorded, the script stops); its metrics.jsonl and config.yaml are copied into the records
-# (grpo-run/). Each trial is written to recipes/smollm2_arith/entropy-runs/stage0/<state>-b<batch>.json
-# (committed with the report) as it ends and is never run again, so a clone with the records runs only
-# the rest. The report is rebuilt from the records alone (entropy_stage0.py --report).
+# once the last state's checkpoint exists (if its folder is gone once recorded, the script stops); its
+# metrics.jsonl and config.yaml are copied into the records (grpo-run/). Each trial is written to
+# recipes/smollm2_arith/entropy-runs/stage0/<state>-b<batch>.json (committed with the report) as it ends
+# and is never run again, so a clone with the records runs only the rest. The report is rebuilt from the
+# records alone (entropy_stage0.py --report).
 # Environment: RUNS (default runs/entropy_stage0), STATE_STEPS (default "10 20"), SAVE_EVERY (5),
 # BATCHES (6), RECORDS (default recipes/smollm2_arith/entropy-runs/stage0), RESULTS (the report, default
 # recipes/smollm2_arith/results-entropy.md: its Stage 0 section is rewritten, the rest kept).

@@ -21,10 +21,10 @@ pass@8, truncation) and ``greedy`` (n 1, temperature 0). Step 0 (the base model)
 probed once for all runs.
 
 Records in ``<records>``: ``probe-<run>-step_N.json``, ``eval-<run>-step_N-<sampled|greedy>.json``
-(``<run>`` = ``base`` at step 0), ``run-<arm>-s<seed>/`` (metrics.jsonl, config.yaml). A record is
-never made again; one made with other settings stops the script, and so does a run whose folder is
-gone after records were taken from it (trained again, it would be another run: ``lost``). Stage 1's probes of the pilot (same
-settings, same checkpoints) are taken as they are.
+(``<run>`` = ``base`` at step 0), ``run-<arm>-s<seed>/`` (metrics.jsonl, config.yaml). A record is never
+made again; one made with other settings stops the script, and so does a run whose folder is gone after
+records were taken from it (trained again, it would be another run: ``lost``). Stage 1's probes of the
+pilot (same settings, same checkpoints) are taken as they are.
 
 The verdict's rules and the report are entropy_verdict.py's. Both holds and fails need GRPO's collapse
 on every seed, so once a GRPO seed is probed at step 60 above the collapse the verdict is fixed

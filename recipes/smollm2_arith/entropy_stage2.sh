@@ -8,8 +8,9 @@
 #   recipes/smollm2_arith/entropy_stage2.sh [extra Hydra overrides for the runs and the probes...]
 #
 # Resumable: a run resumes from its last checkpoint; a probe or an evaluation recorded in
-# recipes/smollm2_arith/entropy-runs/stage2/ is never made again. A run with records whose folder is gone
-# stops the script (trained again it would be another run): keep RUNS until a run is evaluated. ~2.5 h a run on 2 cores (fp32), six runs.
+# recipes/smollm2_arith/entropy-runs/stage2/ is never made again. A run with records whose folder is
+# gone stops the script (trained again it would be another run): keep RUNS until a run is evaluated.
+# ~2.5 h a run on 2 cores (fp32), six runs.
 # Once the records fix the verdict (a GRPO seed short of the collapse at step 60), a seed not begun is not
 # started; --all-seeds runs every seed anyway.
 # Environment: RUNS (default runs/entropy_stage2), PILOT (stage 1's run, default runs/entropy_stage1/grpo),
