@@ -66,25 +66,22 @@ def _load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def others(records: Path, prefix: str) -> list[str]:
-    """The runs recorded beside the plan's (``<prefix><run>-step_N.json`` or ``run-<run>/``): a replicate,
-    say (``bandpo-s0-replicate``). The tables show them after the plan's runs; the verdict never reads
-    them."""
-    known = {"base", *(run_name(a, s) for a, s in plan())}
-    if prefix == "run-":
-        names = {p.name[4:] for p in records.glob("run-*") if p.is_dir()}
-    else:
-        names = {p.name[len(prefix) :].rsplit("-step_", 1)[0] for p in records.glob(f"{prefix}*-step_*.json")}
-    return sorted(names - known)
+def run_names(records: Path) -> list[str]:
+    """The runs the tables show: the plan's, then any other run with a record (a probe, an evaluation or
+    a log), a replicate say (``bandpo-s0-replicate``). The verdict reads the plan's runs alone."""
+    planned = [run_name(a, s) for a, s in plan()]
+    found = {p.name.split("-", 1)[1].rsplit("-step_", 1)[0] for p in records.glob("*-step_*.json")}
+    found |= {p.name[len("run-") :] for p in records.glob("run-*") if p.is_dir()}
+    return planned + sorted(found - {"base", *planned})
 
 
 def collect(records: Path) -> dict:
     """What the records hold: ``h0`` (the base model's probe entropy), ``h`` (probe entropies by run and
-    step), ``probes`` (the probes' results by run and step; ``base`` at step 0; the plan's runs, then
-    ``others``), ``evals`` (below)."""
+    step), ``probes`` (the probes' results by run and step: ``base`` at step 0, then ``run_names``),
+    ``evals`` (below)."""
     base = _load(records / "probe-base-step_000000.json")
     probes = {"base": {0: base["probe"]}} if base else {}
-    for name in [*(run_name(a, s) for a, s in plan()), *others(records, "probe-")]:
+    for name in run_names(records):
         probes[name] = {s: r["probe"] for s in PROBED
                         if (r := _load(records / f"probe-{name}-step_{s:06d}.json"))}  # fmt: skip
     h = {
@@ -133,7 +130,7 @@ def signal_table(records: Path, window: int = 10) -> list[str]:
         "| run | steps | " + " | ".join(c for c, _, _ in SIGNAL) + " |",
         "|---|---|" + "---|" * len(SIGNAL),
     ]
-    for name in [*(run_name(a, s) for a, s in plan()), *others(records, "run-")]:
+    for name in run_names(records):
         rows = metrics_rows(records, name)
         for lo in range(1, STEPS + 1, window):
             part = [r for r in rows if lo <= r["step"] < lo + window]

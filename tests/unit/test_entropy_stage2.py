@@ -147,7 +147,9 @@ def test_a_replicate_is_shown_after_the_plans_runs_and_not_judged(tmp_path):
     (tmp_path / "run-bandpo-s0-replicate" / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows)
     )
-    assert V.others(tmp_path, "probe-") == V.others(tmp_path, "run-") == ["bandpo-s0-replicate"]
+    assert V.run_names(tmp_path) == [f"{a}-s{s}" for s in (0, 1, 2) for a in ("grpo", "bandpo")] + [
+        "bandpo-s0-replicate"
+    ]
     text = V.report(tmp_path)
     # step 30 is the 6th probed step: 5 empty cells before it, 6 after; H / H(0) = 0.4 / 0.5
     assert "| bandpo-s0-replicate |" + "  |" * 5 + " 0.400 (0.80) |" + "  |" * 6 in text
