@@ -1,6 +1,6 @@
 """Every figure bandpo draws: the Band interval against fixed clipping, training curves from metrics
 JSONL (a run's ``curves.png``, runs side by side), the evaluation's pass@k and accuracy-per-step plots
-(``bandpo.eval.cli``), and the comparison report's headline figure (``recipes/tiny_arith/compare.py``).
+(``bandpo.eval.cli``), and the comparison report's headline figure (``studies/compare/report.py``).
 
     python -m bandpo.viz band --delta 0.05 --out band.png
     python -m bandpo.viz run runs/x/metrics.jsonl --out curves.png
@@ -340,7 +340,7 @@ def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path
     return path
 
 
-# -------------------------------------------- comparison report (recipes/tiny_arith/compare.py)
+# -------------------------------------------- comparison report (studies/compare/report.py)
 
 
 def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:

@@ -7,7 +7,7 @@ Two modes:
   (response tokens, i.e. tokens in the loss, and all processed tokens), no-grad log-prob
   tokens/s, and peak resident memory per rank (ru_maxrss, includes loading the model).
 
-      DS_ACCELERATOR=cpu python scripts/bench_actor.py --ranks 1,2 --out bench_actor.json
+      DS_ACCELERATOR=cpu python -m benchmarks.actor --ranks 1,2 --out bench_actor.json
 
 * ``--compare``: the padding-free path vs the padded one (``--old-path``) at the real
   vocabulary on one in-process rank, each measurement in a fresh subprocess, back to back:
@@ -19,9 +19,9 @@ Two modes:
   ``--group-size G`` makes the rows GRPO groups (rows/G prompts, each answered G times); the
   new path then packs each prompt once per pass (``actor.share_prompts``), and one more
   measurement at the largest R runs it with sharing off. One measurement (``--single``) is
-  ``bench_actor_compare.py``'s.
+  ``benchmarks/actor_compare.py``'s.
 
-      DS_ACCELERATOR=cpu python scripts/bench_actor.py --compare --vocab 151936 --hidden 64 \
+      DS_ACCELERATOR=cpu python -m benchmarks.actor --compare --vocab 151936 --hidden 64 \
           --layers 2 --intermediate 256 --max-response 4096 --compare-r 1024,4096 [--group-size 8]
 
 Both modes also measure the machine's matmul peak in the same run, in the dtype the actor computes in
@@ -41,8 +41,8 @@ import os
 import tempfile
 import time
 
-from bench_actor_compare import single
-from bench_common import build_model, matmul_peak, peak_fractions, resolved_bf16
+from benchmarks.actor_compare import single
+from benchmarks.common import build_model, matmul_peak, peak_fractions, resolved_bf16
 
 
 def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int):
@@ -149,7 +149,7 @@ def compare(args) -> None:
     base = [a for a in sys.argv[1:] if a not in ("--compare",)]
     results = []
     for flags, r in runs:
-        cmd = [sys.executable, __file__, *base, "--single", "--max-response", str(r), *flags]
+        cmd = [sys.executable, "-m", "benchmarks.actor", *base, "--single", "--max-response", str(r), *flags]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:

@@ -1,12 +1,12 @@
-"""One measurement of ``scripts/bench_actor.py --compare`` (its docstring describes the mode): one
+"""One measurement of ``benchmarks/actor.py --compare`` (its docstring describes the mode): one
 in-process rank, one path (padding-free or padded), one cap R, on long-tailed response lengths.
-``bench_actor.py`` runs it as ``--single`` in a fresh subprocess per measurement and prints the table."""
+``benchmarks.actor`` runs it as ``--single`` in a fresh subprocess per measurement and prints the table."""
 
 from __future__ import annotations
 
 import tempfile
 
-from bench_common import build_model, matmul_peak, peak_fractions, resolved_bf16, rss_bytes, timed_peak
+from benchmarks.common import build_model, matmul_peak, peak_fractions, resolved_bf16, rss_bytes, timed_peak
 
 
 def long_tailed_batch(rows: int, prompt_len: int, max_response: int, vocab: int, seed: int, group: int = 1):

@@ -3,7 +3,7 @@
 Prints a table and writes JSON. Timings are medians over interleaved repetitions (variants
 take turns, so machine noise hits all of them alike); compare ratios within one run.
 
-    .venv/bin/python scripts/bench_band.py [--rows 64 --cols 8192 --reps 15 --device cpu --out bench_band.json]
+    .venv/bin/python -m benchmarks.band [--rows 64 --cols 8192 --reps 15 --device cpu --out bench_band.json]
 """
 
 from __future__ import annotations

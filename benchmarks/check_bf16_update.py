@@ -1,6 +1,6 @@
 """Is a bf16 actor's update the fp32 one? The gradient of one optimizer step, both precisions, same batch.
 
-    .venv/bin/python scripts/check_bf16_update.py [--model DIR] [--states 3] [--prompts 32] [--lr 1e-3]
+    .venv/bin/python -m benchmarks.check_bf16_update [--model DIR] [--states 3] [--prompts 32] [--lr 1e-3]
 
 From the same weights and the same rollout batch, one optimizer step of the real actor (DeepSpeed
 ZeRO-2, BandPO's loss, the learning test's step by default: 32 prompts x 8 samples, 64-token cap,
@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -19,7 +19,7 @@ back to the system at once and the resident peak is the live bytes' peak (not a 
 freed blocks). The estimate is the model's formula for the same shape, dtype (4 bytes) and
 token count; the check passes when every ratio is within ``--tolerance`` (15%) of 1.
 
-    DS_ACCELERATOR=cpu python scripts/check_memory_model.py [--tokens 2048] [--json out.json]
+    DS_ACCELERATOR=cpu python -m benchmarks.check_memory_model [--tokens 2048] [--json out.json]
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("plain", "checkpointing"):
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.check_memory_model",
             "--child",
             mode,
             "--tokens",

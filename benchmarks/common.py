@@ -1,8 +1,8 @@
-"""What the actor benchmarks share (``bench_actor.py``, ``bench_actor_compare.py``, ``bench_load.py``,
+"""What the actor benchmarks share (``benchmarks.actor``, ``benchmarks.actor_compare``, ``benchmarks.load``,
 ``profile_actor.py``): a random Qwen2 written to disk, ``--bf16`` as the actor resolves it, the
 machine's matmul peak and a pass's model FLOP/s as a fraction of it, and a call's seconds and peak
-RSS. It imports no other script, so the scripts' imports go one way (``bench_actor.py`` imports
-``bench_actor_compare.py`` for ``--single``, both import this module)."""
+RSS. It imports no other script, so the scripts' imports go one way (``benchmarks.actor`` imports
+``benchmarks.actor_compare`` for ``--single``, both import this module)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ micro-batches do. The two sides alternate (eager, compiled, eager, compiled) and
 first call (compilation included) and the best and median of the rest. Prints the machine (CPU,
 flags, load) and one JSON line; no assertion.
 
-    python scripts/bench_compile.py [--bf16 true|false] [--layers 6] [--rows 12] [--length 192]
+    python -m benchmarks.compile [--bf16 true|false] [--layers 6] [--rows 12] [--length 192]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import statistics
 import time
 
-from profile_actor_report import machine
+from benchmarks.profile_actor_report import machine
 
 
 def build(args, dtype):

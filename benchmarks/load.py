@@ -16,7 +16,7 @@ its first ``load_model`` runs, summed): on CPU the whole start-up's peak is Deep
 allocating the optimizer state in host memory, which on GPU goes to the GPU, leaving the
 loading as the host's peak.
 
-      DS_ACCELERATOR=cpu python scripts/bench_load.py --zero-stage 3 --ref --out load.json
+      DS_ACCELERATOR=cpu python -m benchmarks.load --zero-stage 3 --ref --out load.json
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mib(pages: int) -> float:
@@ -127,7 +125,8 @@ def measure(model: str, args) -> dict:
         subprocess.Popen(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "benchmarks.load",
                 "--rank-worker",
                 str(r),
                 "--model",
@@ -215,7 +214,7 @@ def main() -> None:
         rank_main(args)
         return
 
-    from bench_common import build_model
+    from benchmarks.common import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tmp

@@ -1,6 +1,6 @@
 """Benchmark: LoRA against full fine-tuning on one actor rank, back to back, on a real model.
 
-    DS_ACCELERATOR=cpu .venv/bin/python scripts/bench_lora.py [--model-path DIR] [--rank 64] \\
+    DS_ACCELERATOR=cpu .venv/bin/python -m benchmarks.lora [--model-path DIR] [--rank 64] \\
         [--prompts 8] [--n 8] [--prompt-len 60] [--max-response 128] [--out bench_lora.json]
 
 Each side runs in a fresh subprocess (one in-process DeepSpeed rank, ZeRO-2, fp32 on CPU), one
@@ -120,7 +120,7 @@ def main() -> None:
     results = []
     for rank in (0, args.rank):  # full first, then LoRA, back to back
         print(f"load average before: {os.getloadavg()}", flush=True)
-        cmd = [sys.executable, __file__, "--side", *sys.argv[1:], "--rank", str(rank)]
+        cmd = [sys.executable, "-m", "benchmarks.lora", "--side", *sys.argv[1:], "--rank", str(rank)]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:

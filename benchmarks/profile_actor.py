@@ -14,15 +14,15 @@ own come from the update's forward: ``actor.reuse_old_logprobs``), ``ref_logprob
 2. memory: RSS at each phase's start, peak (sampled every 5 ms) and end; glibc's heap (in use, freed but
    kept); the actor's tensors' bytes by holder, at rest and in the optimizer step; the memory model's
    estimates (bandpo.distributed.footprint) for the largest update micro-batch; RSS after malloc_trim;
-3. a profiled run (torch.profiler): each stage's outermost aten ops by kind (scripts/profile_actor_report.py);
+3. a profiled run (torch.profiler): each stage's outermost aten ops by kind (benchmarks/profile_actor_report.py);
    the profiler slows the run, so its shares, not its seconds, apply to the timed run;
-4. each phase's fraction of the machine's matmul peak as scripts/bench_actor.py counts it: 6 (update) or 2
+4. each phase's fraction of the machine's matmul peak as benchmarks/actor.py counts it: 6 (update) or 2
    (log-probs) x params x packed tokens over the timed seconds, against torch.mm's best at the model's
    projection shapes in the dtype in use, measured in this run.
 
 --bf16 both (default) runs false, then true, each in a fresh subprocess, and compares them.
 
-    DS_ACCELERATOR=cpu .venv/bin/python scripts/profile_actor.py [--bf16 both] [--out profile.json]
+    DS_ACCELERATOR=cpu .venv/bin/python -m benchmarks.profile_actor [--bf16 both] [--out profile.json]
         [--model-path DIR | --random-shape smollm2 | --tiny] [--prompts 8 --samples 4 --response-len 128]
         [--override actor.max_tokens_per_micro_batch=2048 ...]
 """
@@ -42,7 +42,14 @@ from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from profile_actor_report import PREFIX, aggregate, machine, print_comparison, print_report, summarize
+from benchmarks.profile_actor_report import (
+    PREFIX,
+    aggregate,
+    machine,
+    print_comparison,
+    print_report,
+    summarize,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # SmolLM2-135M's sizes (its config.json) and a tiny model of its architecture (Llama, tied embeddings)
@@ -245,11 +252,10 @@ def pass_lengths(batch, actor, budget: int) -> list[int]:
 
 def build(args):
     """(actor, batch, loss options, the rows pi_old's pass skips, settings) with the recipe's settings."""
-    from bench_common import resolved_bf16
-
     from bandpo.actor import Actor
     from bandpo.config import reuse_old_logprobs
     from bandpo.config.algorithm import loss_options
+    from benchmarks.common import resolved_bf16
 
     cfg = recipe(args.kl_coef, args.override)
     ac, bf16 = cfg.actor, resolved_bf16(args.bf16)
@@ -278,11 +284,11 @@ def build(args):
 def profile(args) -> dict:
     """One dtype in this process: the report (module docstring)."""
     import torch
-    from bench_common import matmul_peak, timed_peak
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from bandpo.distributed import footprint
+    from benchmarks.common import matmul_peak, timed_peak
 
     load_start, mem = os.getloadavg(), {"rss_start": rss()}
     actor, batch, loss, first, settings = build(args)
@@ -342,7 +348,7 @@ def profile(args) -> dict:
         report[name].update(summarize(*aggregate(prof.events(), shape.vocab_size), seconds))
     dtype = torch.bfloat16 if settings["dtype"] == "bf16" else torch.float32
     peak = matmul_peak(shape.hidden_size, shape.intermediate_size, dtype, actor.device)
-    for name, r in report.items():  # bench_common.peak_fractions' count
+    for name, r in report.items():  # benchmarks.common.peak_fractions' count
         r["peak_frac"] = (
             (6 if name == "update" else 2) * params * r["tokens"] / r["seconds"] / peak["flops_per_s"]
         )
@@ -389,7 +395,16 @@ def main() -> None:
         argv += [a for o in args.override for a in ("--override", o)]
         for setting, dtype in (("false", "fp32"), ("true", "bf16")):
             with tempfile.TemporaryDirectory() as tmp:
-                cmd = [sys.executable, __file__, *argv, "--bf16", setting, "--out", f"{tmp}/report.json"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.profile_actor",
+                    *argv,
+                    "--bf16",
+                    setting,
+                    "--out",
+                    f"{tmp}/report.json",
+                ]
                 if subprocess.run(cmd).returncode:
                     raise SystemExit(f"{' '.join(cmd)} failed")
                 report[dtype] = json.loads(Path(f"{tmp}/report.json").read_text())

@@ -1,4 +1,4 @@
-"""The analysis and tables of scripts/profile_actor.py (its docstring describes the run): torch.profiler's
+"""The analysis and tables of benchmarks/profile_actor.py (its docstring describes the run): torch.profiler's
 events grouped into kinds of work by stage (``classify``, ``aggregate``), and the printed report. Pure Python:
 the events are read through their attributes only (name, input_shapes, cpu_parent, time_range), so hand-made
 ones test it.

@@ -23,7 +23,7 @@ An item is *lost* if it has no result, *wrong* if its status differs from the la
 was built with (pathological items: from the set of statuses allowed for its kind) or,
 for clean items, from the sequential loop's status. Both must be 0.
 
-Usage: ``python scripts/bench_reward.py [--workers 2] [--timeout 3] [--out bench.json]``
+Usage: ``python -m benchmarks.reward [--workers 2] [--timeout 3] [--out bench.json]``
 """
 
 from __future__ import annotations

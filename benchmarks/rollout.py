@@ -13,7 +13,7 @@ of the same bytes measured in the same run (medians of ``--reps`` interleaved re
     copy_fresh = one copy of every tensor into a newly allocated flat buffer
     copy_warm  = one copy of every tensor into an already touched flat buffer (memcpy speed)
 
-    .venv/bin/python scripts/bench_rollout.py [--models tiny,100m --backends vllm,hf --out bench_rollout.json]
+    .venv/bin/python -m benchmarks.rollout [--models tiny,100m --backends vllm,hf --out bench_rollout.json]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Are two training runs the same, bit for bit? Every logged value but the clocks, and the HF export.
 
-    .venv/bin/python scripts/same_run.py RUN_A RUN_B
+    .venv/bin/python -m benchmarks.same_run RUN_A RUN_B
 
 For a refactor that must not change behaviour: train the same config (fp32, the same seed) from the
 old tree and the new one, then compare. ``metrics.jsonl`` is compared line by line, key by key, with

@@ -15,7 +15,7 @@ is dropped as warm-up when there is more than one step. Printed (and written as 
   overlaps the engines' and actor's loading —, the waits left for rollout and actor, setup
   in all, and the process's time before setup: imports, config).
 
-    .venv/bin/python scripts/bench_step.py [--steps 4] [--model-path DIR] [--output-dir DIR] \\
+    .venv/bin/python -m benchmarks.step [--steps 4] [--model-path DIR] [--output-dir DIR] \\
         [--out bench_step.json] [--compare-staleness] [-- HYDRA_OVERRIDES...]
 
 ``--compare-staleness`` runs the config twice, back to back, with ``trainer.max_staleness`` 0

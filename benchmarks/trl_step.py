@@ -3,11 +3,11 @@
 TRL is not a project dependency: install it beside the project venv, never into it, e.g.
 
     .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate
-    PYTHONPATH=/tmp/trl-site .venv/bin/python scripts/bench_trl.py [--steps 3] [--model-path DIR] \\
+    PYTHONPATH=/tmp/trl-site .venv/bin/python -m benchmarks.trl_step [--steps 3] [--model-path DIR] \\
         [--out bench_trl.json]
 
 (``--no-deps`` keeps pip from pulling another torch; TRL's other requirements are in .venv.)
-bandpo's number for the same batch comes from ``scripts/bench_step.py -- algorithm=grpo``.
+bandpo's number for the same batch comes from ``benchmarks/step.py -- algorithm=grpo``.
 
 One RL step here is what bandpo's tiny recipe (configs/model/tiny.yaml) does per step:
 16 prompts of tiny_arith's train split (the DAPO template through the chat template, the
@@ -27,7 +27,7 @@ forward/backward, optimizer steps); generated tokens per step (the completion id
 reward function sees, EOS included, as in bandpo's vLLM token_ids); tokens/s over whole
 steps and over generate alone; CPU seconds per step and the peak RSS of this process.
 
-What still differs from bandpo (scripts/bench_step.py):
+What still differs from bandpo (benchmarks/step.py):
 
 - generation: transformers ``generate`` on all 512 rows in one padded batch, in the
   training process, vs vLLM-CPU in its own Ray worker (continuous batching, paged KV

@@ -1,11 +1,11 @@
 """Benchmark: bandpo vs TRL's GRPOTrainer, back to back on one machine, at three scales.
 
     .venv/bin/python -m pip install --target /tmp/trl-site --no-deps trl accelerate   # once, beside the venv
-    .venv/bin/python scripts/bench_vs_trl.py [--trl-site /tmp/trl-site] [--steps 3] \\
+    .venv/bin/python -m benchmarks.vs_trl [--trl-site /tmp/trl-site] [--steps 3] \\
         [--scales tiny,25m,smollm2] [--bf16 auto|true|false] [--out bench_vs_trl.json]
 
-For each scale, TRL first (``scripts/bench_trl.py``), then bandpo with ``algorithm=grpo``
-(``scripts/bench_step.py``), each as its own process with the same model, prompts, samples,
+For each scale, TRL first (``benchmarks/trl_step.py``), then bandpo with ``algorithm=grpo``
+(``benchmarks/step.py``), each as its own process with the same model, prompts, samples,
 new-token limit and optimizer steps per RL step; the load average is printed before and after
 each side. Step 1 of each side is warm-up and dropped. Printed (and written as JSON): median
 seconds per RL step, generated tokens/s, their ratios (TRL / bandpo: above 1 means bandpo is
@@ -15,7 +15,7 @@ an equivalent for (its model loads in the benchmark process before timing starts
 Precision (``--bf16``, resolved as ``actor.bf16`` is): ``auto`` (default) runs each side at its best on
 this CPU: bf16 where it multiplies bf16 in hardware (avx512_bf16 or amx_bf16), for bandpo
 ``actor.bf16=true`` (the engines follow the actor's dtype) and for TRL its own mixed precision
-(``bench_trl.py --bf16``: fp32 weights and optimizer, bf16 autocast); fp32 on both sides elsewhere.
+(``benchmarks.trl_step --bf16``: fp32 weights and optimizer, bf16 autocast); fp32 on both sides elsewhere.
 ``true`` / ``false`` force both sides.
 
 Scales:
@@ -132,7 +132,8 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path, b
     run(
         [
             py,
-            "scripts/bench_trl.py",
+            "-m",
+            "benchmarks.trl_step",
             "--steps",
             str(steps),
             "--model-path",
@@ -157,7 +158,8 @@ def compare(scale: str, model: Path, steps: int, trl_site: str, workdir: Path, b
     run(
         [
             py,
-            "scripts/bench_step.py",
+            "-m",
+            "benchmarks.step",
             "--steps",
             str(steps),
             "--output-dir",
@@ -228,9 +230,8 @@ def main() -> list[dict]:
             f"bench_vs_trl: no TRL in {args.trl_site}; install it beside the venv:\n"
             f"  .venv/bin/python -m pip install --target {args.trl_site} --no-deps trl accelerate"
         )
-    from bench_common import resolved_bf16
-
     from bandpo.distributed.precision import cpu_name
+    from benchmarks.common import resolved_bf16
 
     bf16 = resolved_bf16(args.bf16)
     precision = "bf16" if bf16 else "fp32"

@@ -1,12 +1,12 @@
 """Benchmark: one actor update at DeepSpeed ZeRO stages 2, 1 and 0 on one rank, back to back, on a real model.
 
-    DS_ACCELERATOR=cpu .venv/bin/python scripts/bench_zero_stage.py [--model-path DIR] [--stages 2,1,0] \\
+    DS_ACCELERATOR=cpu .venv/bin/python -m benchmarks.zero_stage [--model-path DIR] [--stages 2,1,0] \\
         [--repeats 2] [--out bench_zero_stage.json]
 
 On one rank ZeRO partitions nothing, but stages 1-2 still copy every micro-batch's gradients into
 their flat buffers; stage 0 leaves them in the parameters' .grad. This measures what that costs.
 Each side runs in a fresh subprocess (one in-process DeepSpeed rank, fp32 on CPU, no reference
-model), the stages alternating ``--repeats`` times, on ``scripts/bench_lora.py``'s GRPO-shaped batch
+model), the stages alternating ``--repeats`` times, on ``benchmarks/lora.py``'s GRPO-shaped batch
 (8 prompts x 8 samples, 60-token prompts, responses up to 128 tokens): 64 rows, two optimizer steps
 of 32, micro-batches of 8. Per side it prints (and writes as JSON) one timed update after a warm-up
 update that creates the optimizer state, the process's peak resident memory, the update's loss (equal
@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lora import DEFAULT_MODEL, REPO, grpo_batch  # noqa: E402
+from benchmarks.lora import DEFAULT_MODEL, REPO, grpo_batch
 
 
 def side(model_path: Path, stage: int) -> dict:
@@ -76,7 +75,15 @@ def main() -> None:
     for _ in range(args.repeats):
         for stage in stages:
             print(f"load average before: {os.getloadavg()}", flush=True)
-            cmd = [sys.executable, __file__, "--model-path", str(args.model_path), "--side", str(stage)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.zero_stage",
+                "--model-path",
+                str(args.model_path),
+                "--side",
+                str(stage),
+            ]
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:

@@ -36,7 +36,7 @@ Bounds with a per-token radius (``band_bounds_per_token``):
   (continued below t = -40 with its exact slope, capped at 1/p), lower = exp(-e^B) (which
   underflows to 0 as the math does). Cost: 32 gathers instead of 8 and two extra exps, no
   loop over tokens, no host sync (CPU, 2 threads, 524k tokens: 4.1-5.3x the fixed-delta KL
-  bounds, 1.9-2.4x its loss fwd+bwd in two runs of scripts/bench_band.py). Error against the float64 bisection reference
+  bounds, 1.9-2.4x its loss fwd+bwd in two runs of benchmarks/band.py). Error against the float64 bisection reference
   (tests/unit/algo/test_band_adaptive.py, delta in [0.005, 0.5]): at most 1.7e-6 relative on upper and
   1.5e-5 on lower wherever lower > 2e-9 (below e^-20 the clamped ratio never reaches it);
   float32 within 4e-5 of float64 on the same inputs. Values of delta_t outside the family's

@@ -2,7 +2,7 @@
 autograd saves per token, and the optimizer step's temporaries.
 
 Pure arithmetic (no torch): ``bandpo.distributed.memory`` adds these up per GPU and phase, and
-``scripts/check_memory_model.py`` compares them with a measured CPU peak.
+``benchmarks/check_memory_model.py`` compares them with a measured CPU peak.
 
 Activations of one decoder layer (SwiGLU MLP, RMSNorms computing in float32), per token, with
 ``lp`` bytes per element of the model's dtype (2 bf16, 4 fp32), H the hidden size, I the MLP's

@@ -63,7 +63,7 @@ def copy_into(
     """Copy each tensor into its view of the flat buffer ``buf``; returns the bytes copied.
 
     With ``threads`` > 1 the copies run on a thread pool (``copy_`` releases the GIL), largest
-    first. scripts/bench_rollout.py, 100M model (417 MB), 2 cores shared with other jobs (load
+    first. benchmarks/rollout.py, 100M model (417 MB), 2 cores shared with other jobs (load
     50-60): 4 threads wrote the kept file in 0.21 s, one thread in 2.98 s; a fresh file 3.85 s
     vs 6.67 s (page faults). On a quiet machine a warm host -> host copy is memory-bandwidth
     bound (7.0 GB/s at 1 or 2 threads, load 4), so there the threads gain little and cost nothing.

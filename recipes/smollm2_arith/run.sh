@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # BandPO on SmolLM2-135M-Instruct, the real pretrained model, learning tiny_arith's natural-language
 # arithmetic on a CPU: the recipe is model=smollm2-135m's own settings (configs/model/smollm2-135m.yaml),
-# run for several seeds through recipes/tiny_arith/compare.sh (resumable: a finished run is skipped,
+# run for several seeds through studies/compare/compare.sh (resumable: a finished run is skipped,
 # an interrupted one resumes from its checkpoint), then summarised into $RESULTS.
 #
 #   recipes/smollm2_arith/run.sh [extra Hydra overrides for every run...]
@@ -17,4 +17,4 @@ export ALGOS=${ALGOS:-bandpo} SEEDS=${SEEDS:-0 1 2} STEPS=${STEPS:-10}
 export LORA_LR=${LORA_LR:-1e-4}  # the bandpo_lora arm: 10x the recipe's full fine-tuning lr of 1e-5
 export RUNS=${RUNS:-runs/smollm2_arith} RESULTS=${RESULTS:-recipes/smollm2_arith/results.md}
 export TITLE=${TITLE:-"smollm2_arith: SmolLM2-135M-Instruct on tiny_arith (boxed, T=0.6)"}
-exec bash recipes/tiny_arith/compare.sh model=smollm2-135m "$@"
+exec bash studies/compare/compare.sh model=smollm2-135m "$@"

@@ -4,22 +4,22 @@
 # defaults plus your overrides); only the algorithm and trainer.seed differ. All seeds share the
 # cached tiny model (built once by the recipe); the seed changes the data order and the sampling.
 #
-#   recipes/tiny_arith/compare.sh [extra Hydra overrides for every run...]
-#   SEEDS="0 1 2" STEPS=12 RUNS=runs/compare RESULTS=recipes/tiny_arith/results.md recipes/tiny_arith/compare.sh
-#   ALGOS="bandpo" SEEDS="3 4" recipes/tiny_arith/compare.sh    # a subset (default: grpo clip_higher bandpo)
-#   ALGOS="bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive" SEEDS=0 recipes/tiny_arith/compare.sh  # one-seed arms
-#   SHARED_BEFORE=1 recipes/tiny_arith/compare.sh   # only each seed's first algorithm evaluates before step 1
-#   TRAIN="nice -n 10 .venv/bin/python -m bandpo.train" recipes/tiny_arith/compare.sh  # another launcher (set its env)
-#   RECORD=recipes/smollm2_arith/rivals-runs recipes/tiny_arith/compare.sh   # keep finished runs' numbers there
+#   studies/compare/compare.sh [extra Hydra overrides for every run...]
+#   SEEDS="0 1 2" STEPS=12 RUNS=runs/compare RESULTS=recipes/tiny_arith/results.md studies/compare/compare.sh
+#   ALGOS="bandpo" SEEDS="3 4" studies/compare/compare.sh    # a subset (default: grpo clip_higher bandpo)
+#   ALGOS="bandpo_d0.02 bandpo_d0.1 bandpo_filter bandpo_adaptive" SEEDS=0 studies/compare/compare.sh  # one-seed arms
+#   SHARED_BEFORE=1 studies/compare/compare.sh   # only each seed's first algorithm evaluates before step 1
+#   TRAIN="nice -n 10 .venv/bin/python -m bandpo.train" studies/compare/compare.sh  # another launcher (set its env)
+#   RECORD=studies/rivals/records studies/compare/compare.sh   # keep finished runs' numbers there
 #
 # Each run trains through scripts/train.sh (or $TRAIN) into $RUNS/<algo>-s<seed>/ (its output also in train.log
 # there), seed by seed so that partial results already compare the three algorithms. The tiny config
 # evaluates on the held-out tiny_arith_test (mean@32) before the first step and after the last. A run
 # whose final evaluation after STEPS steps is logged is skipped; any other resumes from its last
-# checkpoint (trainer.resume=auto). A failed run does not stop the others. Then compare.py writes
+# checkpoint (trainer.resume=auto). A failed run does not stop the others. Then studies.compare.report writes
 # $RESULTS and a plot beside it; run it alone to summarise whatever runs exist (relative paths are
 # from the repository root):
-#   .venv/bin/python recipes/tiny_arith/compare.py --runs runs/compare --out recipes/tiny_arith/results.md
+#   .venv/bin/python -m studies.compare.report --runs runs/compare --out recipes/tiny_arith/results.md
 # With RECORD set, each finished run's numbers (metrics.jsonl, config.yaml and times, its start and end
 # in seconds since the epoch) are copied into $RECORD/<algo>-s<seed>/, and a recorded run missing from
 # $RUNS is copied back there and so skipped: a comparison longer than one machine's life goes on where
@@ -32,7 +32,7 @@ STEPS=${STEPS:-12}
 RUNS=${RUNS:-runs/compare}
 RESULTS=${RESULTS:-recipes/tiny_arith/results.md}
 SHARED_BEFORE=${SHARED_BEFORE:-0}
-TITLE=${TITLE:-}         # the report's title (compare.py's own by default)
+TITLE=${TITLE:-}         # the report's title (studies.compare.report's own by default)
 LORA_LR=${LORA_LR:-1e-3}  # the bandpo_lora arm's actor.lr
 RECORD=${RECORD:-}
 read -ra TRAIN <<< "${TRAIN:-bash scripts/train.sh}"
@@ -62,7 +62,7 @@ algo_overrides() {
 
 for algo in "${ALGOS[@]}"; do algo_overrides "$algo" >/dev/null; done  # fail before any run starts
 
-COMMAND="ALGOS=\"${ALGOS[*]}\" LORA_LR=$LORA_LR SEEDS=\"$SEEDS\" STEPS=$STEPS RUNS=$RUNS RESULTS=$RESULTS recipes/tiny_arith/compare.sh $*"
+COMMAND="ALGOS=\"${ALGOS[*]}\" LORA_LR=$LORA_LR SEEDS=\"$SEEDS\" STEPS=$STEPS RUNS=$RUNS RESULTS=$RESULTS studies/compare/compare.sh $*"
 SUMMARY_ARGS=(--command "$COMMAND" --command "# each run: scripts/train.sh <algorithm overrides> trainer.seed=<seed> \
 trainer.total_steps=$STEPS trainer.output_dir=$RUNS/<algo>-s<seed> $*")
 for algo in "${ALGOS[@]}"; do SUMMARY_ARGS+=(--command "#   $algo: $(algo_overrides "$algo")"); done
@@ -107,7 +107,7 @@ for seed in $SEEDS; do
     read -ra args <<< "$(algo_overrides "$algo")"
     args+=("trainer.seed=$seed" "trainer.total_steps=$STEPS" "trainer.output_dir=$dir" "$@")
     # The step-0 evaluation depends only on the model, the eval settings and the seed, so with
-    # SHARED_BEFORE=1 the seed's first algorithm makes it and compare.py reads it for the others.
+    # SHARED_BEFORE=1 the seed's first algorithm makes it and studies.compare.report reads it for the others.
     # Without it the trainer loads no eval sets unless eval_every is set: evaluating at the last step keeps
     # the run's after-evaluation.
     if [[ $SHARED_BEFORE == 1 && $algo != "${ALGOS[0]}" ]]; then
@@ -126,7 +126,7 @@ for seed in $SEEDS; do
 done
 
 [[ -n $TITLE ]] && SUMMARY_ARGS+=(--title "$TITLE")
-.venv/bin/python recipes/tiny_arith/compare.py --runs "$RUNS" --out "$RESULTS" "${SUMMARY_ARGS[@]}"
+.venv/bin/python -m studies.compare.report --runs "$RUNS" --out "$RESULTS" "${SUMMARY_ARGS[@]}"
 if ((${#failed[@]})); then
   echo "failed runs: ${failed[*]}" >&2
   exit 1

@@ -2,20 +2,20 @@
 # The BandPO paper's entropy claim at laptop scale: GRPO's clip removes the gradient of
 # low-probability tokens, so (the paper says) its policy entropy collapses while BandPO keeps it.
 # That needs a policy with entropy to lose, which the tiny default's warm start (~76% held-out) is not
-# (~0.02-0.04 nats per token: results.md). Here the model is warm-started for 500 steps (~17%
+# (~0.02-0.04 nats per token: recipes/tiny_arith/results.md). Here the model is warm-started for 500 steps (~17%
 # held-out mean@32, ~0.28 nats per token on the training prompts: model-sft500 in the tiny cache, the
 # e2e tests' build); the rest is the tiny default without dynamic sampling (equal generation budgets):
 # rollouts at temperature 1, 64 prompts x 8 samples a step, 4 optimizer steps per rollout at lr 1e-4
 # (GRPO's clip binds on 1-4% of the tokens below p = 0.1), 50 steps. results-entropy.md lists the
 # other settings tried and what they showed.
 #
-#   recipes/tiny_arith/compare_entropy.sh            # 3 seeds of the four main arms, one seed of the others,
+#   studies/compare/entropy.sh            # 3 seeds of the four main arms, one seed of the others,
 #                                                    # then the length check (~50 min on 2 idle cores)
-#   recipes/tiny_arith/compare_entropy.sh --quick    # one seed of the four main arms (~10 min on 2 idle cores)
-#   recipes/tiny_arith/compare_entropy.sh [--quick] [extra Hydra overrides for every run...]
+#   studies/compare/entropy.sh --quick    # one seed of the four main arms (~10 min on 2 idle cores)
+#   studies/compare/entropy.sh [--quick] [extra Hydra overrides for every run...]
 #
 # Environment: RUNS (default runs/entropy, or runs/entropy-quick), RESULTS (the report; default
-# recipes/tiny_arith/results-entropy.md, or $RUNS/results.md with --quick), READING (a markdown
+# studies/compare/results-entropy.md, or $RUNS/results.md with --quick), READING (a markdown
 # file put in the report as its Reading), TRAIN (the launcher, as for compare.sh). Finished runs are
 # skipped on a rerun (compare.sh). The four main arms: GRPO, Clip-Higher, BandPO (KL, delta 0.05),
 # DPPO (TV mask); the one-seed arms: GSPO, CISPO, BandPO (TV, delta 0.1). Each seed's first arm (GRPO)
@@ -40,27 +40,27 @@ if ((QUICK)); then
   plan=("$MAIN|0")
 else
   export RUNS=${RUNS:-runs/entropy}
-  RESULTS=${RESULTS:-recipes/tiny_arith/results-entropy.md}
+  RESULTS=${RESULTS:-studies/compare/results-entropy.md}
   plan=("$MAIN|0 1 2" "$ONE_SEED|0")
 fi
 
-commands=("recipes/tiny_arith/compare_entropy.sh $FLAG$*"
-          "# = STEPS=$STEPS SHARED_BEFORE=1 RUNS=$RUNS recipes/tiny_arith/compare.sh ${SETTING[*]} $*, with")
+commands=("studies/compare/entropy.sh $FLAG$*"
+          "# = STEPS=$STEPS SHARED_BEFORE=1 RUNS=$RUNS studies/compare/compare.sh ${SETTING[*]} $*, with")
 status=0
 for entry in "${plan[@]}"; do
   algos=${entry%|*} seeds=${entry#*|}
   commands+=("#   ALGOS=\"$algos\" SEEDS=\"$seeds\"")
   # compare.sh's own summary of each part goes beside the runs; the report below covers all parts.
-  ALGOS=$algos SEEDS=$seeds RESULTS=$RUNS/partial.md recipes/tiny_arith/compare.sh "${SETTING[@]}" "$@" || status=1
+  ALGOS=$algos SEEDS=$seeds RESULTS=$RUNS/partial.md studies/compare/compare.sh "${SETTING[@]}" "$@" || status=1
 done
 if ((!QUICK)); then
   commands+=("# the length check: STEPS=$LONG_STEPS ALGOS=\"grpo bandpo\" SEEDS=0 RUNS=$RUNS/long (report: $RUNS/long/results.md)")
   STEPS=$LONG_STEPS ALGOS="grpo bandpo" SEEDS=0 RUNS=$RUNS/long RESULTS=$RUNS/long/results.md \
-    recipes/tiny_arith/compare.sh "${SETTING[@]}" "$@" || status=1
+    studies/compare/compare.sh "${SETTING[@]}" "$@" || status=1
 fi
 
 report=(--runs "$RUNS" --out "$RESULTS" --headline --title "tiny_arith: does BandPO keep the entropy GRPO loses?")
 for c in "${commands[@]}"; do report+=(--command "$c"); done
 if [[ -n ${READING:-} ]]; then report+=(--reading "$READING"); fi
-.venv/bin/python recipes/tiny_arith/compare.py "${report[@]}"
+.venv/bin/python -m studies.compare.report "${report[@]}"
 exit $status

@@ -1,6 +1,6 @@
 """Summarise the tiny-arith algorithm comparison (compare.sh) into a markdown report and a plot.
 
-    .venv/bin/python recipes/tiny_arith/compare.py [--runs runs/compare] \\
+    .venv/bin/python -m studies.compare.report [--runs runs/compare] \\
         [--out recipes/tiny_arith/results.md] [--command TEXT ...] [--reading reading.md]
 
 Reads every ``<runs>/<label>-s<seed>/metrics.jsonl`` (unfinished runs too, marked as such)
@@ -10,23 +10,18 @@ mean@n (and maj@n, pass@n where logged) before and after training and the per-se
 old-probability bin (averaged over each run's training steps; split into up- and down-clips where the
 runs logged the split), one line per run, and
 ``<out stem>.png`` beside it, drawn by ``python -m bandpo.viz compare`` (the exact command is in the
-report). The runs are read in ``compare_runs.py``, the report's tables made in ``compare_tables.py``,
-both beside this script.
+report). The runs are read in ``studies.compare.runs``, the report's tables made in ``studies.compare.tables``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bandpo.viz import main as viz_main
 from bandpo.viz import plot_headline
-
-# the modules beside this script, however it is loaded
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_runs import find_runs, run_summary, share_before
-from compare_tables import (
+from studies.compare.runs import find_runs, run_summary, share_before
+from studies.compare.tables import (
     _accuracy_section,
     _budget_section,
     _clip_section,
@@ -84,7 +79,7 @@ def write_report(
     viz_main(viz_argv)
     commands = [
         *(commands or ["(runs made outside compare.sh)"]),
-        f"python recipes/tiny_arith/compare.py --runs {runs_root} --out {out}",
+        f"python -m studies.compare.report --runs {runs_root} --out {out}",
     ]
     head_png = out.with_name(out.stem + "-headline.png")
     if headline:

@@ -1,4 +1,4 @@
-"""The runs of the tiny-arith comparison, read for ``compare.py``: the ``<label>-s<seed>/`` folders under
+"""The runs of the tiny-arith comparison, read for ``studies.compare.report``: the ``<label>-s<seed>/`` folders under
 ``--runs`` (``find_runs``), one run's numbers from its metrics.jsonl and config.yaml (``run_summary``),
 a step-0 evaluation lent between runs that share it (``share_before``), and the settings the runs
 share or not (``budget_check``)."""

@@ -1,4 +1,4 @@
-"""The markdown sections of ``compare.py``'s report, from the runs' summaries (``compare_runs.py``):
+"""The markdown sections of ``studies.compare.report``'s report, from the runs' summaries (``studies.compare.runs``):
 command and machine, budget, held-out accuracy, entropy over steps, clip fraction by old-probability
 bin, one line per run; and the cell and table formatting they share."""
 
@@ -9,10 +9,9 @@ import platform
 import statistics
 import time
 
-from compare_runs import _mean, budget_check
-
 from bandpo.distributed.precision import cpu_name
 from bandpo.viz import clip_label, report_datasets
+from studies.compare.runs import _mean, budget_check
 
 # The per-bin clip fractions by sign (``bandpo.algo.losses``); the unsigned ``clip_frac_bin/`` is their sum.
 SIGNED = ("clip_frac_bin_up/", "clip_frac_bin_down/")

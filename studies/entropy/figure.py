@@ -9,19 +9,16 @@ Four panels, one colour an arm (GRPO, BandPO), one line style a seed:
   the upper bound: the high-advantage tokens the claim is about) and down (A < 0), per step;
 - held-out mean@8 on the accuracy endpoint's set at steps 0, 30 and 60 (the base model at step 0).
 
-    recipes/smollm2_arith/entropy_figure.py [--records DIR] [--out PNG]
+    python -m studies.entropy.figure [--records DIR] [--out PNG]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
-
-import entropy_stage2 as s2  # noqa: E402 (beside this file)
-import entropy_verdict as v  # noqa: E402
+from studies.entropy import design
+from studies.entropy import verdict as v
 
 COLORS = {"grpo": "tab:red", "bandpo": "tab:blue"}
 STYLES = ("-", "--", ":")  # seeds 0, 1, 2
@@ -39,16 +36,16 @@ def series(records: Path) -> dict[str, dict[str, Points]]:
     data = v.collect(records)
     h0, evals = data["h0"], data["evals"]
     out: dict[str, dict[str, Points]] = {}
-    for arm, seed in s2.plan():
-        name = s2.run_name(arm, seed)
+    for arm, seed in design.plan():
+        name = design.run_name(arm, seed)
         rows = v.metrics_rows(records, name)
         probe = sorted(data["h"][name].items())
         if not rows and not probe:
             continue
         acc = [
-            (step, 100 * evals[key][s2.ENDPOINT_SET]["mean@8"])
-            for step in (0, *s2.EVALS)
-            if (key := ("base" if step == 0 else name, step)) in evals and s2.ENDPOINT_SET in evals[key]
+            (step, 100 * evals[key][design.ENDPOINT_SET]["mean@8"])
+            for step in (0, *design.EVALS)
+            if (key := ("base" if step == 0 else name, step)) in evals and design.ENDPOINT_SET in evals[key]
         ]
         out[name] = {
             "probe": ([(0, 1.0)] if h0 else []) + [(s, h / h0) for s, h in probe if h0],
@@ -84,10 +81,10 @@ def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
     ax_p.set(title="probe entropy / base model's", xlabel="step", ylim=(0, None))
     ax_r.set(title="rollout entropy of the training batch (nats/token)", xlabel="step")
     ax_c.set(title="update tokens whose gradient the clip removed (%)", xlabel="step")
-    ax_a.set(title=f"held-out mean@8, {s2.ENDPOINT_SET} first 64 (%)", xlabel="step", ylim=(0, 100))
+    ax_a.set(title=f"held-out mean@8, {design.ENDPOINT_SET} first 64 (%)", xlabel="step", ylim=(0, 100))
     for ax in axes:
         ax.grid(True, alpha=0.3)
-        ax.set_xlim(-1, s2.STEPS + 1)
+        ax.set_xlim(-1, design.STEPS + 1)
     ax_p.legend(fontsize=7)
     ax_c.legend(fontsize=6, ncol=2)
     fig.tight_layout()
@@ -99,8 +96,8 @@ def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", default="recipes/smollm2_arith/entropy-runs/stage2")
-    ap.add_argument("--out", default="recipes/smollm2_arith/results-entropy-headline.png")
+    ap.add_argument("--records", default="studies/entropy/records/stage2")
+    ap.add_argument("--out", default="studies/entropy/results-entropy-headline.png")
     args = ap.parse_args()
     print(draw(series(Path(args.records)), Path(args.out)))
 

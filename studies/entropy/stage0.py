@@ -1,10 +1,10 @@
 """Stage 0 of the entropy test: does one BandPO update keep more of the policy's entropy than one GRPO
 update from the same state and the same rollout batch? Resumable, each trial recorded.
 
-    recipes/smollm2_arith/entropy_stage0.py --states base=base,grpo10=RUN/checkpoints/step_000010 [...]
-    recipes/smollm2_arith/entropy_stage0.py --quick --model ~/.cache/bandpo/tiny_arith/model-sft500 model=tiny
-    recipes/smollm2_arith/entropy_stage0.py --report      # the report from the records alone
-    recipes/smollm2_arith/entropy_stage0.sh               # the GRPO run for the states, the trials, the report
+    python -m studies.entropy.stage0 --states base=base,grpo10=RUN/checkpoints/step_000010 [...]
+    python -m studies.entropy.stage0 --quick --model ~/.cache/bandpo/tiny_arith/model-sft500 model=tiny
+    python -m studies.entropy.stage0 --report      # the report from the records alone
+    studies/entropy/stage0.sh               # the GRPO run for the states, the trials, the report
 
 A trial (state s, batch b), with the project's own parts in this process (DS_ACCELERATOR=cpu):
   1. the actor (``bandpo.actor.Actor``, one DeepSpeed rank) is built as the trainer builds it, from the
@@ -41,7 +41,7 @@ The fixed-response measure (the before-probe's samples scored by the updated pol
 as the secondary endpoint (``entropy_fixed``). The probe (64 problems x 1 sample by default) is
 about half a trial's cost on the CPU: more rows narrow the probe's share of the spread of d.
 
-The statistics, verdict rules and report are ``entropy_stats.py`` (beside this file).
+The statistics, verdict rules and report are ``studies.entropy.stats``.
 """
 
 from __future__ import annotations
@@ -50,15 +50,13 @@ import argparse
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
 
-import entropy_stats  # noqa: E402 (beside this file)
+from studies.entropy import stats as entropy_stats  # noqa: E402 (after the accelerator is set)
 
 # The stage's settings over the smollm2_arith recipe (configs/model/smollm2-135m.yaml: tiny_arith with
 # the boxed template, T = 0.6): 8 prompts x 8 samples, 4 optimizer steps a rollout (mini-batches of
@@ -446,16 +444,16 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="1 state x 2 batches, 8 probe prompts x 2, small batches"
     )
-    ap.add_argument("--records", help="trial records (default recipes/smollm2_arith/entropy-runs/stage0)")
-    ap.add_argument("--out", help="the report (default recipes/smollm2_arith/results-entropy.md)")
+    ap.add_argument("--records", help="trial records (default studies/entropy/records/stage0)")
+    ap.add_argument("--out", help="the report (default studies/entropy/results-entropy.md)")
     ap.add_argument("--report", action="store_true", help="only write the report from the records")
     ap.add_argument("--print-setting", action="store_true", help="print RECIPE's overrides, one a line")
     args = ap.parse_args()
     if args.print_setting:
         print("\n".join(RECIPE))
         return
-    where = "runs/entropy_stage0-quick" if args.quick else "recipes/smollm2_arith"
-    records = Path(args.records or (f"{where}/records" if args.quick else f"{where}/entropy-runs/stage0"))
+    where = "runs/entropy_stage0-quick" if args.quick else "studies/entropy"
+    records = Path(args.records or (f"{where}/records" if args.quick else f"{where}/records/stage0"))
     out = Path(args.out or f"{where}/results-entropy.md")
     if not args.report:
         overrides = [*RECIPE, *(QUICK if args.quick else ())]

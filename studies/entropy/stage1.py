@@ -1,9 +1,9 @@
 """Stage 1 of the entropy test: a GRPO pilot built to lose entropy. The probe entropy of each kept
 checkpoint of the pilot's run, resumable, each probe recorded; the report's Stage 1 section.
 
-    recipes/smollm2_arith/entropy_stage1.sh                      # the run, the probes, the report
-    recipes/smollm2_arith/entropy_stage1.py --run RUN [--records DIR] [--out REPORT]
-    recipes/smollm2_arith/entropy_stage1.py --report             # the section from the records alone
+    studies/entropy/stage1.sh                      # the run, the probes, the report
+    python -m studies.entropy.stage1 --run RUN [--records DIR] [--out REPORT]
+    python -m studies.entropy.stage1 --report             # the section from the records alone
 
 The probe is stage 0's (``entropy_stage0.Stage0.probe``: the first 64 held-out problems of tiny_arith_test
 x 1 sample, drawn by the ``hf`` engine with the probe's fixed seed at the rollout's temperature and cap,
@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
-
-import entropy_stage0  # noqa: E402 (beside this file)
-import entropy_stats  # noqa: E402
+from studies.entropy import stage0 as entropy_stage0
+from studies.entropy import stats as entropy_stats
 
 # The pilot's settings over stage 0's (RECIPE: 8 prompts x 8 samples, 4 optimizer steps a rollout, lr
 # 2e-5, 256-token cap, fp32): the 131 one-operation problems of one-digit numbers in the training split,
@@ -146,7 +143,7 @@ RULES = (
     "accuracy (the mix below), 8 prompts x 8 samples, 4 optimizer steps a rollout (mini-batches of 2\n"
     "prompts, as the paper's recipe takes 4), lr 2e-5, a 256-token response cap (truncation should no\n"
     "longer drive the accuracy), fp32, stage 0's probe (64 held-out problems x 1 sample, the same seeds)\n"
-    f"every {EVERY} steps (`entropy_stage1.sh`).\n"
+    f"every {EVERY} steps (`stage1.sh`).\n"
     "\n"
     f"Rule: stage 2 runs only if GRPO's probe entropy falls to <= {RULE:.0%} of its step-0 value by step\n"
     f"{STEPS} (at any probe). Otherwise the report says so, with what was tried, and the test stops there:\n"
@@ -170,8 +167,8 @@ def main() -> None:
     ap.add_argument("--probe-prompts", type=int, default=64, help="held-out problems (stage 0's probe)")
     ap.add_argument("--probe-samples", type=int, default=1, help="samples of each probe problem")
     ap.add_argument("--model", help="model.path (and model.build=null: the folder as it is)")
-    ap.add_argument("--records", default="recipes/smollm2_arith/entropy-runs/stage1")
-    ap.add_argument("--out", default="recipes/smollm2_arith/results-entropy.md")
+    ap.add_argument("--records", default="studies/entropy/records/stage1")
+    ap.add_argument("--out", default="studies/entropy/results-entropy.md")
     ap.add_argument("--report", action="store_true", help="only write the section from the records")
     ap.add_argument("--print-setting", action="store_true", help="print SETTING's overrides, one a line")
     args = ap.parse_args()

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Stage 1 of the entropy test (recipes/smollm2_arith/entropy_stage1.py has the method): a GRPO pilot of
+# Stage 1 of the entropy test (studies/entropy/stage1.py has the method): a GRPO pilot of
 # 30 steps at stage 0's settings on an easier mix, a checkpoint every 5 steps (all kept), then stage 0's
-# probe at steps 0, 5, ..., 30; the report's Stage 1 section in recipes/smollm2_arith/results-entropy.md.
+# probe at steps 0, 5, ..., 30; the report's Stage 1 section in studies/entropy/results-entropy.md.
 #
-#   recipes/smollm2_arith/entropy_stage1.sh [extra Hydra overrides for the run and the probes...]
+#   studies/entropy/stage1.sh [extra Hydra overrides for the run and the probes...]
 #
 # Resumable in both parts: the run (scripts/train.sh into $RUNS/grpo, no evaluation) resumes from its
 # last checkpoint and is skipped once step 30's exists; its metrics.jsonl and config.yaml are copied into
-# the records (run/). Each probe is written to recipes/smollm2_arith/entropy-runs/stage1/probe-step_N.json
-# as it ends and is never run again. The report is rebuilt from the records (entropy_stage1.py --report).
-# Environment: RUNS (default runs/entropy_stage1), RECORDS (default recipes/smollm2_arith/entropy-runs/
-# stage1), RESULTS (default recipes/smollm2_arith/results-entropy.md: its Stage 1 section is rewritten).
+# the records (run/). Each probe is written to studies/entropy/records/stage1/probe-step_N.json
+# as it ends and is never run again. The report is rebuilt from the records (python -m studies.entropy.stage1 --report).
+# Environment: RUNS (default runs/entropy_stage1), RECORDS (default studies/entropy/records/
+# stage1), RESULTS (default studies/entropy/results-entropy.md: its Stage 1 section is rewritten).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=recipes/smollm2_arith/entropy_stage1.py
-RUNS=${RUNS:-runs/entropy_stage1} RECORDS=${RECORDS:-recipes/smollm2_arith/entropy-runs/stage1}
-RESULTS=${RESULTS:-recipes/smollm2_arith/results-entropy.md}
-mapfile -t SETTING < <(.venv/bin/python "$PY" --print-setting)
+PY=studies.entropy.stage1
+RUNS=${RUNS:-runs/entropy_stage1} RECORDS=${RECORDS:-studies/entropy/records/stage1}
+RESULTS=${RESULTS:-studies/entropy/results-entropy.md}
+mapfile -t SETTING < <(.venv/bin/python -m "$PY" --print-setting)
 
 # Recorded once, when the run has reached step 30: stage 2 continues this run to step 60 and prunes its
 # checkpoints, which must not send it back here.
@@ -31,4 +31,4 @@ if [[ ! -f $RECORDS/run/metrics.jsonl ]]; then
   cp "$RUNS/grpo/metrics.jsonl" "$RUNS/grpo/config.yaml" "$RECORDS/run/"
 fi
 
-.venv/bin/python "$PY" --run "$RUNS/grpo" --records "$RECORDS" --out "$RESULTS" "$@"
+.venv/bin/python -m "$PY" --run "$RUNS/grpo" --records "$RECORDS" --out "$RESULTS" "$@"

@@ -2,9 +2,9 @@
 settings, the probe entropy every 5 steps, held-out evaluations at steps 0, 30 and 60, and the verdict
 by the rules the report states before the runs. Resumable, everything recorded.
 
-    recipes/smollm2_arith/entropy_stage2.sh                  # what is missing, then the report
-    recipes/smollm2_arith/entropy_stage2.py --runs DIR --pilot RUN [--records DIR] [--out REPORT]
-    recipes/smollm2_arith/entropy_stage2.py --report         # the section from the records alone
+    studies/entropy/stage2.sh                  # what is missing, then the report
+    python -m studies.entropy.stage2 --runs DIR --pilot RUN [--records DIR] [--out REPORT]
+    python -m studies.entropy.stage2 --report         # the section from the records alone
 
 Runs go one at a time, paired by seed (GRPO, then BandPO; seed 0 first), each through scripts/train.sh
 into ``<runs>/<arm>-s<seed>``. GRPO's seed 0 is stage 1's pilot (``--pilot``), continued from its step
@@ -26,7 +26,7 @@ made again; one made with other settings stops the script, and so does a run who
 records were taken from it (trained again, it would be another run: ``lost``). Stage 1's probes of the
 pilot (same settings, same checkpoints) are taken as they are.
 
-The verdict's rules and the report are entropy_verdict.py's. Both holds and fails need GRPO's collapse
+The verdict's rules and the report are verdict.py's. Both holds and fails need GRPO's collapse
 on every seed, so once a GRPO seed is probed at step 60 above the collapse the verdict is fixed
 (inconclusive): the report says so, and a seed not begun is not started (``--all-seeds`` runs it
 anyway); a begun seed's pair is finished.
@@ -38,41 +38,24 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
-
-import entropy_stage0  # noqa: E402 (beside this file)
-import entropy_stage1  # noqa: E402
-import entropy_stats  # noqa: E402
+from studies.entropy import stage0 as entropy_stage0
+from studies.entropy import stage1 as entropy_stage1
+from studies.entropy import stats as entropy_stats
+from studies.entropy.design import ARMS, ENDPOINT_SET, EVALS, EVERY, HEADING, PROBED, STEPS, plan, run_name
 
 REPO = entropy_stage0.REPO
 SETTING = entropy_stage1.SETTING
-ARMS = entropy_stage0.ARMS  # grpo; bandpo with KL, delta 0.05
-SEEDS = (0, 1, 2)
-STEPS, EVERY, EVALS = 60, 5, (30, 60)
-PROBED = range(EVERY, STEPS + 1, EVERY)  # each run's probed steps (step 0, the base model, is shared)
 # The training mix's own kind, held out: tiny_arith's test split has 15 level-1 one-operation problems
 # (none in the 131 of the training split); the recipe's held-out set (the first 64 of tiny_arith_test,
 # the probe's problems, 75% two-step) is evaluated beside it and is the accuracy endpoint, as the rules
 # fixed before the runs say.
 HELDOUT = {"name": "tiny_arith", "split": "test", "kinds": ["add", "sub", "mul"], "difficulty": 1, "size": 15}
-ENDPOINT_SET = "tiny_arith_test"
 EVAL_KINDS = {
     "sampled": ["eval.n=8", "eval.temperature=0.6", "eval.max_tokens=256"],
     "greedy": ["eval.n=1", "eval.temperature=0", "eval.max_tokens=256"],
 }
-HEADING = "## Stage 2"
-
-
-def run_name(arm: str, seed: int) -> str:
-    return f"{arm}-s{seed}"
-
-
-def plan() -> list[tuple[str, int]]:
-    """The runs in order: pairs by seed, GRPO first."""
-    return [(arm, seed) for seed in SEEDS for arm in ARMS]
 
 
 def train_command(arm: str, seed: int, folder: Path, extra: list[str]) -> list[str]:
@@ -188,7 +171,7 @@ def held_back(records: Path, runs: Path, seed: int) -> str | None:
     """Why ``seed``'s runs are not started, or None: the records already fix the verdict
     (``short_of_collapse``) and no run of the seed has begun. A begun seed is finished, so that every
     recorded run has its partner of the other arm."""
-    import entropy_verdict  # reads this module's design: imported when used
+    from studies.entropy import verdict as entropy_verdict
 
     data = entropy_verdict.collect(records)
     short = entropy_verdict.short_of_collapse(data["h0"], data["h"])
@@ -252,9 +235,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after the stage's own (stage 1's SETTING)")
     ap.add_argument("--runs", default="runs/entropy_stage2", help="the runs' folders, the held-out file")
     ap.add_argument("--pilot", default="runs/entropy_stage1/grpo", help="stage 1's run: GRPO's seed 0")
-    ap.add_argument("--stage1-records", default="recipes/smollm2_arith/entropy-runs/stage1")
-    ap.add_argument("--records", default="recipes/smollm2_arith/entropy-runs/stage2")
-    ap.add_argument("--out", default="recipes/smollm2_arith/results-entropy.md")
+    ap.add_argument("--stage1-records", default="studies/entropy/records/stage1")
+    ap.add_argument("--records", default="studies/entropy/records/stage2")
+    ap.add_argument("--out", default="studies/entropy/results-entropy.md")
     ap.add_argument("--probe-prompts", type=int, default=64, help="held-out problems (stage 0's probe)")
     ap.add_argument("--probe-samples", type=int, default=1, help="samples of each probe problem")
     ap.add_argument("--report", action="store_true", help="only write the section from the records")
@@ -264,8 +247,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.report:
         run_all(args, list(args.overrides))
-    import entropy_figure  # draws with matplotlib: only here
-    import entropy_verdict
+    from studies.entropy import figure as entropy_figure  # draws with matplotlib: only here
+    from studies.entropy import verdict as entropy_verdict
 
     out, records = Path(args.out), Path(args.records)
     runs = entropy_figure.series(records)

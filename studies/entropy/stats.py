@@ -118,7 +118,7 @@ def verdict(interval: Interval, threshold: float = THRESHOLD) -> str:
 
 
 def trial_changes(record: dict, measure: str = "own") -> tuple[float, float, float]:
-    """``log_changes`` of a trial record (``entropy_stage0.py``'s JSON) under ``measure`` (``MEASURES``)."""
+    """``log_changes`` of a trial record (``stage0.py``'s JSON) under ``measure`` (``MEASURES``)."""
     key = "entropy" if measure == "own" else "entropy_fixed"
     try:
         return log_changes(

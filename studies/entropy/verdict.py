@@ -2,24 +2,21 @@
 ``RULES`` and as constants), the ratio and accuracy intervals, and the section's tables (the probe
 entropy, the probe's responses, the held-out evaluations, the training signal).
 
-    recipes/smollm2_arith/entropy_stage2.py --report     # writes the section (and the headline figure)
+    python -m studies.entropy.stage2 --report     # writes the section (and the headline figure)
 
 Pure where it can be: the verdict takes numbers and returns words; the tables take what ``collect``
-read from ``<records>`` (entropy_stage2.py's docstring lists the files). The runs' design (arms,
-seeds, steps, the endpoint set) is entropy_stage2.py's.
+read from ``<records>`` (stage2.py's docstring lists the files). The runs' design (arms,
+seeds, steps, the endpoint set) is design.py's.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
-
-import entropy_stats  # noqa: E402 (beside this file)
-from entropy_stage2 import ARMS, ENDPOINT_SET, HEADING, PROBED, SEEDS, STEPS, plan, run_name  # noqa: E402
+from studies.entropy import stats as entropy_stats
+from studies.entropy.design import ARMS, ENDPOINT_SET, HEADING, PROBED, SEEDS, STEPS, plan, run_name
 
 # The rules (the report's Stage 2 section states them in words, before the runs)
 COLLAPSE = 0.5  # GRPO's probe entropy at step 60 over step 0's, at most: "fell by >= 50%"
@@ -266,7 +263,7 @@ seed 0, continued from its step 30), the probe entropy every 5 steps (step 0, th
 held-out evaluations at steps 0, 30 and 60 (mean@8, maj@8, pass@8, greedy accuracy, truncation) on
 the recipe's held-out set (the first 64 problems of tiny_arith_test, the probe's; the accuracy
 endpoint below) and on the training mix's kind held out (the 15 level-1 one-operation problems of
-tiny_arith's test split; reported). `entropy_stage2.sh` runs it; it refuses to start unless stage 1's
+tiny_arith's test split; reported). `stage2.sh` runs it; it refuses to start unless stage 1's
 rule let it.
 
 Verdict rules, fixed before the runs. R_s = H_BandPO / H_GRPO, the probe entropies at step 60 of
@@ -282,7 +279,7 @@ interval of mean ln R_s over the 3 seeds (2 degrees of freedom, t = 4.30), expon
 - **Accuracy**, judged as non-inferiority: BandPO's held-out mean@8 at step 60 minus GRPO's,
   paired by seed; BandPO is non-inferior if the lower end of the one-sided 95% interval of the
   mean difference (t = 2.92 with 2 degrees of freedom) is above -10 points. Why 10: the paired
-  seed-to-seed sd of mean@8 on this recipe was ~2.9 points per arm (results-rivals.md), so the
+  seed-to-seed sd of mean@8 on this recipe was ~2.9 points per arm (../rivals/results-rivals.md), so the
   difference's sd is ~4.1 points and 2.92 x 4.1 / sqrt(3) = 6.9 points is the smallest margin 3
   seeds resolve; 10 leaves room for the longer runs' wider spread. A smaller margin is not claimed.
 

@@ -6,17 +6,17 @@
 # before the split have it without) and response length; before and after, held-out mean@8, maj@8
 # and pass@8.
 #
-#   recipes/smollm2_arith/rivals.sh            # 5 arms x 3 seeds (~4 h on 2 idle cores)
-#   recipes/smollm2_arith/rivals.sh --quick    # 5 arms x seed 0, one step each, 16 held-out problems (~30 min)
-#   recipes/smollm2_arith/rivals.sh [--quick] [extra Hydra overrides for every run...]
+#   studies/rivals/rivals.sh            # 5 arms x 3 seeds (~4 h on 2 idle cores)
+#   studies/rivals/rivals.sh --quick    # 5 arms x seed 0, one step each, 16 held-out problems (~30 min)
+#   studies/rivals/rivals.sh [--quick] [extra Hydra overrides for every run...]
 #
 # Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint (every
-# step: trainer.save_every=1), through recipes/tiny_arith/compare.sh. Each finished run's numbers are
-# kept in recipes/smollm2_arith/rivals-runs/ (RECORD; committed with the report): a clone that has them
+# step: trainer.save_every=1), through studies/compare/compare.sh. Each finished run's numbers are
+# kept in studies/rivals/records/ (RECORD; committed with the report): a clone that has them
 # runs only the rest, so the ~4 hours may be spread over machines. Each seed's first arm (GRPO)
 # evaluates the starting model and the others share it (SHARED_BEFORE). Environment: RUNS (default
 # runs/smollm2_rivals, or runs/smollm2_rivals-quick), RESULTS (default
-# recipes/smollm2_arith/results-rivals.md, or $RUNS/results.md with --quick), READING (a markdown file
+# studies/rivals/results-rivals.md, or $RUNS/results.md with --quick), READING (a markdown file
 # put in the report as its Reading), SEEDS, STEPS.
 #
 # The budget, and why (recipes/smollm2_arith/default.md has the recipe's own numbers): the recipe's
@@ -42,8 +42,8 @@ if ((QUICK)); then
   SETTING+=(eval.limit=16)
 else
   export SEEDS=${SEEDS:-0 1 2} STEPS=${STEPS:-3} RUNS=${RUNS:-runs/smollm2_rivals}
-  export RESULTS=${RESULTS:-recipes/smollm2_arith/results-rivals.md}
-  export RECORD=${RECORD:-recipes/smollm2_arith/rivals-runs}
+  export RESULTS=${RESULTS:-studies/rivals/results-rivals.md}
+  export RECORD=${RECORD:-studies/rivals/records}
   SETTING+=(eval.limit=48)
 fi
 export TITLE="smollm2_arith: GRPO, Clip-Higher, BandPO, DPPO-TV and DCPO on SmolLM2-135M-Instruct"
@@ -52,8 +52,8 @@ status=0
 RESULTS=$RUNS/partial.md bash recipes/smollm2_arith/run.sh "${SETTING[@]}" "$@" || status=1
 
 report=(--runs "$RUNS" --out "$RESULTS" --headline --title "$TITLE"
-        --command "recipes/smollm2_arith/rivals.sh $FLAG$*"
+        --command "studies/rivals/rivals.sh $FLAG$*"
         --command "# = ALGOS=\"$ALGOS\" SEEDS=\"$SEEDS\" STEPS=$STEPS SHARED_BEFORE=1 RUNS=$RUNS recipes/smollm2_arith/run.sh ${SETTING[*]} $*")
 if [[ -n ${READING:-} ]]; then report+=(--reading "$READING"); fi
-.venv/bin/python recipes/tiny_arith/compare.py "${report[@]}"
+.venv/bin/python -m studies.compare.report "${report[@]}"
 exit $status

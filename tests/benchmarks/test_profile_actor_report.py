@@ -1,17 +1,11 @@
-"""scripts/profile_actor_report.py: the kinds of work of torch.profiler's ops and their sums by stage, on
+"""benchmarks/profile_actor_report.py: the kinds of work of torch.profiler's ops and their sums by stage, on
 hand-made events (name, input_shapes, cpu_parent, time_range in microseconds) shaped as torch.profiler's."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "profile_actor_report", Path(__file__).resolve().parents[2] / "scripts/profile_actor_report.py"
-)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from benchmarks import profile_actor_report as report
 
 V = 49152  # SmolLM2's vocabulary
 

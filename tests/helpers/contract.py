@@ -1,4 +1,4 @@
-"""Helpers of the API contract tests (tests/unit/test_contract_*.py): calls into a library, found
+"""Helpers of the API contract tests (tests/unit/contracts/test_contract_*.py): calls into a library, found
 in bandpo's own source, bound to the installed library's signatures.
 
 ``library_calls(package)`` reads every module of ``bandpo`` (AST, nothing imported) and returns

@@ -29,7 +29,7 @@ near the start.
 The step (lr 1e-3, 32 prompts x 8 samples, one optimizer step a rollout, 64-token cap) is sized so
 that the policy learns without being wrecked. The earlier lr 2e-3 on 16 prompts was not: the gradient
 of one such batch is mostly sampling noise (cosine 0.17 between two batches' gradients from the same
-weights, ``scripts/check_bf16_update.py``), Adam turns noise into full-size steps, and after three of
+weights, ``benchmarks/check_bf16_update.py``), Adam turns noise into full-size steps, and after three of
 them the model wrote malformed answers ("Answer: 725222...+8=922"), its responses grew from ~15
 tokens to the 32-token cap, and a run whose answer line fell past the cap before it had learned "2"
 got reward -1 everywhere, no group with a signal, and no gradient ever again (accuracy 0.0 from step
@@ -44,7 +44,7 @@ in bf16) runs where the CPU multiplies bf16 natively, and is skipped elsewhere: 
 ~100x slower than fp32 there, minutes a step. The thresholds are the same: the bf16 update's
 gradient agrees with the fp32 one from the same weights and batch to a cosine of 0.96-0.9999, against
 -0.27 to 0.17 between the fp32 gradients of two batches sampled from the same policy
-(``scripts/check_bf16_update.py``), so precision moves a step far less than sampling does.
+(``benchmarks/check_bf16_update.py``), so precision moves a step far less than sampling does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""recipes/tiny_arith/compare.sh's RECORD: finished runs' numbers are kept and, on a machine without the
+"""studies/compare/compare.sh's RECORD: finished runs' numbers are kept and, on a machine without the
 runs, restored and skipped. The trainer is a stand-in script that writes what the real one does."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # Writes config.yaml at the start and metrics.jsonl with a step-0 and a final evaluation, as bandpo.train
 # does; exits 1 when FAKE_FAIL is set, so a run it is asked for shows as FAILED.
 FAKE_TRAIN = """
@@ -42,7 +42,7 @@ def _compare(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
     )
     if fail:
         env["FAKE_FAIL"] = "1"
-    script = REPO / "recipes" / "tiny_arith" / "compare.sh"
+    script = REPO / "studies" / "compare" / "compare.sh"
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -1,20 +1,12 @@
-"""recipes/tiny_arith/compare.py: the replication report from hand-written runs (numbers by hand)."""
+"""studies/compare/report.py: the replication report from hand-written runs (numbers by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _compare_module():
-    spec = importlib.util.spec_from_file_location("compare", REPO / "recipes" / "tiny_arith" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from studies.compare import report as compare
 
 
 def _run(folder: Path, before: float, after: float, entropy: list[float], clip_lt: list[float]) -> None:
@@ -45,7 +37,7 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     _run(runs / "bandpo_d0.1-s0", 0.70, 0.72, [0.10, 0.09], [0.0, 0.0])
     reading = tmp_path / "reading.md"
     reading.write_text("GRPO gains more here; one seed of the arm.\n")
-    out = _compare_module().main(
+    out = compare.main(
         ["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--reading", str(reading)]
     )
     text = out.read_text()
@@ -73,12 +65,12 @@ def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path):
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
     (runs / "grpo-s0" / "times").write_text("1795820400 1795821154\n")  # 2026-11-27 23:00:00 and 23:12:34 UTC
     start, end = (time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(t)) for t in (1795820400, 1795821154))
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 754 | 1.00 |" in text
     assert f"- runs: {start} to {end}\n" in text
     _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
     (runs / "grpo-s1" / "wall_s").write_text("800\n")
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     assert "| 2/2 | 70.0 → 77.0 | 0.070 | 3 | 800 | 1.00 |" in text
     assert f"- runs: {start} to {end} (1 recorded without their times, not counted)\n" in text
 
@@ -87,7 +79,7 @@ def test_response_length_by_step(tmp_path):
     """Each step's mean response length gets a table like entropy's; runs without it get none."""
     runs = tmp_path / "runs"
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
-    report = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")])
+    report = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")])
     assert "## Response length over steps" not in report.read_text()
     _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
     for folder, lengths in ((runs / "grpo-s0", [40.0, 50.0]), (runs / "grpo-s1", [44.0, 60.0])):
@@ -95,7 +87,7 @@ def test_response_length_by_step(tmp_path):
         for row, length in zip(rows[1:3], lengths):
             row["response/length_mean"] = length
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     # step 1: 40, 44 -> 42.0 ± 2.8 (sample std 4 / sqrt(2)); step 2: 50, 60 -> 55.0 ± 7.1;
     # steps 1-2 per seed: 45 and 52 -> 48.5 ± 4.9 (7 / sqrt(2))
     assert "## Response length over steps" in text
@@ -115,7 +107,7 @@ def test_shared_before_maj_and_headline(tmp_path):
     grpo = [json.loads(r) for r in (runs / "grpo-s0" / "metrics.jsonl").read_text().splitlines()]
     grpo[0]["eval/tiny_arith_test/maj@32"], grpo[-1]["eval/tiny_arith_test/maj@32"] = 0.74, 0.78
     (runs / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grpo))
-    out = _compare_module().main(
+    out = compare.main(
         ["--runs", str(runs), "--out", str(tmp_path / "results.md"), "--headline", "--title", "entropy"]
     )
     text = out.read_text()
@@ -134,7 +126,7 @@ def test_before_from_runs_not_reported(tmp_path):
     _run(tmp_path / "runs" / "bandpo-s0", 0.0, 0.80, [0.10, 0.09], [0.0, 0.0])
     path = tmp_path / "runs" / "bandpo-s0" / "metrics.jsonl"
     path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[1:]))
-    out = _compare_module().main(
+    out = compare.main(
         [
             "--runs",
             str(tmp_path / "runs"),
@@ -164,7 +156,7 @@ def test_pass_at_n_follows_mean_and_maj(tmp_path):
             }
         )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     # mean@32 70 -> 75 (+5.0), maj@32 74 -> 78 (+4.0), pass@32 95 -> 90 (-5.0)
     assert "| grpo | 0 | 2/2 | 70.0 | 75.0 | 5.0 | 74.0 | 78.0 | 4.0 | 95.0 | 90.0 | -5.0 | 0.050 |" in text
     assert "pass@4" not in text
@@ -199,7 +191,7 @@ def test_signed_bins_get_their_own_table(tmp_path):
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
     _run(runs / "grpo-s1", 0.70, 0.77, [0.10, 0.07], [0.2, 0.2])
     _run(runs / "bandpo-s0", 0.70, 0.72, [0.10, 0.09], [0.0, 0.0])
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     assert "split by sign" not in text
     for folder, ups in ((runs / "grpo-s0", [0.05, 0.1]), (runs / "grpo-s1", [0.05, 0.05])):
         path = folder / "metrics.jsonl"
@@ -208,7 +200,7 @@ def test_signed_bins_get_their_own_table(tmp_path):
             row["actor/clip_frac_bin_up/lt0.01"] = up
             row["actor/clip_frac_bin_down/lt0.01"] = row["actor/clip_frac_bin/lt0.01"] - up
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = _compare_module().main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
+    text = compare.main(["--runs", str(runs), "--out", str(tmp_path / "results.md")]).read_text()
     # grpo, p < 0.01, mean over steps then seeds: up (0.05, 0.1) -> 7.5 and (0.05, 0.05) -> 5.0: 6.25 ± 1.77
     # (sample std 2.5 / sqrt(2)); down (0.15, 0.3) -> 22.5 and (0.15, 0.15) -> 15.0: 18.75 ± 5.30
     assert "| algorithm | p < 0.01, up | p < 0.01, down |" in text

@@ -1,9 +1,8 @@
-"""recipes/smollm2_arith/entropy_stats.py: stage 0's paired interval, verdicts and report, numbers by
-hand; entropy_stage0.py --report rebuilds the report from records alone."""
+"""studies/entropy/stats.py: stage 0's paired interval, verdicts and report, numbers by
+hand; ``python -m studies.entropy.stage0 --report`` rebuilds the report from records alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -12,19 +11,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "smollm2_arith"
+from studies.entropy import stats as S
 
-
-def _stats():
-    spec = importlib.util.spec_from_file_location("entropy_stats", RECIPE / "entropy_stats.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-S = _stats()
+REPO = Path(__file__).resolve().parents[3]
+STUDY = REPO / "studies" / "entropy"
 
 
 def test_t_quantile_against_closed_forms_and_tables():
@@ -158,8 +148,8 @@ def test_report_command_rebuilds_from_records(tmp_path):
         (records / f"{r['state']}-b{r['batch']}.json").write_text(json.dumps(r))
     out = tmp_path / "results-entropy.md"
     out.write_text("# kept title\n\n## Stage 1: pilot\nkeep\n")
-    cmd = [sys.executable, str(RECIPE / "entropy_stage0.py"), "--report", "--records", str(records)]
-    subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "studies.entropy.stage0", "--report", "--records", str(records)]
+    subprocess.run([*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120)
     text = out.read_text()
     assert text.startswith("# kept title\n\n## Stage 0:") and text.endswith("\n\n## Stage 1: pilot\nkeep\n")
     assert "| all | 6 |" in text
@@ -170,7 +160,7 @@ def test_the_script_stops_when_the_recorded_grpo_run_is_gone(tmp_path):
     records = tmp_path / "records"
     (records / "grpo-run").mkdir(parents=True)
     env = {"PATH": "/usr/bin:/bin", "RUNS": str(tmp_path / "runs"), "RECORDS": str(records)}
-    script = RECIPE / "entropy_stage0.sh"
+    script = STUDY / "stage0.sh"
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"{tmp_path / 'runs'}/grpo is gone" in done.stderr
     assert not (tmp_path / "runs").exists()  # nothing trained

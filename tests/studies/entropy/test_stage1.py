@@ -1,28 +1,16 @@
-"""recipes/smollm2_arith/entropy_stage1.py: the pilot's report (ratios to step 0, the rule's three
+"""studies/entropy/stage1.py: the pilot's report (ratios to step 0, the rule's three
 outcomes) from records alone, numbers by hand; --report rewrites only the Stage 1 section."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "smollm2_arith"
+from studies.entropy import stage1 as S1
 
-
-def _stage1():
-    sys.path.insert(0, str(RECIPE))
-    spec = importlib.util.spec_from_file_location("entropy_stage1", RECIPE / "entropy_stage1.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-S1 = _stage1()
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _write(records: Path, entropies: dict[int, float]) -> None:
@@ -59,12 +47,13 @@ def test_report_command_rewrites_only_stage_1(tmp_path):
     )
     cmd = [
         sys.executable,
-        str(RECIPE / "entropy_stage1.py"),
+        "-m",
+        "studies.entropy.stage1",
         "--report",
         "--records",
         str(tmp_path / "records"),
     ]
-    subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run([*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120)
     text = out.read_text()
     assert text.startswith("# title\n\n## Stage 0: paired\nkeep 0\n\n## Stage 1: a GRPO pilot")
     assert text.endswith("\n\n## Stage 2: later\nkeep 2\n") and "old\n" not in text

@@ -1,32 +1,19 @@
-"""recipes/smollm2_arith/entropy_stage2.py and entropy_verdict.py: the verdict rules, the ratio and
+"""studies/entropy/stage2.py and verdict.py: the verdict rules, the ratio and
 accuracy intervals (numbers by hand), stage 1's gate, the runs' commands, and the report from records
 alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "smollm2_arith"
+from studies.entropy import stage2 as S2
+from studies.entropy import verdict as V
 
-
-def _load(name: str):
-    sys.path.insert(0, str(RECIPE))
-    spec = importlib.util.spec_from_file_location(name, RECIPE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-S2 = _load("entropy_stage2")
-V = _load("entropy_verdict")
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_ratio_interval_by_hand():
@@ -205,7 +192,7 @@ def test_a_checkpoint_is_the_same_source_however_written():
 
 
 def test_headline_figure_from_records(tmp_path):
-    fig = _load("entropy_figure")
+    from studies.entropy import figure as fig  # matplotlib: only this test
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
     base = {"tiny_arith_test": {"mean@8": 0.25}}
     (tmp_path / "eval-base-step_000000-sampled.json").write_text(json.dumps({"results": base}))

@@ -16,7 +16,7 @@ from bandpo.algo.options import LossOptions
 from bandpo.config import CONFIG_DIR, compose, loss_options, reuse_old_logprobs
 from bandpo.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _options(group: str) -> list[str]:

@@ -13,10 +13,10 @@ import ast
 import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "bandpo"
 
-# bandpo.algo and bandpo.reward import without Ray, vLLM or DeepSpeed (tests/test_imports.py):
+# bandpo.algo and bandpo.reward import without Ray, vLLM or DeepSpeed (tests/unit/layout/test_imports.py):
 # they must not depend on the packages that start workers.
 LIGHT = ("bandpo.algo", "bandpo.reward")
 HEAVY = ("bandpo.trainer", "bandpo.actor", "bandpo.rollout", "bandpo.distributed")

@@ -2,7 +2,7 @@
 
 Each backend gets only the options its constructor has: the HF engine once raised TypeError on
 vLLM's ``distributed_executor_backend`` and never slept when colocated. The kwargs built here
-are also checked against the installed vLLM in tests/unit/test_contract_vllm.py.
+are also checked against the installed vLLM in tests/unit/contracts/test_contract_vllm.py.
 """
 
 import inspect
