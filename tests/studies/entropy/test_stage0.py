@@ -149,7 +149,9 @@ def test_report_command_rebuilds_from_records(tmp_path):
     out = tmp_path / "results-entropy.md"
     out.write_text("# kept title\n\n## Stage 1: pilot\nkeep\n")
     cmd = [sys.executable, "-m", "studies.entropy.stage0", "--report", "--records", str(records)]
-    subprocess.run([*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120
+    )
     text = out.read_text()
     assert text.startswith("# kept title\n\n## Stage 0:") and text.endswith("\n\n## Stage 1: pilot\nkeep\n")
     assert "| all | 6 |" in text

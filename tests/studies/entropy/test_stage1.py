@@ -53,7 +53,9 @@ def test_report_command_rewrites_only_stage_1(tmp_path):
         "--records",
         str(tmp_path / "records"),
     ]
-    subprocess.run([*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [*cmd, "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=120
+    )
     text = out.read_text()
     assert text.startswith("# title\n\n## Stage 0: paired\nkeep 0\n\n## Stage 1: a GRPO pilot")
     assert text.endswith("\n\n## Stage 2: later\nkeep 2\n") and "old\n" not in text

@@ -193,6 +193,7 @@ def test_a_checkpoint_is_the_same_source_however_written():
 
 def test_headline_figure_from_records(tmp_path):
     from studies.entropy import figure as fig  # matplotlib: only this test
+
     _records(tmp_path, 0.5, {"grpo": 0.2, "bandpo": 0.5}, {"grpo": 0.40, "bandpo": 0.45}, seeds=(0,))
     base = {"tiny_arith_test": {"mean@8": 0.25}}
     (tmp_path / "eval-base-step_000000-sampled.json").write_text(json.dumps({"results": base}))
