@@ -146,10 +146,12 @@ def run_cuda_check(script: str, model_dir: str, timeout: float = 600) -> dict:
     """Run ``script`` in a subprocess with ``DS_ACCELERATOR=cuda`` and return the JSON it prints after
     "RESULT ". conftest pins DeepSpeed's accelerator (a process-wide choice) to the CPU for every other
     test in this process, so a GPU actor needs a process of its own. The script gets the model folder
-    as ``sys.argv[1]`` and the repository root (for ``tests.helpers`` imports) as ``sys.argv[2]``."""
+    as ``sys.argv[1]``; it runs in the repository root, which ``python -c`` puts on its path (for
+    ``tests.helpers`` imports)."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-c", script, model_dir, str(root)],
+        [sys.executable, "-c", script, model_dir],
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -15,7 +15,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.gpu]
 CHECK = r"""
 import json, sys
 import torch
-sys.path.insert(0, sys.argv[2])
 from tests.helpers.actor import BANDPO, full_weights, make_rollout, masked_mean_per_row, plain_hf_logprobs
 from bandpo.actor import Actor
 from bandpo.types import TrainBatch

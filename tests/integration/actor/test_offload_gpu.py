@@ -19,7 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.gpu]
 CHECK = r"""
 import json, sys, tempfile
 import torch
-sys.path.insert(0, sys.argv[2])
 from tests.helpers.actor import BANDPO, full_weights, make_rollout, max_diff
 from bandpo.actor import Actor
 from bandpo.types import TrainBatch
