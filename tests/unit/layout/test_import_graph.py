@@ -1,10 +1,12 @@
-"""The import graph of bandpo/ (read from the source, nothing imported): no cycles, the light
-packages stay off the Ray / engine side, and the lower packages import no higher one (``BELOW``).
+"""The import graph of the repository's packages (bandpo/, studies/, benchmarks/, tests/; read from
+the source, nothing imported): no cycles anywhere; the light packages stay off the Ray / engine side;
+the lower packages import no higher one (``BELOW``); the product imports none of the studies,
+benchmarks or tests, and those import only bandpo's public names.
 
-Every ``import bandpo...`` and ``from bandpo... import ...`` counts, at module level and inside
-functions (a function-level import still ties the two modules together: moving one breaks the
-other). ``from bandpo.x import y`` is an edge to ``bandpo.x.y`` when that is a module, else to
-``bandpo.x``.
+Every ``import bandpo...`` and ``from bandpo... import ...`` counts (and the same for the other
+packages), at module level and inside functions (a function-level import still ties the two modules
+together: moving one breaks the other). ``from bandpo.x import y`` is an edge to ``bandpo.x.y`` when
+that is a module, else to ``bandpo.x``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGE = ROOT / "bandpo"
+# The top-level packages the graph covers: the product, then what is built on it. studies/ and
+# benchmarks/ are not installed with the wheel; they import from the repository root.
+PACKAGES = ("bandpo", "studies", "benchmarks", "tests")
+PRODUCT = ("bandpo",)
+ON_TOP = ("studies", "benchmarks")  # use bandpo's public names only, and nothing of tests/
 
 # bandpo.algo and bandpo.reward import without Ray, vLLM or DeepSpeed (tests/unit/layout/test_imports.py):
 # they must not depend on the packages that start workers.
@@ -46,9 +52,10 @@ BELOW = {
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> source file, for every module under bandpo/ (packages by their __init__)."""
+    """Dotted module name -> source file, for every module of ``PACKAGES`` (packages by their __init__;
+    test files by their path, as pytest's importlib mode names them)."""
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for top in PACKAGES for p in (ROOT / top).rglob("*.py")):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -57,7 +64,7 @@ def module_files() -> dict[str, Path]:
 
 
 def imported(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
-    """The bandpo modules one module's source imports, anywhere in it."""
+    """The repository's modules one module's source imports, anywhere in it."""
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -70,7 +77,19 @@ def imported(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
 
 
 def _ours(name: str) -> bool:
-    return name == "bandpo" or name.startswith("bandpo.")
+    return name.split(".")[0] in PACKAGES
+
+
+def imported_names(tree: ast.AST) -> set[str]:
+    """Every dotted name one module's source imports from the repository's packages: ``import a.b`` as
+    ``a.b``, ``from a.b import c`` as ``a.b.c`` (a module or a name in it)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if _ours(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
 
 
 @functools.cache  # parsed once for all the tests here
@@ -120,11 +139,15 @@ def _in(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def test_graph_sees_the_package():
+def test_graph_sees_the_packages():
     graph = import_graph()
     assert "bandpo.config" in graph and "bandpo.distributed.plan" in graph
     assert "bandpo.config.rules" in graph["bandpo.config"]
     assert "bandpo.errors" in graph["bandpo.config.keys"]
+    assert {"studies.entropy.design", "studies.entropy.verdict"} <= graph["studies.entropy.stage2"]
+    assert "benchmarks.common" in graph["benchmarks.actor"]
+    assert "tests.helpers.actor" in graph["tests.integration.actor.test_actor_gpu"]
+    assert "studies.entropy.stats" in graph["tests.studies.entropy.test_stage0"]
 
 
 def test_find_cycle_reports_the_loop():
@@ -162,3 +185,26 @@ def test_lower_packages_do_not_import_higher_ones():
         if _in(target, higher)
     ]
     assert not bad, "a lower package imports a higher one:\n" + "\n".join(bad)
+
+
+def test_the_product_imports_no_study_benchmark_or_test():
+    graph = import_graph()
+    bad = [f"{name} -> {target}" for name in sorted(graph) if _in(name, PRODUCT)
+           for target in sorted(graph[name]) if not _in(target, PRODUCT)]  # fmt: skip
+    assert not bad, "bandpo imports outside the product:\n" + "\n".join(bad)
+
+
+def test_studies_and_benchmarks_use_public_names_of_bandpo_and_no_tests():
+    """Public: no part of the dotted name starts with ``_`` (``bandpo.viz._cut`` and ``bandpo._x.y`` are
+    private). What they use of the trainer's internals is not restricted here."""
+    bad = []
+    for name, path in module_files().items():
+        if not _in(name, ON_TOP):
+            continue
+        for target in sorted(imported_names(ast.parse(path.read_text(), str(path)))):
+            private = _in(target, PRODUCT) and any(p.startswith("_") for p in target.split("."))
+            if private or _in(target, ("tests",)):
+                bad.append(f"{name} -> {target}")
+    assert not bad, "a study or benchmark imports a private name of bandpo, or a test module:\n" + "\n".join(
+        bad
+    )
