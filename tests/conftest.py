@@ -1,8 +1,10 @@
-"""Shared fixtures. Integration tests run the real engines on CPU; `gpu` tests need CUDA."""
+"""Shared fixtures. Integration tests run the real engines on CPU; `gpu` tests need CUDA. The summary
+ends with the time spent in each part of the suite (unit, integration, study, benchmark)."""
 
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 
@@ -34,6 +36,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The suite's parts, by marker (the first that applies); a test with none of them is a unit test.
+PARTS = ("integration", "study", "benchmark")
+_SECONDS: dict[str, float] = defaultdict(float)
+_COUNTS: dict[str, int] = defaultdict(int)
+
+
+def _part(keywords) -> str:
+    return next((p for p in PARTS if p in keywords), "unit")
+
+
+def pytest_runtest_logreport(report):
+    part = _part(report.keywords)
+    _SECONDS[part] += report.duration  # setup, call and teardown each
+    _COUNTS[part] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SECONDS:
+        parts = sorted(_SECONDS, key=("unit", *PARTS).index)
+        line = ", ".join(f"{p} {_COUNTS[p]} tests {_SECONDS[p]:.1f} s" for p in parts)
+        terminalreporter.write_line(f"time by part (setup + call + teardown): {line}")
 
 
 @pytest.fixture(scope="session")
