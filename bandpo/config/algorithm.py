@@ -37,7 +37,7 @@ def loss_options(cfg: TrainConfig):
     a = cfg.algorithm
     tis_cap = a.tis_cap
     if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.max_staleness > 0:
-        from bandpo.trainer.overlap import STALE_TIS_CAP
+        from bandpo.config.checks import STALE_TIS_CAP
 
         tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
     opts = LossOptions(
@@ -154,7 +154,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
         _get(cfg, "algorithm.filter_groups.enable"),
     )
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
-    from bandpo.trainer.dynamic_sampling import check_max_gen_rounds
+    from bandpo.config.checks import check_max_gen_rounds
 
     max_rounds = _get(cfg, "algorithm.filter_groups.max_gen_rounds")
     _rule(check_max_gen_rounds, max_rounds, "algorithm.filter_groups.max_gen_rounds")

@@ -12,11 +12,12 @@ import torch
 
 from bandpo.actor.group import UpdateResult
 from bandpo.config import compose
+from bandpo.config.checks import check_layout
 from bandpo.errors import ConfigError
 from bandpo.reward import Score
 from bandpo.trainer.dynamic_sampling import Drawn, Round
 from bandpo.trainer.loop import Trainer
-from bandpo.trainer.overlap import Background, check_layout, cpu_threads, overlap_seconds
+from bandpo.trainer.overlap import Background, cpu_threads, overlap_seconds
 from bandpo.types import RolloutBatch, TrainBatch
 
 N, R = 8, 3  # rows (one prompt x rollout.n=8 of the tiny default), response positions
