@@ -139,17 +139,18 @@ def live_shape():
     return ClusterShape(len(gpu_nodes) or 1, min(gpu_nodes) if gpu_nodes else 0)
 
 
-def placement_plan(cfg: TrainConfig, device: str):
-    """The GPU placement plan for the live cluster (``bandpo.distributed.plan``); None on CPU.
+def placement_plan(cfg: TrainConfig, device: str, shape=None):
+    """The GPU placement plan for the cluster (``bandpo.distributed.plan``); None on CPU.
 
-    The shape is ``trainer.nnodes`` x ``trainer.gpus_per_node`` when the config gives it, else
-    the GPU nodes Ray reports; a plan that does not fit raises ``ConfigError`` naming the keys.
+    The shape (``ClusterShape``) is ``shape`` when given, else ``trainer.nnodes`` x ``trainer.gpus_per_node``
+    when the config gives it, else the GPU nodes Ray reports; a plan that does not fit raises
+    ``ConfigError`` naming the keys.
     """
     if device != "cuda":
         return None
     from bandpo.distributed.plan import make_plan, shape_from_config
 
-    return make_plan(cfg, shape_from_config(cfg) or live_shape(), "cuda")
+    return make_plan(cfg, shape or shape_from_config(cfg) or live_shape(), "cuda")
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,9 @@ class RunPlan:
     sync: str  # what the syncs use: "adapter" (rollout.lora_sync's adapter mode) or ``transport``
 
 
-def resolve_plan(cfg: TrainConfig, device: str, model_path: str) -> RunPlan:
-    """The run's plan on ``device``: the placement (GPU; a plan that does not fit is a ``ConfigError``),
+def resolve_plan(cfg: TrainConfig, device: str, model_path: str, shape=None) -> RunPlan:
+    """The run's plan on ``device``: the placement (GPU, on ``shape`` as ``placement_plan`` takes it; a plan
+    that does not fit is a ``ConfigError``),
     the layout it gives, the precision, whether the engines sleep and the actor offloads, and the weight
     transport (``bandpo.weight_sync.transport``; "adapter" when ``rollout.lora_sync`` resolves to it:
     ``bandpo.weight_sync.lora_adapter``, never on CPU). Overlap the layout cannot carry is refused here
@@ -181,7 +183,7 @@ def resolve_plan(cfg: TrainConfig, device: str, model_path: str) -> RunPlan:
     from bandpo.weight_sync.transport import choose_transport
 
     ro = cfg.rollout
-    placement = placement_plan(cfg, device)
+    placement = placement_plan(cfg, device, shape)
     layout = placement.layout if placement is not None else "cpu"
     check_layout(cfg.trainer.max_staleness, layout)
     bf16 = resolve_bf16(cfg.actor.bf16, device)  # auto reads this machine's CPU flags

@@ -100,16 +100,10 @@ class Actor:
             self.version = int((folder / "version").read_text())
 
 
-class Log:
-    def log(self, step, metrics):
-        pass
-
-    def truncate_after(self, step):
-        pass
-
-
 def make_trainer(tmp_path, staleness, steps=3):
     from bandpo.data import EpochSampler
+    from bandpo.parts import Workers
+    from tests.helpers.parts import fake_parts
 
     cfg = compose(
         [
@@ -121,10 +115,10 @@ def make_trainer(tmp_path, staleness, steps=3):
             f"trainer.output_dir={tmp_path}",
         ]
     )
-    t = Trainer(cfg)
     engines, actor = Engines(), Actor()
-    t.workers.rollout, t.workers.actor, t.drawer = engines, actor, Draws(t, engines)
-    t.sampler, t.logger, t.eval_sets = EpochSampler(100, seed=0), Log(), {}
+    workers = Workers(rollout=engines, actor=actor)
+    t = Trainer(cfg, fake_parts(cfg, tmp_path, workers=workers, sampler=EpochSampler(100, seed=0)))
+    t.drawer = Draws(t, engines)  # stand-ins for the drawer and the sync (no Ray)
 
     def sync():
         engines.version = actor.version
