@@ -107,7 +107,9 @@ def start_workers(cfg: TrainConfig, plan: RunPlan, phase, into: Workers) -> Work
         f"{plan.engine_dtype} (model.dtype={cfg.model.dtype})",
         flush=True,
     )
-    check_old_logprobs_dtype(ac.old_logprobs, ac.bf16, cfg.model.dtype, plan.bf16)  # before any worker starts
+    check_old_logprobs_dtype(
+        ac.old_logprobs, ac.bf16, cfg.model.dtype, plan.bf16, plan.engine_dtype
+    )  # before any worker starts
     # CPU: synchronous, the engines generate while the actor waits, so they share all cores (Ray
     # would give each one thread: its num_cpus=1); overlapped, the two sides divide the cores.
     engine_threads, actor_threads = cpu_threads(

@@ -127,4 +127,6 @@ def test_old_logprobs_from_rollout_with_another_engine_dtype_stops_the_start_bef
     assert workers == Workers()  # nothing started
     # engines in the actor's dtype pass the same check
     cfg = compose(["model=tiny", "actor.old_logprobs=rollout", "actor.bf16=true", "model.dtype=bfloat16"])
-    precision.check_old_logprobs_dtype(cfg.actor.old_logprobs, cfg.actor.bf16, cfg.model.dtype, True)
+    precision.check_old_logprobs_dtype(
+        cfg.actor.old_logprobs, cfg.actor.bf16, cfg.model.dtype, True, "bfloat16"
+    )
