@@ -417,12 +417,13 @@ class Trainer:
 
 def train(cfg: TrainConfig) -> dict:
     """Run training for a composed, validated config; returns the last step's metrics."""
-    from bandpo.trainer.launch import run_folder, start
+    from bandpo.trainer.launch import close_workers, run_folder, start
 
     out = run_folder(cfg)
-    trainer = None
+    parts = trainer = None
     try:
-        trainer = Trainer(cfg, start(cfg, out))  # a failed start-up tears down what it started
+        parts = start(cfg, out)  # a failed start-up tears down what it started
+        trainer = Trainer(cfg, parts)
         return trainer.fit()
     except WorkerFailure as e:
         ckpt = CheckpointManager(out / "checkpoints", cfg.trainer.keep_last)
@@ -431,3 +432,5 @@ def train(cfg: TrainConfig) -> dict:
     finally:
         if trainer is not None:
             trainer.close()
+        elif parts is not None:
+            close_workers(parts.workers, parts.logger)
