@@ -101,7 +101,7 @@ def random_25m_model(tiny: Path) -> Path:
 def smollm2_model() -> Path:
     """SmolLM2-135M-Instruct as ``model=smollm2-135m`` resolves it: the Hub's copy, or the build from PyPI."""
     from bandpo.config import compose
-    from bandpo.trainer.launch import ensure_model
+    from bandpo.parts import ensure_model
 
     cfg = compose(["model=smollm2-135m"])
     return Path(ensure_model(cfg.model))

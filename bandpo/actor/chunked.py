@@ -28,19 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from bandpo.errors import check_number
+from bandpo.config.checks import check_chunk
 
 DEFAULT_CHUNK = 512  # tokens: 512 x 151,936 x 4 B = 311 MB per float32 [chunk, V] buffer
-
-
-def check_chunk(chunk, name: str = "chunk") -> None:
-    """Tokens per lm_head chunk (``actor.logits_chunk_tokens``): an integer >= 1."""
-    check_number(chunk, name, low=1, integer=True)
-
-
-def check_temperature(temperature, name: str = "temperature") -> None:
-    """The sampling temperature the logits are divided by (the actor's, ``rollout.temperature``): a finite number > 0."""
-    check_number(temperature, name, low=0, strict_low=True)
 
 
 class ChunkedLogprobEntropy(torch.autograd.Function):

@@ -29,28 +29,7 @@ forward and backward.
 
 from __future__ import annotations
 
-from bandpo.errors import check_number
-
-
-def check_batch_split(
-    mini_batch_size,
-    micro_batch_size,
-    world_size,
-    names: tuple[str, str, str] = ("mini_batch_size", "micro_batch_size", "world_size"),
-) -> None:
-    """An optimizer step's rows split evenly: ``world_size`` ranks share the ``mini_batch_size`` rows, and each
-    rank's share goes in micro-batches of ``micro_batch_size`` rows; all three are integers >= 1 (``names``:
-    how the message calls them, the config's keys in config validation)."""
-    for value, name in zip((mini_batch_size, micro_batch_size, world_size), names):
-        check_number(value, name, low=1, integer=True)
-    if mini_batch_size % world_size:
-        raise ValueError(f"{names[2]} must divide {names[0]} ({mini_batch_size} rows), got {world_size}")
-    per_rank = mini_batch_size // world_size
-    if per_rank % micro_batch_size:
-        raise ValueError(
-            f"{names[1]} must divide the rows per rank ({names[0]} / {names[2]} = {per_rank}), "
-            f"got {micro_batch_size}"
-        )
+from bandpo.config.checks import check_batch_split
 
 
 def grad_accum_steps(mini_batch_size: int, micro_batch_size: int, world_size: int) -> int:

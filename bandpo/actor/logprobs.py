@@ -27,7 +27,8 @@ import torch
 
 from bandpo.actor.attention import LAYOUT_KW
 from bandpo.actor.chunked import chunked_logprobs_entropy
-from bandpo.actor.packing import Packed, check_token_budget, unpack
+from bandpo.actor.packing import Packed, unpack
+from bandpo.config.checks import check_token_budget
 
 
 def check_padding(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:

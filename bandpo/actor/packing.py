@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from bandpo.actor.attention import AttentionLayout, build_layout
-from bandpo.errors import check_number
+from bandpo.config.checks import check_token_budget
 
 
 @dataclass
@@ -48,25 +48,6 @@ class Packed:
 
     def to(self, device) -> Packed:
         return Packed(*(t.to(device) for t in vars(self).values()))
-
-
-def check_token_budget(budget, name: str = "token budget") -> None:
-    """A forward pass's token budget (``packed_budget_groups``, ``bandpo.actor.logprobs.budget_chunks``;
-    ``actor.logprob_token_budget``) is an integer >= 1: a row over it still gets a pass of its own."""
-    check_number(budget, name, low=1, integer=True)
-
-
-def check_micro_batch_tokens(
-    max_tokens, padding_free, names: tuple[str, str] = ("max_tokens_per_micro_batch", "padding_free")
-) -> None:
-    """``max_tokens_per_micro_batch``: packed tokens per update micro-batch, an integer >= 0 (0: micro-batches
-    of ``micro_batch_size`` rows instead); a budget needs the packed rows of ``padding_free``."""
-    check_number(max_tokens, names[0], low=0, integer=True)
-    if max_tokens and not padding_free:
-        raise ValueError(
-            f"{names[0]} must be 0 with {names[1]}=false (padded micro-batches go by micro_batch_size "
-            f"rows), got {max_tokens!r}"
-        )
 
 
 def prompt_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[tuple[int, ...]]:

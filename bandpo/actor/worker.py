@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from bandpo.actor.chunked import DEFAULT_CHUNK, check_chunk, check_temperature
+from bandpo.actor.chunked import DEFAULT_CHUNK
 from bandpo.actor.ds_config import build_ds_config, grad_accum_steps
 from bandpo.actor.forward import ActorForward
 from bandpo.actor.logprobs import (
@@ -54,8 +54,6 @@ from bandpo.actor.logprobs import (
 from bandpo.actor.lora import LoraSettings
 from bandpo.actor.loss_metrics import MetricAccumulator
 from bandpo.actor.packing import (
-    check_micro_batch_tokens,
-    check_token_budget,
     packed_budget_groups,
     split_to_count,
 )
@@ -79,6 +77,7 @@ from bandpo.actor.state_io import ActorStateIO
 from bandpo.algo.losses import policy_loss
 from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.actor_state import ActorCheckpoints
+from bandpo.config.checks import check_chunk, check_micro_batch_tokens, check_temperature, check_token_budget
 from bandpo.run.nonfinite import first_nonfinite
 from bandpo.types import TrainBatch
 

@@ -1,11 +1,14 @@
 """The run's loss options: ``LossOptions``, the frozen record ``bandpo.algo.losses.policy_loss`` takes,
 validated once when it is built (against the chosen algorithm's entry in ``bandpo.algo.registry``: the
-options it does not read are refused by name), and the checks the config shares with it.
+options it does not read are refused by name), and ``check_loss_options``, its rules written once: the
+config runs the same function on the options it builds, naming each by its key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from bandpo.algo.adaptive import ADAPTIVE_MODES
 from bandpo.algo.algorithm import SCOPED_OPTIONS
@@ -25,6 +28,7 @@ __all__ = [
     "check_agg",
     "check_applies",
     "check_dual_clip",
+    "check_loss_options",
     "get_algorithm",
 ]
 
@@ -100,25 +104,41 @@ class LossOptions:
     tau_neg: float | None = None
 
     def __post_init__(self):
-        get_algorithm(self.algorithm)
-        check_agg(self.algorithm, self.agg)
-        check_choice(self.kl_estimator, KL_ESTIMATORS, "kl_estimator")
-        check_dual_clip(self.dual_clip)
-        if self.tis_cap is not None:
-            check_cap(self.tis_cap)
-        check_choice(self.mismatch, MISMATCH_MODES, "mismatch")
-        check_cap(self.mismatch_cap, "mismatch_cap")
-        check_one_correction(self.tis_cap, self.mismatch)
-        check_choice(self.band_adaptive, ADAPTIVE_MODES, "band_adaptive")
-        for option in SCOPED_OPTIONS:  # options another algorithm reads are refused by name, not ignored
-            value = getattr(self, option)
-            if value is not None and value != _UNSET.get(option):
-                check_applies(self.algorithm, option)
-        check_eps(self.eps_low, self.eps_high)
-        check_upper_cap(self.upper_cap, "upper_cap")
-        check_ratio_cap(self.ratio_cap)
-        for option in ("tau_pos", "tau_neg"):
-            check_tau(getattr(self, option), option)
+        check_loss_options(vars(self))
+
+
+def check_loss_options(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> None:
+    """Every rule on the loss options (``values``: ``LossOptions``' fields by name), the one place each
+    is checked: ``LossOptions`` runs it on itself, the config validation on the options it builds from
+    ``algorithm.*`` (``bandpo.config.algorithm``). ``names``: how a message names each option (the
+    config's keys; a field's own name where it has none); a field missing from ``values`` has its
+    default. Raises ``ValueError``."""
+    values = {**{f.name: f.default for f in fields(LossOptions)}, **values}
+    names = names or {}
+
+    def name(option: str) -> str:
+        return names.get(option, option)
+
+    algorithm = values["algorithm"]
+    get_algorithm(algorithm)
+    check_agg(algorithm, values["agg"], name("agg"))
+    check_choice(values["kl_estimator"], KL_ESTIMATORS, name("kl_estimator"))
+    check_dual_clip(values["dual_clip"], name("dual_clip"))
+    if values["tis_cap"] is not None:
+        check_cap(values["tis_cap"], name("tis_cap"))
+    check_choice(values["mismatch"], MISMATCH_MODES, name("mismatch"))
+    check_cap(values["mismatch_cap"], name("mismatch_cap"))
+    check_one_correction(values["tis_cap"], values["mismatch"], (name("tis_cap"), name("mismatch")))
+    check_choice(values["band_adaptive"], ADAPTIVE_MODES, name("band_adaptive"))
+    for option in SCOPED_OPTIONS:  # options another algorithm reads are refused by name, not ignored
+        value = values[option]
+        if value is not None and value != _UNSET.get(option):
+            check_applies(algorithm, option, name(option))
+    check_eps(values["eps_low"], values["eps_high"], (name("eps_low"), name("eps_high")))
+    check_upper_cap(values["upper_cap"], name("upper_cap"))
+    check_ratio_cap(values["ratio_cap"], name("ratio_cap"))
+    for option in ("tau_pos", "tau_neg"):
+        check_tau(values[option], name(option))
 
 
 # The value of a ``SCOPED_OPTIONS`` field that means "not set", where it is not None.

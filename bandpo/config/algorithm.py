@@ -29,18 +29,43 @@ def loss_options(cfg: TrainConfig):
     """The run's ``LossOptions`` (``bandpo.algo.options``), built once from ``algorithm.*`` and
     ``rollout.max_tokens`` (Dr. GRPO's constant length). The adaptive band's ``entropy_scale`` is
     left None: it is known only per step (``batch``) or once the model is loaded (``logv``)."""
-    from dataclasses import replace
-
     from bandpo.algo.options import LossOptions
+
+    return LossOptions(**loss_fields(cfg))
+
+
+# LossOptions' field -> the key it comes from (the band's upper_cap: ``option_keys``)
+OPTION_KEYS = {
+    "agg": "algorithm.loss_agg",
+    "mismatch": "algorithm.mismatch.mode",
+    "mismatch_cap": "algorithm.mismatch.cap",
+    "band_adaptive": "algorithm.band.adaptive",
+    "relax_high_p": "algorithm.band.relax_high_p",
+    **{
+        f: f"algorithm.{f}"
+        for f in ("eps_low", "eps_high", "dual_clip", "kl_estimator", "tis_cap", "upper_cap", "ratio_cap")
+    },
+    "tau_pos": "algorithm.tau_pos",
+    "tau_neg": "algorithm.tau_neg",
+}
+
+
+def option_keys(band: bool) -> dict[str, str]:
+    """``OPTION_KEYS`` of an algorithm that reads ``algorithm.band`` (``band``) or not."""
+    return {**OPTION_KEYS, "upper_cap": "algorithm.band.upper_cap"} if band else OPTION_KEYS
+
+
+def loss_fields(cfg: TrainConfig) -> dict:
+    """``LossOptions``' fields from ``algorithm.*`` (``loss_options``), not yet checked."""
     from bandpo.algo.registry import get_algorithm
 
     a = cfg.algorithm
     tis_cap = a.tis_cap
     if tis_cap is None and a.mismatch.mode == "none" and cfg.trainer.max_staleness > 0:
-        from bandpo.trainer.overlap import STALE_TIS_CAP
+        from bandpo.config.checks import STALE_TIS_CAP
 
         tis_cap = STALE_TIS_CAP  # decoupled PPO's behaviour correction (another mismatch mode replaces it)
-    opts = LossOptions(
+    opts = dict(
         algorithm=a.name,
         eps_low=_float(a.eps_low),
         eps_high=_float(a.eps_high),
@@ -61,18 +86,16 @@ def loss_options(cfg: TrainConfig):
     if not get_algorithm(a.name).band:
         return opts
     band = a.band
-    opts = replace(
-        opts,
+    opts.update(
         divergence=band.divergence,
         delta=band.delta,
         upper_cap=band.upper_cap,
         relax_high_p=band.relax_high_p,
+        band_adaptive=band.adaptive,
     )
     if band.adaptive == "entropy":
         lo, hi = band_delta_range(band)
-        opts = replace(
-            opts, band_adaptive="entropy", delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm
-        )
+        opts.update(delta_min=lo, delta_max=hi, entropy_norm=band.adaptive_norm)
     return opts
 
 
@@ -82,57 +105,38 @@ def _float(x):
 
 def validate_algorithm(cfg: TrainConfig) -> None:
     """``algorithm.*``: the name, the options the chosen algorithm reads, and those it does not."""
-    from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
+    from bandpo.algo.adaptive import ENTROPY_NORMS, check_delta_range
     from bandpo.algo.advantages import ADVANTAGE_ESTIMATORS
-    from bandpo.algo.band import DIVERGENCES, check_eps, check_threshold, check_upper_cap
-    from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
-    from bandpo.algo.options import KL_ESTIMATORS, check_agg, check_dual_clip
-    from bandpo.algo.registry import ALGORITHMS, check_applies
-    from bandpo.algo.rivals import check_ratio_cap, check_tau
+    from bandpo.algo.band import DIVERGENCES, check_threshold
+    from bandpo.algo.options import check_loss_options
+    from bandpo.algo.registry import ALGORITHMS
 
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
-    # Options another algorithm reads are refused by name when set, never ignored (Algorithm.reads).
+    # An option this algorithm reads from another key (Algorithm.config_keys) is refused at this one.
     for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
         key = f"algorithm.{option}"
-        if _get(cfg, key) is not None:
-            if option in algo.config_keys:  # it reads this option, from another key
-                raise ConfigError(
-                    f"config error: {key} does not apply to algorithm={name}: {name}'s is "
-                    f"{algo.config_keys[option]}; set it to null"
-                )
-            _rule(check_applies, name, option, key)
-    if "eps_low" in algo.reads:  # numbers (a null is refused), in the interval's range
-        _rule(
-            check_eps,
-            _number(cfg, "algorithm.eps_low"),
-            _number(cfg, "algorithm.eps_high"),
-            ("algorithm.eps_low", "algorithm.eps_high"),
-        )
-    _rule(check_dual_clip, _get(cfg, "algorithm.dual_clip"), "algorithm.dual_clip")
-    _rule(check_ratio_cap, _get(cfg, "algorithm.ratio_cap"), "algorithm.ratio_cap")
-    _rule(check_upper_cap, _get(cfg, "algorithm.upper_cap"), "algorithm.upper_cap")
+        if _get(cfg, key) is not None and option in algo.config_keys:
+            raise ConfigError(
+                f"config error: {key} does not apply to algorithm={name}: {name}'s is "
+                f"{algo.config_keys[option]}; set it to null"
+            )
+    # Options the algorithm reads are numbers (a null is refused); their ranges: check_loss_options.
+    if "eps_low" in algo.reads:
+        _number(cfg, "algorithm.eps_low")
+        _number(cfg, "algorithm.eps_high")
     for option in ("tau_pos", "tau_neg"):
-        if option in algo.reads:  # numbers (a null is refused)
-            key = f"algorithm.{option}"
-            _rule(check_tau, _number(cfg, key), key)
-    _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
-    mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
-    _rule(
-        check_one_correction,
-        _get(cfg, "algorithm.tis_cap"),
-        mode,
-        ("algorithm.tis_cap", "algorithm.mismatch.mode"),
-    )
-    _rule(check_cap, _get(cfg, "algorithm.mismatch.cap"), "algorithm.mismatch.cap")
+        if option in algo.reads:
+            _number(cfg, f"algorithm.{option}")
+    # The loss options' own rules (options another algorithm reads refused by name, ranges, choices):
+    # LossOptions' check, each option named by its key.
+    _rule(check_loss_options, loss_fields(cfg), option_keys(algo.band))
     _number(cfg, "algorithm.kl_coef", low=0)
-    _choice(cfg, "algorithm.kl_estimator", KL_ESTIMATORS)
     _choice(cfg, "algorithm.advantage", ADVANTAGE_ESTIMATORS)
     if algo.band:
         _choice(cfg, "algorithm.band.divergence", DIVERGENCES)
         _rule(check_threshold, _get(cfg, "algorithm.band.delta"), "algorithm.band.delta")
-        _rule(check_upper_cap, _get(cfg, "algorithm.band.upper_cap"), "algorithm.band.upper_cap")
-        if _choice(cfg, "algorithm.band.adaptive", ADAPTIVE_MODES) != "none":
+        if _get(cfg, "algorithm.band.adaptive") != "none":
             _choice(cfg, "algorithm.band.adaptive_norm", ENTROPY_NORMS)
             keys = ("algorithm.band.delta_min", "algorithm.band.delta_max")
             for key in keys:
@@ -145,8 +149,6 @@ def validate_algorithm(cfg: TrainConfig) -> None:
             f"config error: algorithm.band applies to algorithm={band} only (this run is {name}); "
             f"remove the algorithm.band.* overrides or pick algorithm={band}"
         )
-    if _get(cfg, "algorithm.tis_cap") is not None:
-        _rule(check_cap, _get(cfg, "algorithm.tis_cap"), "algorithm.tis_cap")
     _check(
         isinstance(_get(cfg, "algorithm.filter_groups.enable"), bool),
         "algorithm.filter_groups.enable",
@@ -154,7 +156,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
         _get(cfg, "algorithm.filter_groups.enable"),
     )
     _choice(cfg, "algorithm.filter_groups.metric", ["acc", "reward"])
-    from bandpo.trainer.dynamic_sampling import check_max_gen_rounds
+    from bandpo.config.checks import check_max_gen_rounds
 
     max_rounds = _get(cfg, "algorithm.filter_groups.max_gen_rounds")
     _rule(check_max_gen_rounds, max_rounds, "algorithm.filter_groups.max_gen_rounds")

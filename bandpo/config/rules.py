@@ -25,8 +25,8 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ``ConfigError`` naming the first missing or invalid key."""
     validate_algorithm(cfg)
 
-    from bandpo.actor.chunked import check_temperature
     from bandpo.algo.advantages import check_group_size
+    from bandpo.config.checks import check_temperature
     from bandpo.rollout.base import available_engines
     from bandpo.weight_sync.transport import TRANSPORTS
 
@@ -70,9 +70,12 @@ def validate(cfg: TrainConfig) -> None:
         f"must divide trainer.prompts_per_step={prompts}",
         mini,
     )
-    from bandpo.actor.chunked import check_chunk
-    from bandpo.actor.ds_config import check_batch_split
-    from bandpo.actor.packing import check_micro_batch_tokens, check_token_budget
+    from bandpo.config.checks import (
+        check_batch_split,
+        check_chunk,
+        check_micro_batch_tokens,
+        check_token_budget,
+    )
 
     _rule(
         check_batch_split,
@@ -132,7 +135,7 @@ def validate(cfg: TrainConfig) -> None:
     _rule(check_memory_cap, _get(cfg, "trainer.verifier_memory_gib"), "trainer.verifier_memory_gib")
     _choice(cfg, "data.template", list(TEMPLATES))
     _validate_placement(cfg)
-    from bandpo.eval.metrics import check_samples
+    from bandpo.config.checks import check_samples
 
     _rule(check_samples, _get(cfg, "eval.n"), "eval.n")
 
@@ -267,7 +270,7 @@ def _validate_lora(cfg: TrainConfig, reuse_old: bool) -> None:
 def _validate_lora_sync(cfg: TrainConfig) -> None:
     """``rollout.lora_sync`` (``bandpo.weight_sync.lora_adapter``), ``rollout.sync_check_tol``
     (``bandpo.trainer.sync_check``) and the stale-adapter test hook."""
-    from bandpo.trainer.sync_check import check_sync_check_tol
+    from bandpo.config.checks import check_sync_check_tol
     from bandpo.weight_sync.lora_adapter import check_lora_sync, lora_sync_mode
 
     rank, backend = _get(cfg, "actor.lora.rank"), _get(cfg, "rollout.backend")
@@ -312,8 +315,8 @@ def _validate_lora_sync(cfg: TrainConfig) -> None:
 def _validate_staleness(cfg: TrainConfig) -> None:
     """``trainer.max_staleness`` and the CPU thread split it uses (``bandpo.trainer.overlap``); a colocated
     GPU layout is refused here when ``trainer.device=cuda`` (with ``auto``, once the trainer knows the device)."""
+    from bandpo.config.checks import MAX_STALENESS, check_layout
     from bandpo.distributed.plan import layout_of
-    from bandpo.trainer.overlap import MAX_STALENESS, check_layout
 
     staleness = _get(cfg, "trainer.max_staleness")
     _check(

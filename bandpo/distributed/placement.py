@@ -66,7 +66,7 @@ def engine_launch(plan: Plan, pgs: list, engine: int) -> tuple[dict[str, Any], d
     """``(ray options, env vars)`` for rollout engine ``engine``.
 
     TP > 1: the engine builds vLLM with its Ray executor (``distributed_executor_backend="ray"``,
-    set by ``bandpo.trainer.launch.rollout_engine_kwargs``), which reads the env vars.
+    set by ``bandpo.parts.rollout_engine_kwargs``), which reads the env vars.
     """
     shards = plan.engine_shards(engine)
     first = shards[0]

@@ -97,14 +97,15 @@ def engine_dtype(model_dtype, bf16: bool) -> str:
     return model_dtype
 
 
-def check_old_logprobs_dtype(old_logprobs: str, bf16_setting, model_dtype, bf16: bool) -> None:
+def check_old_logprobs_dtype(old_logprobs: str, bf16_setting, model_dtype, bf16: bool, engines: str) -> None:
     """``actor.old_logprobs=rollout`` takes pi_old from the engines' sampling log-probs, which differ from
     the actor's only by kernel noise when both compute in one dtype; engines in another dtype than the
     actor's (``bf16``: ``actor.bf16`` resolved) would add that precision gap to every ratio, so that is a
-    ``ConfigError`` naming the three keys. The start-up calls it once the device is known."""
+    ``ConfigError`` naming the three keys. The start-up calls it once the device is known, with the run's
+    resolved ``engines`` dtype (``engine_dtype``: ``bandpo.parts.RunPlan.engine_dtype``)."""
     if old_logprobs != "rollout":
         return
-    actor, engines = ("bfloat16" if bf16 else "float32"), engine_dtype(model_dtype, bf16)
+    actor = "bfloat16" if bf16 else "float32"
     if engines != actor:
         raise ConfigError(
             f"config error: actor.old_logprobs=rollout needs the engines to sample in the actor's dtype, "

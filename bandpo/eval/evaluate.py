@@ -25,8 +25,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bandpo.config.checks import check_samples
 from bandpo.data.prompts import TEMPLATES, encode_examples
-from bandpo.eval.metrics import check_samples, default_ks, summarize
+from bandpo.eval.metrics import default_ks, summarize
 from bandpo.types import Example, SamplingParams
 
 if TYPE_CHECKING:

@@ -17,13 +17,6 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from bandpo.errors import check_number
-
-
-def check_samples(n, name: str = "eval.n") -> None:
-    """Samples per problem (``eval.n``; mean@n, pass@k and maj@n are over them): an integer >= 1."""
-    check_number(n, name, low=1, integer=True)
-
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``c`` correct among ``n`` samples.

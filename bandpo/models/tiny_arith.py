@@ -22,7 +22,7 @@ Steps (all on CPU, a few minutes on 2 cores):
 
 The folder is an ordinary Hugging Face model folder. ``bandpo_tiny_arith.json`` records
 the build arguments' hash: a second call with the same arguments returns at once. The
-trainer builds it through ``model.build: tiny_arith`` (``bandpo.trainer.launch.ensure_model``);
+trainer builds it through ``model.build: tiny_arith`` (``bandpo.parts.ensure_model``);
 the command line is this module's:
 
     python -m bandpo.models.tiny_arith --out runs/tiny_arith/model [--sft-steps N] [--target-accuracy A]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bandpo.config.checks import check_max_gen_rounds
 from bandpo.data.sampler import rollout_seed
 from bandpo.distributed import stage
 from bandpo.errors import check_number
@@ -72,11 +73,6 @@ class GroupSelection:
     flat: list[tuple[int, int]]  # (round, group) of groups whose metric was all equal, draw order
     informative: int  # informative groups seen (may exceed `need`; the surplus is dropped)
     drawn: int  # groups (prompts) drawn
-
-
-def check_max_gen_rounds(max_rounds, name: str = "max_gen_rounds") -> None:
-    """Dynamic sampling's bound on generation rounds a step: an integer >= 1 (1 = no extra round)."""
-    check_number(max_rounds, name, low=1, integer=True)
 
 
 def draw_groups(need: int, max_rounds: int, run_round: Callable[[int], Sequence[bool]]) -> GroupSelection:

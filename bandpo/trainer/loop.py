@@ -29,7 +29,8 @@ With ``trainer.max_staleness=1`` (one-step off-policy) stages 1-3 of step t+1 ru
 background while 4-6 run on batch t (``draw_ahead`` / ``join_ahead``), under decoupled PPO's
 objective with a truncated importance weight (``bandpo.trainer.overlap``, which states it).
 
-Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.launch``; the step's own
+Start-up (model, data, Ray, placement, workers) is ``bandpo.trainer.launch.start``, whose record of the
+run's parts (``bandpo.parts.RunParts``) the trainer takes; the step's own
 metrics (responses, health, timings) are ``bandpo.trainer.step_metrics``.
 
 Departures from the paper's scripts, stated:
@@ -56,7 +57,6 @@ Departures from the paper's scripts, stated:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -66,13 +66,11 @@ from bandpo.actor.group import UpdateResult
 from bandpo.algo import compute_advantages
 from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
-from bandpo.config import loss_options
 from bandpo.distributed import stage
 from bandpo.errors import WorkerFailure
 from bandpo.reward import reward_metrics
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
-from bandpo.trainer.dynamic_sampling import Drawn, check_groups
-from bandpo.trainer.launch import Workers
+from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.overlap import Background, InFlight, in_flight_types, overlap_seconds
 from bandpo.trainer.step_metrics import actor_metrics, rollout_metrics, timed_into, timing_metrics
 from bandpo.trainer.sync_check import check_sync
@@ -80,56 +78,54 @@ from bandpo.types import TrainBatch
 
 if TYPE_CHECKING:
     from bandpo.config.schema import TrainConfig
+    from bandpo.parts import RunParts
 
 
 class Trainer:
-    sync_tol: float | None = None  # the stale-weights check's tolerance (None: off); set by setup
-    sync_over = False  # the last step's stale-weights check was over its tolerance
-    synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
+    """The training loop over the parts start-up built (``parts``: ``bandpo.trainer.launch.start``)."""
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-        # the driver's: every node writes the same folder
-        self.out = Path(os.path.abspath(cfg.trainer.output_dir))
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.write_config()
-        self.device = cfg.trainer.device  # auto: decided from the cluster's GPUs when Ray starts (setup)
+    def __init__(self, cfg: TrainConfig, parts: RunParts):
+        self.cfg, self.parts = cfg, parts
+        self.out = parts.out
+        self.workers = parts.workers
+        self.loss = parts.loss  # the policy loss's options (per step: ``step_loss_options``)
         self.ckpt = CheckpointManager(self.out / "checkpoints", cfg.trainer.keep_last)
         self.timings: dict[str, float] = {}  # stage -> seconds of the current step
-        self.startup: dict[str, float] = {}  # start-up phase -> seconds
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
-        self.loss = loss_options(cfg)  # the policy loss's options, validated once
-        self.workers = Workers()
+        self.drawer = BatchDrawer(
+            cfg,
+            parts.sampler,
+            parts.prompts.prompt_ids,
+            [e.answer for e in parts.prompts.examples],
+            parts.workers.rollout,
+            parts.workers.scorer,
+            parts.tokenizer,
+            self.timed,
+        )
         # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
         self.weight_sync = None
         # a sync has been verified (the first of a run always is: bandpo.weight_sync.checksums)
         self.synced = False
-        self.plan = None  # GPU: the placement plan (bandpo.distributed.plan); None on CPU
+        self.sync_over = False  # the last step's stale-weights check was over its tolerance
+        self.synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
         # the engines hold the weights after this step's update (0: the initial model)
         self.engine_version = 0
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
-
-    # ------------------------------------------------------------------ setup
-    def setup(self) -> None:
-        """Start-up: the model, data, Ray, placement and workers (``bandpo.trainer.launch.setup``)."""
-        from bandpo.trainer.launch import setup
-
-        setup(self)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
         cfg = self.cfg
         self._resume()
-        if self.step == 0 and cfg.trainer.eval_before_train and self.eval_sets:
-            self.logger.log(0, self.evaluate())
+        if self.step == 0 and cfg.trainer.eval_before_train and self.parts.eval_sets:
+            self.parts.logger.log(0, self.evaluate())
         last: dict = {}
         while self.step < cfg.trainer.total_steps:
             self.step += 1
             last = self.train_step()
-            if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.eval_sets:
+            if cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0 and self.parts.eval_sets:
                 last.update(self.evaluate())
-            self.logger.log(self.step, last)
+            self.parts.logger.log(self.step, last)
             if cfg.trainer.save_every and (
                 self.step % cfg.trainer.save_every == 0 or self.step == cfg.trainer.total_steps
             ):
@@ -137,9 +133,9 @@ class Trainer:
         if cfg.trainer.export_hf:
             with stage("export", "actor"):
                 self.workers.actor.call("export_hf", str(self.out / "hf"))
-        if self.eval_sets and not (cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0):
+        if self.parts.eval_sets and not (cfg.trainer.eval_every and self.step % cfg.trainer.eval_every == 0):
             final = self.evaluate()
-            self.logger.log(self.step, {"final": True, **final})
+            self.parts.logger.log(self.step, {"final": True, **final})
             last.update(final)
         return last
 
@@ -158,7 +154,7 @@ class Trainer:
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
         # the engines sampled from the actor's weights (two steps over the tolerance stop the run)
-        self.sync_over = check_sync(metrics, self.sync_tol, self.step, self.sync_over)
+        self.sync_over = check_sync(metrics, self.parts.sync_tol, self.step, self.sync_over)
         # updates between the batch's weights and pi_old's
         metrics["health/staleness"] = self.step - 1 - made_by
         if background is not None:  # the next step's batch, generated on the weights before this update
@@ -225,7 +221,7 @@ class Trainer:
                 write_round_trace(
                     self.out / "traces",
                     self.step,
-                    self.examples,
+                    self.parts.prompts.examples,
                     drawn.round,
                     self.cfg.trainer.trace_max_chars,
                 )
@@ -306,16 +302,6 @@ class Trainer:
         return replace(self.loss, entropy_scale=max(float(batch.old_entropy[mask].mean()), 1e-12))
 
     # ------------------------------------------------------------------ pieces
-    def write_config(self) -> None:
-        """<run>/config.yaml: the composed config, every key (``bandpo.config.schema``)."""
-        from omegaconf import OmegaConf
-
-        (self.out / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
-
-    def startup_phase(self, name: str):
-        """Time a start-up phase into ``self.startup`` (printed and written to <run>/startup.json)."""
-        return timed_into(self.startup, name)
-
     def timed(self, name: str):
         """Time a step stage into ``self.timings`` (logged as ``time/<name>``)."""
         return timed_into(self.timings, name)
@@ -342,7 +328,7 @@ class Trainer:
         from bandpo.trainer.launch import make_sync
 
         if self.weight_sync is None:
-            self.weight_sync = make_sync(self.cfg, self.plan, self.workers)
+            self.weight_sync = make_sync(self.cfg, self.parts.plan, self.workers)
         self.weight_sync.sync()
         self.synced_bytes = self.weight_sync.last_bytes  # logged as weight_sync/bytes
         # an adapter sync: the stale-weights check (bandpo.trainer.sync_check) stands for this one
@@ -367,8 +353,8 @@ class Trainer:
             out = run_eval(
                 self.workers.rollout,
                 self.workers.scorer,
-                self.tokenizer,
-                self.eval_sets,
+                self.parts.tokenizer,
+                self.parts.eval_sets,
                 to_eval_config(self.cfg.eval),
                 on_samples=self._write_eval_trace if self.cfg.trainer.trace_every else None,
             )
@@ -386,7 +372,7 @@ class Trainer:
         # functions of seed and step); each actor rank saves its RNG states with its engine.
         # max_staleness=1: the sampler is past the batch drawn ahead, which is saved with the checkpoint
         # (regenerating it would need the weights before this step's update, which are gone).
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped": self.guard.skipped}
+        state = {"step": self.step, "sampler": self.parts.sampler.state_dict(), "skipped": self.guard.skipped}
 
         def write(folder: Path) -> None:
             self.workers.actor.call("save_checkpoint", str(folder))
@@ -405,7 +391,7 @@ class Trainer:
         self.ckpt.remove_stale()
         folder = self.ckpt.latest() if self.cfg.trainer.resume != "never" else None
         if folder is None:
-            self.logger.truncate_after(-1)
+            self.parts.logger.truncate_after(-1)
             return
         state = self.ckpt.load_state(folder, required=("step", "sampler"))
         check_files(folder / "actor")  # a file holding code: one line here, not a worker's failure
@@ -418,34 +404,33 @@ class Trainer:
         self.engine_version = self.step
         # None: the next batch is drawn at its step
         self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, in_flight_types())
-        self.sampler.load_state_dict(state["sampler"])
-        self.logger.truncate_after(self.step)
+        self.parts.sampler.load_state_dict(state["sampler"])
+        self.parts.logger.truncate_after(self.step)
         print(f"[bandpo] resumed from {folder} at step {self.step}", flush=True)
 
     def close(self) -> None:
-        import ray
+        """Tear down the workers, the metrics log and the weight sync (``bandpo.trainer.launch.close_workers``)."""
+        from bandpo.trainer.launch import close_workers
 
-        for closer in (self.workers.scorer, getattr(self, "logger", None), self.weight_sync):
-            if closer is not None:
-                closer.close()
-        if ray.is_initialized():
-            if self.workers.rollout is not None:
-                self.workers.rollout.stop()
-            if self.workers.pgs:
-                from bandpo.distributed.placement import remove_placement_groups
-
-                remove_placement_groups(self.workers.pgs)
-            ray.shutdown()
+        close_workers(self.workers, self.parts.logger, self.weight_sync)
 
 
 def train(cfg: TrainConfig) -> dict:
     """Run training for a composed, validated config; returns the last step's metrics."""
-    trainer = Trainer(cfg)
+    from bandpo.trainer.launch import close_workers, run_folder, start
+
+    out = run_folder(cfg)
+    parts = trainer = None
     try:
-        trainer.setup()
+        parts = start(cfg, out)  # a failed start-up tears down what it started
+        trainer = Trainer(cfg, parts)
         return trainer.fit()
     except WorkerFailure as e:
-        last = trainer.ckpt.latest() if trainer.ckpt.root.exists() else None
+        ckpt = CheckpointManager(out / "checkpoints", cfg.trainer.keep_last)
+        last = ckpt.latest() if ckpt.root.exists() else None
         raise WorkerFailure(f"{e}\nlast complete checkpoint: {last or 'none'}") from e
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
+        elif parts is not None:
+            close_workers(parts.workers, parts.logger)

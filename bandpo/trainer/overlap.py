@@ -10,7 +10,7 @@ the actor's Ray calls on the main thread.
 
 Why one step and not more: the behaviour policy is then at most one update older than the
 proximal policy, which the truncated importance weight corrects (``bandpo.algo.losses``;
-``algorithm.tis_cap``, on by default here: ``STALE_TIS_CAP``).
+``algorithm.tis_cap``, on by default here: ``bandpo.config.checks.STALE_TIS_CAP``).
 
 In the trainer's loop (``bandpo.trainer.loop``) the stages
 1-3 of step t+1 become one background stage, started after step t's own batch is in hand
@@ -34,7 +34,7 @@ resume would need the weights before the checkpoint's update.
 
 Layouts: the split GPU layout (engines and actor ranks on disjoint GPUs) and CPU overlap;
 the colocated GPU layout cannot (the engines sleep while the actor holds the GPUs) and is
-refused before any worker starts (``check_layout``). On CPU the cores are divided between
+refused before any worker starts (``bandpo.config.checks.check_layout``). On CPU the cores are divided between
 the engines and the actor ranks while they overlap (``cpu_threads``).
 """
 
@@ -45,23 +45,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from bandpo.errors import ConfigError
-
-# w = min(pi_old / pi_rollout, C) under staleness when algorithm.tis_cap is null: C = 2 is the
-# cap verl recommends for its rollout/training mismatch correction (``tis_imp_ratio_cap``).
-STALE_TIS_CAP = 2.0
-MAX_STALENESS = (0, 1)
-
-
-def check_layout(max_staleness: int, layout: str) -> None:
-    """Refuse overlap where the engines and the actor share the devices in time (``colocated``)."""
-    if max_staleness > 0 and layout == "colocated":
-        raise ConfigError(
-            f"config error: trainer.max_staleness={max_staleness} needs the engines and the actor on separate "
-            f"GPUs: the colocated layout time-shares them (the engines sleep during the update). Set actor.gpus "
-            f"and rollout.gpus (split layout) or trainer.max_staleness=0"
-        )
 
 
 def cpu_threads(

@@ -66,25 +66,6 @@ class StaleWeightsError(RuntimeError):
     """The engines sampled from other weights than the actor's (the stale-weights check)."""
 
 
-def check_sync_check_tol(value, staleness: int, top_p: float, top_k: int) -> None:
-    """``rollout.sync_check_tol``: auto, off or a number > 0; a number where the check cannot hold
-    (module docstring) is a ValueError naming both keys."""
-    if value in ("auto", "off"):
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{KEY} must be auto, off or a number > 0, got {value!r}")
-    if staleness:
-        raise ValueError(
-            f"{KEY}={value} cannot be used with trainer.max_staleness={staleness} (batches come from "
-            "weights one update older by design); use auto or off"
-        )
-    if top_p < 1 or top_k > 0:
-        raise ValueError(
-            f"{KEY}={value} cannot be used with rollout.top_p={top_p} / rollout.top_k={top_k} (the "
-            "engines' log-probs are renormalised over the kept tokens); use auto or off"
-        )
-
-
 def sync_check_tol(
     value, lora: bool, staleness: int, top_p: float, top_k: int, engine_dtype: str
 ) -> float | None:
@@ -99,14 +80,12 @@ def sync_check_tol(
     return FP32_TOL if engine_dtype in ("float32", "fp32") else BF16_TOL
 
 
-def sync_check_tol_of(cfg: TrainConfig, device: str) -> float | None:
-    """``sync_check_tol`` of a composed config on ``device`` (the actor's and the engines' dtype decided there)."""
-    from bandpo.distributed.precision import engine_dtype, resolve_bf16
-
+def sync_check_tol_of(cfg: TrainConfig, bf16: bool, engine_dtype: str) -> float | None:
+    """``sync_check_tol`` of a composed config whose actor computes in bf16 (``bf16``) or not and whose
+    engines sample in ``engine_dtype`` (both as the run's plan resolved them: ``bandpo.parts.RunPlan``)."""
     ro = cfg.rollout
-    bf16 = resolve_bf16(cfg.actor.bf16, device)
     # either side in bf16 sets the floor: a bf16 actor against fp32 engines is bf16 noise too
-    dtype = "bfloat16" if bf16 else engine_dtype(cfg.model.dtype, bf16)
+    dtype = "bfloat16" if bf16 else engine_dtype
     lora = int(cfg.actor.lora.rank) > 0
     return sync_check_tol(ro.sync_check_tol, lora, cfg.trainer.max_staleness, ro.top_p, ro.top_k, dtype)
 

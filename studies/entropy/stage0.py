@@ -118,18 +118,22 @@ def compose_arms(overrides: list[str]) -> dict:
     return {arm: compose([*overrides, *extra]) for arm, extra in ARMS.items()}
 
 
-def actor_kwargs(cfg) -> dict:
-    """The trainer's actor settings (``bandpo.trainer.launch.actor_settings``) for one CPU rank."""
-    from bandpo.distributed.precision import resolve_bf16
-    from bandpo.trainer.launch import actor_settings
+def cpu_plan(cfg, model_path: str = ""):
+    """The run's plan on CPU (``bandpo.parts.resolve_plan``): the actor's precision, the engine's dtype."""
+    from bandpo.parts import resolve_plan
 
-    return actor_settings(cfg, resolve_bf16(cfg.actor.bf16, "cpu"))
+    return resolve_plan(cfg, "cpu", model_path or str(cfg.model.path))
+
+
+def actor_kwargs(cfg) -> dict:
+    """The trainer's actor settings (``bandpo.parts.actor_settings``) for one CPU rank."""
+    from bandpo.parts import actor_settings
+
+    return actor_settings(cfg, cpu_plan(cfg).bf16)
 
 
 def settings_of(cfg, overrides: list[str], args) -> dict:
     """What every trial of one stage 0 must share (kept in each record, compared on resume)."""
-    from bandpo.distributed.precision import resolve_bf16
-
     ro, ac = cfg.rollout, cfg.actor
     steps = cfg.trainer.prompts_per_step // ac.mini_batch_prompts
     return {
@@ -143,7 +147,7 @@ def settings_of(cfg, overrides: list[str], args) -> dict:
         "prompt_offset": PROMPT_OFFSET,
         "seeds": {"batch_step": BATCH_STEP, "probe_step": PROBE_STEP, "trainer": cfg.trainer.seed},
         "engine": "hf",
-        "precision": "bf16" if resolve_bf16(ac.bf16, "cpu") else "fp32",
+        "precision": "bf16" if cpu_plan(cfg).bf16 else "fp32",
     }
 
 
@@ -154,11 +158,10 @@ class Stage0:
         from bandpo.config import loss_options, to_plain
         from bandpo.config.rules import reuse_old_logprobs
         from bandpo.data import EpochSampler, answer_format_for, encode_examples, load_eval_sets
-        from bandpo.distributed.precision import engine_dtype, resolve_bf16
         from bandpo.hub import load_tokenizer
+        from bandpo.parts import ensure_model, load_training_prompts, reward_scheme
         from bandpo.reward import RewardScorer
         from bandpo.rollout.hf_engine import HfEngine
-        from bandpo.trainer.launch import ensure_model, load_training_prompts, reward_scheme
 
         self.args = args
         self.cfgs = compose_arms(overrides)
@@ -187,7 +190,7 @@ class Stage0:
         held = load_eval_sets([name], to_plain(cfg.eval.paths) or None, limit=args.probe_prompts)
         probe = encode_examples(self.tokenizer, next(iter(held.values())), cfg.eval.template)
         self.probe_prompts, self.probe_answers = probe.prompt_ids, [e.answer for e in probe.examples]
-        dtype = engine_dtype(cfg.model.dtype, resolve_bf16(cfg.actor.bf16, "cpu"))
+        dtype = cpu_plan(cfg, self.model_path).engine_dtype
         self.engine = HfEngine(
             self.model_path,
             max_model_len=cfg.model.max_model_len,

@@ -10,6 +10,7 @@ import pytest
 from bandpo.algo.losses import policy_loss
 from bandpo.algo.options import LossOptions
 from bandpo.config import compose, loss_options
+from bandpo.errors import ConfigError
 
 
 def test_options_are_every_policy_loss_option_and_nothing_else():
@@ -81,3 +82,23 @@ def test_bad_options_fail_when_built(kw, message):
 def test_options_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         LossOptions().delta = 0.1
+
+
+def test_the_config_checks_the_loss_options_by_their_one_check_naming_the_keys(monkeypatch):
+    """The loss options' rules live in ``check_loss_options`` alone: with it switched off, the config
+    lets through what only it refuses (a dual clip below 1, a cap below 1, an option grpo does not read)."""
+    from bandpo.algo import options
+
+    seen = []
+    monkeypatch.setattr(options, "check_loss_options", lambda values, names=None: seen.append(names))
+    overrides = [
+        "algorithm=grpo",
+        "algorithm.dual_clip=0.5",
+        "algorithm.mismatch.cap=0.5",
+        "algorithm.ratio_cap=2",
+    ]
+    compose(overrides)
+    assert seen[0]["dual_clip"] == "algorithm.dual_clip" and seen[0]["mismatch"] == "algorithm.mismatch.mode"
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=r"^config error: algorithm\.dual_clip must be > 1"):
+        compose(overrides)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bandpo.actor.packing import check_micro_batch_tokens
 from bandpo.algo.band import check_upper_cap
 from bandpo.algo.options import LossOptions
 from bandpo.config import CONFIG_DIR, compose, loss_options, reuse_old_logprobs
+from bandpo.config.checks import check_micro_batch_tokens
 from bandpo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -26,8 +26,8 @@ import pytest
 
 from bandpo.config import compose
 from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.parts import resolve_plan, rollout_engine_kwargs
 from bandpo.rollout.vllm_engine import EXTENSION, VllmEngine, llm_kwargs, sampling_kwargs
-from bandpo.trainer.launch import rollout_engine_kwargs
 from tests.helpers.contract import bind_errors, library_calls, method_calls, resolve
 
 GPU_CONFIGS = [
@@ -93,7 +93,7 @@ def _llm_kwarg_errors(vllm, kwargs: dict) -> list[str]:
 @pytest.mark.parametrize("overrides", GPU_CONFIGS, ids=lambda o: " ".join(o))
 def test_contract_llm_kwargs_of_the_gpu_configs(vllm, overrides):
     cfg = compose(overrides)
-    engine_kw, _ = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))
+    engine_kw = rollout_engine_kwargs(cfg, resolve_plan(cfg, "cuda", cfg.model.path, ClusterShape(1, 8)))
     inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
     # VllmEngine's: its llm.sleep(level=)
     own = {k: engine_kw.pop(k) for k in ("sleep_level",) if k in engine_kw}
@@ -105,7 +105,7 @@ def test_contract_llm_kwargs_of_the_gpu_configs(vllm, overrides):
 
 def test_contract_llm_kwargs_on_cpu(vllm):
     cfg = compose(["model=tiny"])
-    engine_kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
+    engine_kw = rollout_engine_kwargs(cfg, resolve_plan(cfg, "cpu", cfg.model.path))
     assert _llm_kwarg_errors(vllm, llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw)) == []
 
 
@@ -117,7 +117,7 @@ def test_contract_lora_kwargs_and_ranks(vllm):
 
     assert typing.get_args(MaxLoRARanks) == VLLM_MAX_LORA_RANKS
     cfg = compose(["model=tiny", "actor.lora.rank=64", "rollout.lora_sync=adapter"])  # auto merges on CPU
-    engine_kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
+    engine_kw = rollout_engine_kwargs(cfg, resolve_plan(cfg, "cpu", cfg.model.path))
     inspect.signature(VllmEngine).bind(cfg.model.path, **engine_kw)
     rank = engine_kw.pop("lora_rank")  # VllmEngine's own: it adds vllm_lora_kwargs(rank)
     kwargs = llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw, **vllm_lora_kwargs(rank))

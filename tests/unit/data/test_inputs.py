@@ -239,7 +239,7 @@ def test_dapo_math_from_local_copies_keeps_each_sets_mapping(tmp_path, tiny_mode
     from bandpo.config import compose
     from bandpo.data.prompts import DAPO_PREFIX, DAPO_SUFFIX
     from bandpo.hub import load_tokenizer
-    from bandpo.trainer.launch import load_training_prompts
+    from bandpo.parts import load_training_prompts
 
     dapo, math = tmp_path / "dapo.jsonl", tmp_path / "math.jsonl"
     dapo.write_text(

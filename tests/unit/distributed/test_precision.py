@@ -118,7 +118,7 @@ def test_engine_dtype_follows_the_actor_unless_model_dtype_names_one():
     [("auto", "auto", True), ("auto", "auto", False), (True, "bfloat16", True), (False, "float32", False)],
 )
 def test_old_logprobs_from_rollout_takes_engines_in_the_actors_dtype(bf16_setting, model_dtype, bf16):
-    check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16)
+    check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16, engine_dtype(model_dtype, bf16))
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_old_logprobs_from_rollout_refuses_another_engine_dtype_naming_the_keys(
     bf16_setting, model_dtype, bf16, actor, engines
 ):
     with pytest.raises(ConfigError) as e:
-        check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16)
+        check_old_logprobs_dtype("rollout", bf16_setting, model_dtype, bf16, engines)
     for part in (
         "actor.old_logprobs=rollout",
         f"actor.bf16={bf16_setting}",
@@ -143,7 +143,9 @@ def test_old_logprobs_from_rollout_refuses_another_engine_dtype_naming_the_keys(
         f"engines in {engines}",
     ):
         assert part in str(e.value), (part, str(e.value))
-    check_old_logprobs_dtype("recompute", bf16_setting, model_dtype, bf16)  # the actor's own pi_old: any
+    check_old_logprobs_dtype(
+        "recompute", bf16_setting, model_dtype, bf16, engines
+    )  # the actor's own pi_old: any
 
 
 def test_cpu_name_is_the_first_model_name_line(monkeypatch):

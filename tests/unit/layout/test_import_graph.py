@@ -28,8 +28,9 @@ LIGHT = ("bandpo.algo", "bandpo.reward")
 HEAVY = ("bandpo.trainer", "bandpo.actor", "bandpo.rollout", "bandpo.distributed")
 # Packages below others: {package: the packages it must not import, directly or inside a function}.
 # The trainer and the actor are built from the first ones; the shm weight file is the transports'
-# (bandpo.weight_sync imports it). bandpo.config is not listed: some of its checks call check
-# functions in actor and trainer modules (function-level imports).
+# (bandpo.weight_sync imports it). bandpo.config validates what the trainer, the actor and the
+# evaluation run with, from rules it shares with them (bandpo.config.checks): it imports none of them,
+# nor the parts built from it (bandpo.parts).
 UPPER = ("bandpo.trainer", "bandpo.train", "bandpo.actor")
 BELOW = {
     **dict.fromkeys(
@@ -48,7 +49,10 @@ BELOW = {
         UPPER,
     ),
     "bandpo.shm": (*UPPER, "bandpo.weight_sync"),
+    "bandpo.config": (*UPPER, "bandpo.eval", "bandpo.parts"),
 }
+# The typed config's schema is the bottom of the graph: it imports nothing else from bandpo.
+LEAVES = ("bandpo.config.schema",)
 
 
 def module_files() -> dict[str, Path]:
@@ -208,3 +212,10 @@ def test_studies_and_benchmarks_use_public_names_of_bandpo_and_no_tests():
     assert not bad, "a study or benchmark imports a private name of bandpo, or a test module:\n" + "\n".join(
         bad
     )
+
+
+def test_the_schema_is_a_leaf():
+    graph = import_graph()
+    for leaf in LEAVES:
+        assert leaf in graph
+        assert graph[leaf] == set(), f"{leaf} imports {sorted(graph[leaf])}"

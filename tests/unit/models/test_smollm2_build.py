@@ -80,7 +80,7 @@ def test_the_stamp_changes_with_the_recipe(monkeypatch):
 
 def test_unknown_build_argument_names_the_key():
     from bandpo.config.schema import ModelConfig
-    from bandpo.trainer.launch import ensure_model
+    from bandpo.parts import ensure_model
 
     cfg = ModelConfig(name="smollm2", path="/tmp/x", build="smollm2_gguf", build_args={"sft_steps": 3})
     with pytest.raises(

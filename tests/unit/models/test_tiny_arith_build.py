@@ -42,7 +42,7 @@ def test_ensure_model_builds_through_the_package(tmp_path, no_build):
     from dataclasses import replace
 
     from bandpo.config.schema import ModelConfig
-    from bandpo.trainer.launch import ensure_model
+    from bandpo.parts import ensure_model
 
     _fake_cached(tmp_path / "model", tiny_arith.BuildArgs(sft_steps=3))
     cfg = ModelConfig(

@@ -10,10 +10,10 @@ import inspect
 import pytest
 
 from bandpo.config import compose
-from bandpo.distributed.plan import ClusterShape, make_plan
+from bandpo.distributed.plan import ClusterShape
 from bandpo.errors import ConfigError
+from bandpo.parts import resolve_plan, rollout_engine_kwargs
 from bandpo.rollout.hf_engine import VLLM_ONLY, HfEngine
-from bandpo.trainer.launch import rollout_engine_kwargs
 
 SPLIT = [
     "actor.gpus=4",
@@ -25,9 +25,10 @@ SPLIT = [
 
 
 def _kwargs(overrides, device):
+    """(the engines' kwargs, whether they sleep) on ``device``: one node of 8 GPUs for cuda."""
     cfg = compose(overrides)
-    plan = make_plan(cfg, ClusterShape(1, 8), device) if device == "cuda" else None
-    return rollout_engine_kwargs(cfg, device, plan)
+    plan = resolve_plan(cfg, device, "unused", ClusterShape(1, 8))
+    return rollout_engine_kwargs(cfg, plan), plan.sleeps
 
 
 def test_vllm_tp2_colocated_uses_the_ray_executor_and_sleeps():
@@ -114,15 +115,18 @@ def test_engine_dtype_follows_the_actors_precision(monkeypatch, overrides, devic
 
 def test_old_logprobs_from_rollout_with_another_engine_dtype_stops_the_start_before_any_worker():
     from bandpo.distributed import precision
+    from bandpo.parts import Workers
     from bandpo.trainer import launch
 
     cfg = compose(["model=tiny", "actor.old_logprobs=rollout", "actor.bf16=true", "model.dtype=float32"])
-    workers = launch.Workers()
+    workers = Workers()
     with pytest.raises(
         ConfigError, match=r"actor\.old_logprobs=rollout.*actor\.bf16=True.*model\.dtype=float32"
     ):
-        launch.start_workers(cfg, "cpu", None, "unused", None, None, workers)
-    assert workers == launch.Workers()  # nothing started
+        launch.start_workers(cfg, resolve_plan(cfg, "cpu", "unused"), None, workers)
+    assert workers == Workers()  # nothing started
     # engines in the actor's dtype pass the same check
     cfg = compose(["model=tiny", "actor.old_logprobs=rollout", "actor.bf16=true", "model.dtype=bfloat16"])
-    precision.check_old_logprobs_dtype(cfg.actor.old_logprobs, cfg.actor.bf16, cfg.model.dtype, True)
+    precision.check_old_logprobs_dtype(
+        cfg.actor.old_logprobs, cfg.actor.bf16, cfg.model.dtype, True, "bfloat16"
+    )

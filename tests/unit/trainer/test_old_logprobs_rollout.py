@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from bandpo.actor.group import ActorGroup
-from bandpo.config import compose, loss_options, reuse_old_logprobs
-from bandpo.run.nonfinite import NonfiniteGuard
+from bandpo.config import compose, reuse_old_logprobs
+from bandpo.parts import Workers
 from bandpo.trainer import loop
 from bandpo.trainer.dynamic_sampling import Drawn, Round
-from bandpo.trainer.launch import Workers
 from bandpo.trainer.step_metrics import rollout_metrics
 from bandpo.trainer.sync_check import StaleWeightsError
 from bandpo.types import TrainBatch
 from tests.helpers.actor import make_rollout
+from tests.helpers.parts import fake_parts
 
 N, FIRST = 4, 2  # rows (2 prompts x n = 2), rows of the first mini-batch (mini_batch_prompts = 1)
 ACTOR_LP, ENTROPY = -0.5, 0.25  # the stand-in actor's log-prob and entropy of every token
@@ -76,7 +76,7 @@ class _Drawer:
         return Drawn(Round([0, 1], self.batch, ["a"] * N, []), {}, [], int(rb.response_mask.sum()))
 
 
-def _trainer(old_logprobs, *overrides, first_lp=None):
+def _trainer(old_logprobs, *overrides, first_lp=None, sync_tol=None):
     cfg = compose(
         [
             "rollout.n=2",
@@ -87,13 +87,11 @@ def _trainer(old_logprobs, *overrides, first_lp=None):
             *overrides,
         ]
     )
-    trainer = loop.Trainer.__new__(loop.Trainer)
-    trainer.cfg, trainer.step, trainer.timings = cfg, 1, {}
-    trainer.in_flight, trainer.engine_version = None, 0
-    trainer.guard, trainer.loss = NonfiniteGuard("skip", 5), loss_options(cfg)
     actor = _Ranks(reuse_old_logprobs(cfg), old_logprobs == "rollout", first_lp)
-    trainer.workers = Workers(rollout=_Rollout(), actor=actor)
-    trainer.drawer = _Drawer(trainer)
+    workers = Workers(rollout=_Rollout(), actor=actor)
+    trainer = loop.Trainer(cfg, fake_parts(cfg, workers=workers, sync_tol=sync_tol))
+    trainer.step = 1
+    trainer.drawer = _Drawer(trainer)  # stand-ins for the drawer and the sync (no Ray)
     trainer.sync_weights = lambda: None
     return trainer, actor
 
@@ -146,7 +144,7 @@ def test_the_stale_weights_check_reads_the_first_forward_with_rollout(monkeypatc
     # The forward matches the engines on the first rows (a healthy sync), or is 0.5 nats off (a stale
     # one); the step before was over the tolerance already, so a second excess stops the run.
     monkeypatch.setattr(loop, "reward_metrics", lambda scores: {})
-    trainer, actor = _trainer("rollout", "algorithm.kl_coef=0")
+    trainer, actor = _trainer("rollout", "algorithm.kl_coef=0", sync_tol=1e-4)
     draw = trainer.drawer.draw
 
     def draw_and_fix_the_forward(step):
@@ -155,7 +153,7 @@ def test_the_stale_weights_check_reads_the_first_forward_with_rollout(monkeypatc
         return drawn
 
     trainer.drawer.draw = draw_and_fix_the_forward
-    trainer.sync_tol, trainer.sync_over = 1e-4, True
+    trainer.sync_over = True
     if stops:
         with pytest.raises(StaleWeightsError):
             trainer.train_step()

@@ -12,11 +12,12 @@ import torch
 
 from bandpo.actor.group import UpdateResult
 from bandpo.config import compose
+from bandpo.config.checks import check_layout
 from bandpo.errors import ConfigError
 from bandpo.reward import Score
 from bandpo.trainer.dynamic_sampling import Drawn, Round
 from bandpo.trainer.loop import Trainer
-from bandpo.trainer.overlap import Background, check_layout, cpu_threads, overlap_seconds
+from bandpo.trainer.overlap import Background, cpu_threads, overlap_seconds
 from bandpo.types import RolloutBatch, TrainBatch
 
 N, R = 8, 3  # rows (one prompt x rollout.n=8 of the tiny default), response positions
@@ -99,16 +100,10 @@ class Actor:
             self.version = int((folder / "version").read_text())
 
 
-class Log:
-    def log(self, step, metrics):
-        pass
-
-    def truncate_after(self, step):
-        pass
-
-
 def make_trainer(tmp_path, staleness, steps=3):
     from bandpo.data import EpochSampler
+    from bandpo.parts import Workers
+    from tests.helpers.parts import fake_parts
 
     cfg = compose(
         [
@@ -120,10 +115,10 @@ def make_trainer(tmp_path, staleness, steps=3):
             f"trainer.output_dir={tmp_path}",
         ]
     )
-    t = Trainer(cfg)
     engines, actor = Engines(), Actor()
-    t.workers.rollout, t.workers.actor, t.drawer = engines, actor, Draws(t, engines)
-    t.sampler, t.logger, t.eval_sets = EpochSampler(100, seed=0), Log(), {}
+    workers = Workers(rollout=engines, actor=actor)
+    t = Trainer(cfg, fake_parts(cfg, tmp_path, workers=workers, sampler=EpochSampler(100, seed=0)))
+    t.drawer = Draws(t, engines)  # stand-ins for the drawer and the sync (no Ray)
 
     def sync():
         engines.version = actor.version

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from bandpo.actor.group import UpdateResult
-from bandpo.config import compose, loss_options
-from bandpo.run.nonfinite import NonfiniteGuard
+from bandpo.config import compose
+from bandpo.parts import Workers
 from bandpo.trainer import loop
 from bandpo.trainer.dynamic_sampling import Drawn, Round
-from bandpo.trainer.launch import Workers
 from bandpo.types import TrainBatch
 from tests.helpers.actor import make_rollout
+from tests.helpers.parts import fake_parts
 
 
 class _Actor:
@@ -74,13 +74,12 @@ class _Drawer:
 
 def _trainer(offloads, *overrides):
     cfg = compose(["rollout.n=2", "algorithm.kl_coef=0", "actor.micro_batch_size=2", *overrides])
-    trainer = loop.Trainer.__new__(loop.Trainer)
     log = []
-    trainer.cfg, trainer.step, trainer.timings = cfg, 1, {}
-    trainer.in_flight, trainer.engine_version = None, 0  # synchronous (trainer.max_staleness=0)
-    trainer.guard, trainer.loss = NonfiniteGuard("skip", 5), loss_options(cfg)
-    trainer.workers = Workers(rollout=_Rollout(log), actor=_Actor(log, offloads))
-    trainer.drawer = _Drawer(trainer, log)
+    workers = Workers(rollout=_Rollout(log), actor=_Actor(log, offloads))
+    sampler = SimpleNamespace(load_state_dict=lambda state: None)
+    trainer = loop.Trainer(cfg, fake_parts(cfg, workers=workers, sampler=sampler))  # synchronous
+    trainer.step = 1
+    trainer.drawer = _Drawer(trainer, log)  # stand-ins for the drawer and the sync (no Ray)
     trainer.sync_weights = lambda: log.append("actor->engines weight sync")
     return trainer, log
 
@@ -134,9 +133,6 @@ def test_resume_loads_the_states_while_the_engines_sleep(tmp_path):
         latest=lambda: tmp_path,
         load_state=lambda folder, required: {"step": 3, "sampler": {}},
     )
-    trainer.sampler = SimpleNamespace(load_state_dict=lambda state: None)
-    trainer.logger = SimpleNamespace(truncate_after=lambda step: None)
-    trainer.guard = NonfiniteGuard("skip", 5)
     trainer._resume()
     # load_checkpoint brings an offloaded rank's states back, loads, and offloads them again (Actor),
     # all but the weights, which leave once the engines have them.

@@ -3,8 +3,8 @@ before the next rollout wake the weights, sync, then wake the KV cache (verl / O
 
 import pytest
 
+from bandpo.parts import Workers, placement_plan, resolve_plan, verifier_strategies
 from bandpo.rollout.group import RolloutGroup
-from bandpo.trainer.launch import placement_plan, verifier_strategies
 
 
 class _RecordingGroup(RolloutGroup):
@@ -67,11 +67,13 @@ def test_the_engines_get_the_configured_level_and_the_group_knows_level_2_drops_
 
     from bandpo.config import compose
     from bandpo.distributed.plan import ClusterShape, make_plan
+    from bandpo.parts import rollout_engine_kwargs
     from bandpo.rollout import group as group_module
-    from bandpo.trainer.launch import rollout_engine_kwargs
 
     cfg = compose(["model=qwen2.5-3b", f"rollout.sleep_level={level}"])
-    kw, sleeps = rollout_engine_kwargs(cfg, "cuda", make_plan(cfg, ClusterShape(1, 8), "cuda"))
+    plan = resolve_plan(cfg, "cuda", "unused", ClusterShape(1, 8))
+    assert plan.placement == make_plan(cfg, ClusterShape(1, 8), "cuda")
+    kw, sleeps = rollout_engine_kwargs(cfg, plan), plan.sleeps
     assert sleeps and kw["sleep_level"] == level
     spawned = []  # the engines need Ray and GPUs; what the group hands them does not
     engine = SimpleNamespace(ready=SimpleNamespace(remote=lambda: None))
@@ -123,6 +125,7 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
     from bandpo.config import compose
     from bandpo.trainer.loop import Trainer
     from bandpo.weight_sync import transport as transports
+    from tests.helpers.parts import fake_parts
 
     g = _RecordingGroup(sleeps=True)
     made = []
@@ -134,11 +137,10 @@ def test_the_trainer_syncs_by_the_layout_s_transport_between_the_weights_and_the
         return sync
 
     monkeypatch.setattr(transports, "make_weight_sync", fake_make)
-    trainer = Trainer.__new__(Trainer)  # no run folder, no Ray: only what sync_weights reads
-    trainer.cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", *overrides])
-    trainer.plan, trainer.weight_sync = placement_plan(trainer.cfg, "cuda"), None
-    trainer.workers = SimpleNamespace(actor=SimpleNamespace(workers=["rank0"], offloads=False), rollout=g)
-    trainer.synced, trainer.timings = False, {}
+    cfg = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", *overrides])
+    workers = Workers(actor=SimpleNamespace(workers=["rank0"], offloads=False), rollout=g)
+    # no run folder, no Ray: only what sync_weights reads
+    trainer = Trainer(cfg, fake_parts(cfg, workers=workers, plan=resolve_plan(cfg, "cuda", "unused")))
     trainer.verify_sync = lambda: g.log.append(("actor", "verify"))  # the real check needs the engines
     g.sleep()
     trainer.wake_engines(load=True)

@@ -9,7 +9,7 @@ import pytest
 
 from bandpo.config import compose
 from bandpo.errors import ConfigError
-from bandpo.trainer.launch import rollout_engine_kwargs, sync_transport
+from bandpo.parts import resolve_plan, rollout_engine_kwargs
 from bandpo.trainer.sync_check import (
     BF16_TOL,
     FP32_TOL,
@@ -98,16 +98,19 @@ def test_valid_combinations_compose():
 
 def test_adapter_engines_get_lora_and_the_trainer_the_adapter_sync():
     cfg = compose(["actor.lora.rank=8", "rollout.lora_sync=adapter", "rollout.inject_stale_adapter=2"])
-    kw, _ = rollout_engine_kwargs(cfg, "cpu", None)
+    plan = resolve_plan(cfg, "cpu", "unused")
+    kw = rollout_engine_kwargs(cfg, plan)
     assert (kw["lora_rank"], kw["stale_adapter_from"]) == (8, 2)
-    assert sync_transport(cfg, None) == "adapter"
-    # auto: the engines of a CPU run (no plan) get the merged weights through /dev/shm
+    assert plan.sync == "adapter"
+    # auto: the engines of a CPU run get the merged weights through /dev/shm
     auto = compose(["actor.lora.rank=8"])
-    assert "lora_rank" not in rollout_engine_kwargs(auto, "cpu", None)[0]
-    assert sync_transport(auto, None) == "shm"
+    plan = resolve_plan(auto, "cpu", "unused")
+    assert "lora_rank" not in rollout_engine_kwargs(auto, plan)
+    assert plan.sync == "shm"
     merged = compose(["actor.lora.rank=8", "rollout.lora_sync=merged"])
-    assert "lora_rank" not in rollout_engine_kwargs(merged, "cpu", None)[0]
-    assert sync_transport(merged, None) == "shm"
+    plan = resolve_plan(merged, "cpu", "unused")
+    assert "lora_rank" not in rollout_engine_kwargs(merged, plan)
+    assert plan.sync == "shm"
 
 
 def test_tolerance_in_force():
@@ -120,10 +123,16 @@ def test_tolerance_in_force():
     assert sync_check_tol("off", True, 0, 1.0, -1, "float32") is None
     assert sync_check_tol(0.003, False, 0, 1.0, -1, "float32") == 0.003
     lora = ["actor.lora.rank=8", "actor.bf16=false"]
-    assert sync_check_tol_of(compose(lora), "cpu") == FP32_TOL
+
+    def on_cpu(overrides):  # the tolerance of the run's plan on CPU (the dtypes resolved there)
+        cfg = compose(overrides)
+        plan = resolve_plan(cfg, "cpu", "unused")
+        return sync_check_tol_of(cfg, plan.bf16, plan.engine_dtype)
+
+    assert on_cpu(lora) == FP32_TOL
     # either side in bf16: bf16 noise
-    assert sync_check_tol_of(compose([*lora, "model.dtype=bfloat16"]), "cpu") == BF16_TOL
-    assert sync_check_tol_of(compose(["actor.lora.rank=8", "actor.bf16=true"]), "cpu") == BF16_TOL
+    assert on_cpu([*lora, "model.dtype=bfloat16"]) == BF16_TOL
+    assert on_cpu(["actor.lora.rank=8", "actor.bf16=true"]) == BF16_TOL
 
 
 def test_check_passes_noise_and_fails_past_the_tolerance_twice_naming_the_key(capsys):

@@ -50,11 +50,11 @@ def test_a_transport_the_layout_cannot_carry_is_a_config_error_naming_the_key(ch
 
 def test_the_trainer_resolves_the_transport_from_config_and_plan():
     from bandpo.config import compose
-    from bandpo.trainer.launch import placement_plan, weight_transport
+    from bandpo.parts import resolve_plan
 
     colocated = compose(["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8"])
-    assert weight_transport(colocated, placement_plan(colocated, "cuda")) == "ipc"
-    assert weight_transport(colocated, None) == "shm"  # CPU: no plan
+    assert resolve_plan(colocated, "cuda", "m").transport == "ipc"
+    assert resolve_plan(colocated, "cpu", "m").transport == "shm"  # CPU: no placement
     split = compose(
         [
             "model=qwen2.5-7b",
@@ -66,12 +66,12 @@ def test_the_trainer_resolves_the_transport_from_config_and_plan():
             "rollout.num_workers=4",
         ]
     )
-    assert weight_transport(split, placement_plan(split, "cuda")) == "nccl"
+    assert resolve_plan(split, "cuda", "m").transport == "nccl"
     bad = compose(
         ["model=qwen2.5-7b", "trainer.nnodes=1", "trainer.gpus_per_node=8", "rollout.weight_sync=nccl"]
     )
     with pytest.raises(ConfigError, match="rollout.weight_sync=nccl"):
-        weight_transport(bad, placement_plan(bad, "cuda"))
+        resolve_plan(bad, "cuda", "m")
 
 
 def test_make_weight_sync_per_transport():
