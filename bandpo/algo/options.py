@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from bandpo.algo.adaptive import ADAPTIVE_MODES
 from bandpo.algo.algorithm import SCOPED_OPTIONS
 from bandpo.algo.band import check_eps, check_upper_cap
+from bandpo.algo.cov import check_cov_options
+from bandpo.algo.entropy_bonus import EntropyControl, check_combinable, check_quantile
 from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
 from bandpo.algo.registry import ALGORITHMS, check_applies, get_algorithm
 from bandpo.algo.rivals import check_ratio_cap, check_tau
@@ -72,6 +74,14 @@ class LossOptions:
         mismatch, mismatch_cap: rollout/trainer mismatch correction (``bandpo.algo.mismatch``), C >= 1.
         ratio_cap: dppo_* only: C of the truncated ratio min(r, C); None = no truncation.
         tau_pos, tau_neg: sapo only: the gate temperatures; None = the paper's 1.0 and 1.05.
+        cov_ratio: clip_cov and kl_cov: the share of a micro-batch's valid tokens they select; None = 2e-4.
+        clip_cov_lb, clip_cov_ub: clip_cov only: the covariance band of its candidates; None = 1 and 5.
+        kl_cov_coef: kl_cov only: the weight of |log r| on its selected tokens; None = 1
+            (``bandpo.algo.cov``).
+        top_entropy_quantile: rho: the loss keeps the top-rho fraction of tokens by entropy (needs
+            ``entropy``); 1 = every token (``bandpo.algo.entropy_bonus``).
+        entropy_control: the adaptive bonus' settings (``EntropyControl``), or None: read by the trainer,
+            which sets ``entropy_coef`` per step; ``policy_loss`` reads only ``entropy_coef``.
     """
 
     algorithm: str = "bandpo"
@@ -98,6 +108,12 @@ class LossOptions:
     ratio_cap: float | None = None
     tau_pos: float | None = None
     tau_neg: float | None = None
+    cov_ratio: float | None = None
+    clip_cov_lb: float | None = None
+    clip_cov_ub: float | None = None
+    kl_cov_coef: float | None = None
+    top_entropy_quantile: float = 1.0
+    entropy_control: EntropyControl | None = None
 
     def __post_init__(self):
         get_algorithm(self.algorithm)
@@ -119,6 +135,22 @@ class LossOptions:
         check_ratio_cap(self.ratio_cap)
         for option in ("tau_pos", "tau_neg"):
             check_tau(getattr(self, option), option)
+        algo = get_algorithm(self.algorithm)  # the band's bounds as the surrogate resolves them
+        check_cov_options(
+            self.cov_ratio,
+            algo.resolve("clip_cov_lb", self.clip_cov_lb),
+            algo.resolve("clip_cov_ub", self.clip_cov_ub),
+            self.kl_cov_coef,
+        )
+        check_quantile(self.top_entropy_quantile)
+        if self.top_entropy_quantile < 1:
+            check_combinable(self.algorithm, "top_entropy_quantile")
+        if self.entropy_control is not None:
+            if not isinstance(self.entropy_control, EntropyControl):
+                raise TypeError(
+                    f"entropy_control must be an EntropyControl, got {type(self.entropy_control).__name__}"
+                )
+            check_combinable(self.algorithm, "entropy_control")
 
 
 # The value of a ``SCOPED_OPTIONS`` field that means "not set", where it is not None.
