@@ -113,22 +113,49 @@ def _valid_count(maskf: torch.Tensor) -> int:
     return int(maskf.sum().item())
 
 
+def clip_cov_tokens(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    maskf: torch.Tensor,
+    clipped: torch.Tensor,
+    cov_ratio: float,
+    lb: float,
+    ub: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip-Cov's ``(chosen, candidates)``, boolean [N, R]: the candidates are the valid tokens not
+    ``clipped`` (by the interval) with lb < cov < ub; ``chosen`` the draw among them (``clip_cov_selection``)."""
+    with torch.no_grad():
+        cov = token_covariance(logprobs, advantages, maskf)
+        candidates = (cov > lb) & (cov < ub) & maskf.bool() & ~clipped
+        chosen = clip_cov_selection(cov, candidates, selection_count(cov_ratio, _valid_count(maskf)))
+    return chosen, candidates
+
+
+def kl_cov_tokens(
+    logprobs: torch.Tensor, advantages: torch.Tensor, maskf: torch.Tensor, cov_ratio: float
+) -> torch.Tensor:
+    """KL-Cov's chosen tokens, boolean [N, R] (``kl_cov_selection``)."""
+    with torch.no_grad():
+        cov = token_covariance(logprobs, advantages, maskf)
+        return kl_cov_selection(cov, maskf.bool(), selection_count(cov_ratio, _valid_count(maskf)))
+
+
 def _clip_cov(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy) -> PerToken:
     """Clip-Cov (module docstring). Metrics: ``cov/selected_frac`` (valid tokens whose gradient the
     covariance clip removed: verl's ``pg_clipfrac``), ``cov/candidate_frac`` (valid tokens in the band),
     ``cov/kl_k1`` (mean log pi_old - log pi: verl's ``ppo_kl``)."""
     base = clipped_surrogate(algo, logprobs, old_logprobs, advantages, maskf, options, old_entropy)
-    valid = maskf.bool()
+    # tokens the interval already clipped have no gradient to remove
+    chosen, candidates = clip_cov_tokens(
+        logprobs,
+        advantages,
+        maskf,
+        base.up | base.down,
+        algo.resolve("cov_ratio", options.cov_ratio),
+        algo.resolve("clip_cov_lb", options.clip_cov_lb),
+        algo.resolve("clip_cov_ub", options.clip_cov_ub),
+    )
     with torch.no_grad():
-        cov = token_covariance(logprobs, advantages, maskf)
-        lb, ub = (
-            algo.resolve("clip_cov_lb", options.clip_cov_lb),
-            algo.resolve("clip_cov_ub", options.clip_cov_ub),
-        )
-        # tokens the interval already clipped have no gradient to remove
-        candidates = (cov > lb) & (cov < ub) & valid & ~(base.up | base.down)
-        k = selection_count(algo.resolve("cov_ratio", options.cov_ratio), _valid_count(maskf))
-        chosen = clip_cov_selection(cov, candidates, k)
         metrics = dict(base.metrics)
         metrics["cov/selected_frac"] = masked_mean(chosen.to(maskf.dtype), maskf)
         metrics["cov/candidate_frac"] = masked_mean(candidates.to(maskf.dtype), maskf)
@@ -144,11 +171,7 @@ def _kl_cov(algo, logprobs, old_logprobs, advantages, maskf, options, old_entrop
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     valid = maskf.bool()
-    with torch.no_grad():
-        cov = token_covariance(logprobs, advantages, maskf)
-        n_valid = _valid_count(maskf)
-        k = selection_count(algo.resolve("cov_ratio", options.cov_ratio), n_valid)
-        chosen = kl_cov_selection(cov, valid, k)
+    chosen = kl_cov_tokens(logprobs, advantages, maskf, algo.resolve("cov_ratio", options.cov_ratio))
     abs_log_ratio = (logprobs - old_logprobs).abs()
     coef = algo.resolve("kl_cov_coef", options.kl_cov_coef)
     per_token = -advantages * ratio

@@ -5,14 +5,17 @@ Top-entropy selection (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Mi
 Effective Reinforcement Learning for LLM Reasoning", arXiv 2506.01939): the policy loss keeps only the
 tokens in the top rho fraction by the current policy's entropy H_t, per micro-batch:
 
-    tau  = quantile_{1 - rho}( {H_t : t valid} )      (float32, linear interpolation: torch.quantile)
+    tau  = quantile_{1 - rho}( {H_t : t valid} )      (linear interpolation: torch.quantile)
     keep = valid & (H_t >= tau)                        (ties at tau are kept)
     L_t <- keep_t L_t                                  (the aggregation's normalisers are unchanged)
 
-tau is computed from the entropies cast to float32 and compared with each H_t at its own precision, as
-TRL's ``get_high_entropy_mask`` does; the paper's rho is 0.2; rho = 1 keeps every token (off). The
-entropy bonus, when on, acts on the kept tokens only. With several actor ranks each rank's micro-batch
-has its own tau (TRL gathers the ranks' entropies first).
+Both the quantile and the comparison are made in float32 (H_t cast to float32), so the token at the
+quantile is always kept and rho = 0 keeps the highest-entropy token(s). TRL's ``get_high_entropy_mask``
+computes tau in float32 the same way but compares at the entropies' own precision: equal for float32
+entropies (the actor's), while for float64 ones TRL drops a token whose value lies below its own float32
+rounding of tau (and for bfloat16 ones compares with tau rounded to bfloat16). The paper's rho is 0.2;
+rho = 1 keeps every token (off). The entropy bonus, when on, acts on the kept tokens only. With several
+actor ranks each rank's micro-batch has its own tau (TRL gathers the ranks' entropies first).
 
 Adaptive entropy bonus (Skywork-OR1, arXiv 2505.22312; TRL's ``use_adaptive_entropy``): the bonus
 coefficient c moves toward keeping the measured entropy H at or above a target H*:
@@ -71,8 +74,8 @@ def top_entropy_mask(entropy: torch.Tensor, maskf: torch.Tensor, rho: float) -> 
     in the top ``rho`` fraction of the valid tokens'; all False when none is valid."""
     valid = maskf.bool()
     with torch.no_grad():
-        h = entropy.detach()
-        values = h[valid].float()  # [n_valid]
+        h = entropy.detach().float()  # [N, R]
+        values = h[valid]  # [n_valid]
         if values.numel() == 0:
             return torch.zeros_like(valid)
         tau = torch.quantile(values, 1.0 - rho)
