@@ -160,3 +160,11 @@ class EntropyController:
             )
         self.coef = float(state["coef"])
         self.last_entropy = None if state["last_entropy"] is None else float(state["last_entropy"])
+
+
+def entropy_controller(options) -> EntropyController | None:
+    """The trainer's controller for ``options`` (a ``LossOptions``): None without ``entropy_control``,
+    else one starting at ``entropy_coef``."""
+    if options.entropy_control is None:
+        return None
+    return EntropyController(options.entropy_control, options.entropy_coef)

@@ -57,6 +57,12 @@ def loss_options(cfg: TrainConfig):
         tau_pos=_float(a.tau_pos),
         tau_neg=_float(a.tau_neg),
         upper_cap=_float(a.upper_cap),
+        cov_ratio=_float(a.cov_ratio),
+        clip_cov_lb=_float(a.clip_cov_lb),
+        clip_cov_ub=_float(a.clip_cov_ub),
+        kl_cov_coef=_float(a.kl_cov_coef),
+        top_entropy_quantile=float(a.top_entropy_quantile),
+        entropy_control=entropy_control(cfg),
     )
     if not get_algorithm(a.name).band:
         return opts
@@ -80,6 +86,28 @@ def _float(x):
     return None if x is None else float(x)
 
 
+# The adaptive entropy bonus' keys besides algorithm.entropy_target, and its EntropyControl field each sets.
+ENTROPY_CONTROL_KEYS = {
+    "entropy_coef_delta": "delta",
+    "entropy_coef_min": "coef_min",
+    "entropy_coef_max": "coef_max",
+}
+
+
+def entropy_control(cfg: TrainConfig):
+    """The adaptive entropy bonus' settings (``bandpo.algo.entropy_bonus.EntropyControl``), nulls resolved to
+    TRL's defaults; None when ``algorithm.entropy_target`` is null."""
+    from bandpo.algo.entropy_bonus import EntropyControl
+
+    a = cfg.algorithm
+    if a.entropy_target is None:
+        return None
+    set_ = {
+        field: float(getattr(a, k)) for k, field in ENTROPY_CONTROL_KEYS.items() if getattr(a, k) is not None
+    }
+    return EntropyControl(float(a.entropy_target), **set_)
+
+
 def validate_algorithm(cfg: TrainConfig) -> None:
     """``algorithm.*``: the name, the options the chosen algorithm reads, and those it does not."""
     from bandpo.algo.adaptive import ADAPTIVE_MODES, ENTROPY_NORMS, check_delta_range
@@ -93,7 +121,19 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
     # Options another algorithm reads are refused by name when set, never ignored (Algorithm.reads).
-    for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
+    for option in (
+        "eps_low",
+        "eps_high",
+        "dual_clip",
+        "ratio_cap",
+        "upper_cap",
+        "tau_pos",
+        "tau_neg",
+        "cov_ratio",
+        "clip_cov_lb",
+        "clip_cov_ub",
+        "kl_cov_coef",
+    ):
         key = f"algorithm.{option}"
         if _get(cfg, key) is not None:
             if option in algo.config_keys:  # it reads this option, from another key
@@ -117,6 +157,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
             key = f"algorithm.{option}"
             _rule(check_tau, _number(cfg, key), key)
     _rule(check_agg, name, _get(cfg, "algorithm.loss_agg"), "algorithm.loss_agg")
+    _validate_entropy_options(cfg, name)
     mode = _choice(cfg, "algorithm.mismatch.mode", MISMATCH_MODES)
     _rule(
         check_one_correction,
@@ -158,3 +199,56 @@ def validate_algorithm(cfg: TrainConfig) -> None:
 
     max_rounds = _get(cfg, "algorithm.filter_groups.max_gen_rounds")
     _rule(check_max_gen_rounds, max_rounds, "algorithm.filter_groups.max_gen_rounds")
+
+
+def _validate_entropy_options(cfg: TrainConfig, name: str) -> None:
+    """The covariance methods' numbers, the top-entropy selection and the adaptive entropy bonus: each in
+    range, refused (with the reason) for an algorithm it does not combine with, and the bonus' own keys
+    refused without ``algorithm.entropy_target``."""
+    from bandpo.algo.cov import check_cov_options
+    from bandpo.algo.entropy_bonus import check_combinable, check_quantile
+    from bandpo.algo.registry import ALGORITHMS
+
+    algo = ALGORITHMS[name]
+    cov_keys = ("cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_coef")
+    for option in cov_keys:
+        if _get(cfg, f"algorithm.{option}") is not None:
+            _number(cfg, f"algorithm.{option}")
+    _rule(
+        check_cov_options,
+        *(algo.resolve(option, _get(cfg, f"algorithm.{option}")) for option in cov_keys),
+        names={option: f"algorithm.{option}" for option in cov_keys},
+    )
+    rho = _number(cfg, "algorithm.top_entropy_quantile")
+    _rule(check_quantile, rho, "algorithm.top_entropy_quantile")
+    if rho < 1:
+        _rule(check_combinable, name, "top_entropy_quantile", "algorithm.top_entropy_quantile")
+    _number(cfg, "algorithm.entropy_coef")
+    if _get(cfg, "algorithm.entropy_target") is None:
+        for key in ENTROPY_CONTROL_KEYS:
+            if _get(cfg, f"algorithm.{key}") is not None:
+                raise ConfigError(
+                    f"config error: algorithm.{key} applies to the adaptive entropy bonus only; "
+                    "set algorithm.entropy_target (the target entropy) or set it to null"
+                )
+        return
+    for key in ("entropy_target", *ENTROPY_CONTROL_KEYS):
+        if _get(cfg, f"algorithm.{key}") is not None:
+            _number(cfg, f"algorithm.{key}")
+    _rule(check_combinable, name, "entropy_control", "algorithm.entropy_target")
+    control = _rule(_control, cfg)
+    coef = _get(cfg, "algorithm.entropy_coef")
+    if not control.coef_min <= coef <= control.coef_max:
+        raise ConfigError(
+            f"config error: algorithm.entropy_coef (the adaptive bonus' starting value) must be within "
+            f"[algorithm.entropy_coef_min, algorithm.entropy_coef_max] = [{control.coef_min}, {control.coef_max}], "
+            f"got {coef!r}"
+        )
+
+
+def _control(cfg: TrainConfig):
+    """``entropy_control(cfg)`` with its messages naming the config keys."""
+    try:
+        return entropy_control(cfg)
+    except ValueError as e:
+        raise ValueError(f"algorithm.{e}") from None
