@@ -89,6 +89,7 @@ class Trainer:
     sync_tol: float | None = None  # the stale-weights check's tolerance (None: off); set by setup
     sync_over = False  # the last step's stale-weights check was over its tolerance
     synced_bytes: int | None = None  # what the step's sync moved (weight_sync/bytes)
+    entropy_ctl = None  # the adaptive entropy bonus' state (set in __init__ when it is on)
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -103,7 +104,7 @@ class Trainer:
         self.step = 0
         self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, cfg.trainer.max_skipped_steps)
         self.loss = loss_options(cfg)  # the policy loss's options, validated once
-        # the adaptive entropy bonus' state (coefficient, last measured entropy), None when it is off
+        # the adaptive entropy bonus' coefficient and last measured entropy; None when it is off
         self.entropy_ctl = entropy_controller(self.loss)
         self.workers = Workers()
         # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
