@@ -6,6 +6,7 @@ tokens, and ``loss``/``pg_loss`` already normalised by the global mini-batch cou
   averaged over optimizer steps;
 - ``clip_frac_bin/<bin>``, ``clip_frac_bin_up/<bin>``, ``clip_frac_bin_down/<bin>``: weighted by the
   valid tokens *in that bin* (fractions of the bin's tokens);
+- ``top_entropy/entropy`` (a mean over the kept tokens): weighted by the kept tokens;
 - every other metric: weighted by valid tokens.
 The result is the exact global value, the same on every rank, with one all-reduce.
 """
@@ -20,6 +21,8 @@ import torch
 SUMMED = ("loss", "pg_loss")
 # Per-bin fractions of the bin's own tokens (``bandpo.algo.losses._clip_metrics``).
 PER_BIN = ("clip_frac_bin/", "clip_frac_bin_up/", "clip_frac_bin_down/")
+# Means over a share of the valid tokens -> the metric of that share (``bandpo.algo.losses.policy_loss``).
+WEIGHTED_BY = {"top_entropy/entropy": "top_entropy/kept_frac"}
 
 
 class MetricAccumulator:
@@ -39,6 +42,8 @@ class MetricAccumulator:
             value = value.detach().to("cpu", torch.float64)
             if key in SUMMED:
                 weight = torch.ones((), dtype=torch.float64)
+            elif key in WEIGHTED_BY:  # a mean over a share of the valid tokens: weighted by that share
+                weight = n * metrics[WEIGHTED_BY[key]].detach().to("cpu", torch.float64)
             elif key.startswith(PER_BIN):
                 weight = n * metrics["token_frac_bin/" + key.split("/", 1)[1]].detach().to(
                     "cpu", torch.float64

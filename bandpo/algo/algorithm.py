@@ -35,6 +35,10 @@ SCOPED_OPTIONS = (
     "ratio_cap",
     "tau_pos",
     "tau_neg",
+    "cov_ratio",
+    "clip_cov_lb",
+    "clip_cov_ub",
+    "kl_cov_coef",
 )
 
 
@@ -69,7 +73,8 @@ class Algorithm:
         reads: the ``SCOPED_OPTIONS`` it reads; the others are refused when set.
         defaults: the value of an option it reads when the run leaves it None, from its paper's recipe:
             ``eps_low``/``eps_high`` (what they bound is the surrogate's: the ratio, DCPO's |r - 1| r q,
-            DPPO's divergence, GSPO's sequence ratio, CISPO's weight) and SAPO's temperatures.
+            DPPO's divergence, GSPO's sequence ratio, CISPO's weight), SAPO's temperatures and the
+            covariance methods' options (``bandpo.algo.cov``).
         bounds: the clipped family's ratio interval ``bounds(old_logprobs, eps_low, eps_high, *,
             divergence, delta, upper_cap, relax_high_p, delta_t, delta_range) -> (lo, hi)``, floats or
             tensors shaped like ``old_logprobs`` (the keywords of ``bandpo.algo.losses.ratio_interval``;

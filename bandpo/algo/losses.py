@@ -15,6 +15,10 @@ Options on top (off by default; each composes with every algorithm unless stated
   for token-level truncated importance sampling): L <- w L with a detached weight w of
   pi_old / pi_rollout, truncated or masked at the token or sequence level, or IcePop's
   two-sided mask (``bandpo.algo.mismatch``).
+- High-entropy tokens only (``top_entropy_quantile = rho < 1``): L <- keep L, keep the valid tokens in
+  the top rho fraction by the current policy's entropy; the entropy bonus then acts on those tokens
+  (``bandpo.algo.entropy_bonus``, which also holds the adaptive bonus' coefficient: the trainer sets
+  ``entropy_coef`` per step).
 
 The run's options are one frozen record, ``LossOptions`` (``bandpo.algo.options``, validated when built; the trainer
 builds it once from the config, ``bandpo.config.loss_options``); the tensors and the global
@@ -39,6 +43,7 @@ import math
 
 import torch
 
+from bandpo.algo.entropy_bonus import top_entropy_mask
 from bandpo.algo.mismatch import (
     masked_mean,
     mismatch_weights,
@@ -172,7 +177,8 @@ def policy_loss(
         num_tokens, num_seqs, max_len: the aggregation's global normalisers (``options.norm_len``,
             when set, replaces ``max_len``).
         ref_logprobs: [N, R] log pi_ref for the KL term (required when kl_coef > 0).
-        entropy: [N, R] per-token entropy of pi_theta (with grad when entropy_coef > 0).
+        entropy: [N, R] per-token entropy of pi_theta (with grad when entropy_coef > 0; required with
+            top_entropy_quantile < 1).
         old_entropy: [N, R] entropy of pi_old at each response position (no grad; adaptive band).
         rollout_logprobs: [N, R] log pi_rollout of the sampled tokens (required with tis_cap or mismatch).
 
@@ -199,6 +205,16 @@ def policy_loss(
         weight, mm = mismatch_weights(old_logprobs, rollout_logprobs, maskf, mode, cap)
         per_token = per_token * weight
         metrics.update(mm)
+    bonus_mask = mask  # the tokens the entropy bonus acts on
+    if o.top_entropy_quantile < 1:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the policy's entropy (entropy=)")
+        keep = top_entropy_mask(entropy, maskf, o.top_entropy_quantile).to(maskf.dtype)  # [N, R]
+        per_token = per_token * keep
+        bonus_mask = maskf * keep
+        with torch.no_grad():
+            metrics["top_entropy/kept_frac"] = masked_mean(keep, maskf)
+            metrics["top_entropy/entropy"] = masked_mean(entropy.detach(), bonus_mask)
     pg_loss = aggregate(per_token, mask, o.agg, **norm)
     loss = pg_loss
     metrics["pg_loss"] = pg_loss.detach()
@@ -211,7 +227,7 @@ def policy_loss(
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if entropy is not None:
         if o.entropy_coef != 0.0:
-            loss = loss - o.entropy_coef * aggregate(entropy, mask, o.agg, **norm)
+            loss = loss - o.entropy_coef * aggregate(entropy, bonus_mask, o.agg, **norm)
         metrics["entropy"] = masked_mean(entropy.detach(), maskf)
 
     with torch.no_grad():

@@ -13,6 +13,8 @@ from typing import Any
 from bandpo.algo.adaptive import ADAPTIVE_MODES
 from bandpo.algo.algorithm import SCOPED_OPTIONS
 from bandpo.algo.band import check_eps, check_upper_cap
+from bandpo.algo.cov import check_cov_options
+from bandpo.algo.entropy_bonus import EntropyControl, check_combinable, check_quantile
 from bandpo.algo.mismatch import MISMATCH_MODES, check_cap, check_one_correction
 from bandpo.algo.registry import ALGORITHMS, check_applies, get_algorithm
 from bandpo.algo.rivals import check_ratio_cap, check_tau
@@ -76,6 +78,14 @@ class LossOptions:
         mismatch, mismatch_cap: rollout/trainer mismatch correction (``bandpo.algo.mismatch``), C >= 1.
         ratio_cap: dppo_* only: C of the truncated ratio min(r, C); None = no truncation.
         tau_pos, tau_neg: sapo only: the gate temperatures; None = the paper's 1.0 and 1.05.
+        cov_ratio: clip_cov and kl_cov: the share of a micro-batch's valid tokens they select; None = 2e-4.
+        clip_cov_lb, clip_cov_ub: clip_cov only: the covariance band of its candidates; None = 1 and 5.
+        kl_cov_coef: kl_cov only: the weight of |log r| on its selected tokens; None = 1
+            (``bandpo.algo.cov``).
+        top_entropy_quantile: rho: the loss keeps the top-rho fraction of tokens by entropy (needs
+            ``entropy``); 1 = every token (``bandpo.algo.entropy_bonus``).
+        entropy_control: the adaptive bonus' settings (``EntropyControl``), or None: read by the trainer,
+            which sets ``entropy_coef`` per step; ``policy_loss`` reads only ``entropy_coef``.
     """
 
     algorithm: str = "bandpo"
@@ -102,6 +112,12 @@ class LossOptions:
     ratio_cap: float | None = None
     tau_pos: float | None = None
     tau_neg: float | None = None
+    cov_ratio: float | None = None
+    clip_cov_lb: float | None = None
+    clip_cov_ub: float | None = None
+    kl_cov_coef: float | None = None
+    top_entropy_quantile: float = 1.0
+    entropy_control: EntropyControl | None = None
 
     def __post_init__(self):
         check_loss_options(vars(self))
@@ -139,6 +155,25 @@ def check_loss_options(values: Mapping[str, Any], names: Mapping[str, str] | Non
     check_ratio_cap(values["ratio_cap"], name("ratio_cap"))
     for option in ("tau_pos", "tau_neg"):
         check_tau(values[option], name(option))
+    cov = ("cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_coef")
+    algo = get_algorithm(algorithm)  # the band's bounds as the surrogate resolves them
+    check_cov_options(*(algo.resolve(o, values[o]) for o in cov), names={o: name(o) for o in cov})
+    rho = values["top_entropy_quantile"]
+    check_quantile(rho, name("top_entropy_quantile"))
+    if rho < 1:
+        check_combinable(algorithm, "top_entropy_quantile", name("top_entropy_quantile"))
+    control = values["entropy_control"]
+    if control is not None:
+        if not isinstance(control, EntropyControl):
+            raise TypeError(f"entropy_control must be an EntropyControl, got {type(control).__name__}")
+        check_combinable(algorithm, "entropy_control", name("entropy_control"))
+        coef = values["entropy_coef"]
+        if not control.coef_min <= coef <= control.coef_max:
+            raise ValueError(
+                f"{name('entropy_coef')} (the adaptive bonus' starting value) must be within "
+                f"[{name('entropy_coef_min')}, {name('entropy_coef_max')}] = "
+                f"[{control.coef_min}, {control.coef_max}], got {coef!r}"
+            )
 
 
 # The value of a ``SCOPED_OPTIONS`` field that means "not set", where it is not None.

@@ -7,7 +7,7 @@ names shown (``algorithm must be one of ...``, the readers of an option in a ref
 
 from __future__ import annotations
 
-from bandpo.algo import clipped, dcpo, rivals
+from bandpo.algo import clipped, cov, dcpo, rivals
 from bandpo.algo.algorithm import SCOPED_OPTIONS, Algorithm
 from bandpo.errors import check_choice
 
@@ -21,7 +21,7 @@ def _by_name(*entries: Algorithm) -> dict[str, Algorithm]:
     return out
 
 
-ALGORITHMS: dict[str, Algorithm] = _by_name(*clipped.ENTRIES, *rivals.ENTRIES, *dcpo.ENTRIES)
+ALGORITHMS: dict[str, Algorithm] = _by_name(*clipped.ENTRIES, *rivals.ENTRIES, *dcpo.ENTRIES, *cov.ENTRIES)
 
 # How a refusal names the readers of an option where "it applies to <readers> only" would not say why.
 _READERS_PHRASE = {"dual_clip": "the dual clip is the clipped surrogate's ({})"}

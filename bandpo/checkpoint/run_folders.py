@@ -5,7 +5,7 @@ Layout of ``<output_dir>/checkpoints``::
     step_000010/              complete checkpoint (renamed into place only once written)
       actor/                  every actor rank's state (``bandpo.checkpoint.actor_state``): DeepSpeed's
         state/                  model, optimizer and scheduler shards; rng_rank<r>.pt beside it
-      trainer_state.json      step, sampler position, skipped-step count (the trainer's ``save``)
+      trainer_state.json      step, sampler position, skipped-step count, the adaptive entropy bonus' state (the trainer's ``save``)
       in_flight.pt            trainer.max_staleness=1: the next step's batch, drawn ahead (absent otherwise)
     latest                    text file naming the newest complete step folder
     .tmp-step_000012-<pid>/   a write in progress; never picked up, removed on the next save

@@ -47,6 +47,20 @@ OPTION_KEYS = {
     },
     "tau_pos": "algorithm.tau_pos",
     "tau_neg": "algorithm.tau_neg",
+    **{
+        f: f"algorithm.{f}"
+        for f in (
+            "cov_ratio",
+            "clip_cov_lb",
+            "clip_cov_ub",
+            "kl_cov_coef",
+            "top_entropy_quantile",
+            "entropy_coef",
+        )
+    },
+    "entropy_control": "algorithm.entropy_target",
+    "entropy_coef_min": "algorithm.entropy_coef_min",
+    "entropy_coef_max": "algorithm.entropy_coef_max",
 }
 
 
@@ -82,6 +96,12 @@ def loss_fields(cfg: TrainConfig) -> dict:
         tau_pos=_float(a.tau_pos),
         tau_neg=_float(a.tau_neg),
         upper_cap=_float(a.upper_cap),
+        cov_ratio=_float(a.cov_ratio),
+        clip_cov_lb=_float(a.clip_cov_lb),
+        clip_cov_ub=_float(a.clip_cov_ub),
+        kl_cov_coef=_float(a.kl_cov_coef),
+        top_entropy_quantile=float(a.top_entropy_quantile),
+        entropy_control=entropy_control(cfg),
     )
     if not get_algorithm(a.name).band:
         return opts
@@ -103,6 +123,28 @@ def _float(x):
     return None if x is None else float(x)
 
 
+# The adaptive entropy bonus' keys besides algorithm.entropy_target, and its EntropyControl field each sets.
+ENTROPY_CONTROL_KEYS = {
+    "entropy_coef_delta": "delta",
+    "entropy_coef_min": "coef_min",
+    "entropy_coef_max": "coef_max",
+}
+
+
+def entropy_control(cfg: TrainConfig):
+    """The adaptive entropy bonus' settings (``bandpo.algo.entropy_bonus.EntropyControl``), nulls resolved to
+    TRL's defaults; None when ``algorithm.entropy_target`` is null."""
+    from bandpo.algo.entropy_bonus import EntropyControl
+
+    a = cfg.algorithm
+    if a.entropy_target is None:
+        return None
+    set_ = {
+        field: float(getattr(a, k)) for k, field in ENTROPY_CONTROL_KEYS.items() if getattr(a, k) is not None
+    }
+    return EntropyControl(float(a.entropy_target), **set_)
+
+
 def validate_algorithm(cfg: TrainConfig) -> None:
     """``algorithm.*``: the name, the options the chosen algorithm reads, and those it does not."""
     from bandpo.algo.adaptive import ENTROPY_NORMS, check_delta_range
@@ -114,7 +156,19 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
     # An option this algorithm reads from another key (Algorithm.config_keys) is refused at this one.
-    for option in ("eps_low", "eps_high", "dual_clip", "ratio_cap", "upper_cap", "tau_pos", "tau_neg"):
+    for option in (
+        "eps_low",
+        "eps_high",
+        "dual_clip",
+        "ratio_cap",
+        "upper_cap",
+        "tau_pos",
+        "tau_neg",
+        "cov_ratio",
+        "clip_cov_lb",
+        "clip_cov_ub",
+        "kl_cov_coef",
+    ):
         key = f"algorithm.{option}"
         if _get(cfg, key) is not None and option in algo.config_keys:
             raise ConfigError(
@@ -128,6 +182,7 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     for option in ("tau_pos", "tau_neg"):
         if option in algo.reads:
             _number(cfg, f"algorithm.{option}")
+    _validate_entropy_keys(cfg)
     # The loss options' own rules (options another algorithm reads refused by name, ranges, choices):
     # LossOptions' check, each option named by its key.
     _rule(check_loss_options, loss_fields(cfg), option_keys(algo.band))
@@ -160,3 +215,34 @@ def validate_algorithm(cfg: TrainConfig) -> None:
 
     max_rounds = _get(cfg, "algorithm.filter_groups.max_gen_rounds")
     _rule(check_max_gen_rounds, max_rounds, "algorithm.filter_groups.max_gen_rounds")
+
+
+def _validate_entropy_keys(cfg: TrainConfig) -> None:
+    """The entropy options' keys as keys: numbers where set, and the adaptive bonus' own keys refused
+    without ``algorithm.entropy_target``; their ranges and the algorithms they combine with are
+    ``check_loss_options``' (``bandpo.algo.options``)."""
+    for option in ("cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_coef"):
+        if _get(cfg, f"algorithm.{option}") is not None:
+            _number(cfg, f"algorithm.{option}")
+    _number(cfg, "algorithm.top_entropy_quantile")
+    _number(cfg, "algorithm.entropy_coef")
+    if _get(cfg, "algorithm.entropy_target") is None:
+        for key in ENTROPY_CONTROL_KEYS:
+            if _get(cfg, f"algorithm.{key}") is not None:
+                raise ConfigError(
+                    f"config error: algorithm.{key} applies to the adaptive entropy bonus only; "
+                    "set algorithm.entropy_target (the target entropy) or set it to null"
+                )
+        return
+    for key in ("entropy_target", *ENTROPY_CONTROL_KEYS):
+        if _get(cfg, f"algorithm.{key}") is not None:
+            _number(cfg, f"algorithm.{key}")
+    _rule(_control, cfg)
+
+
+def _control(cfg: TrainConfig):
+    """``entropy_control(cfg)`` with its messages naming the config keys."""
+    try:
+        return entropy_control(cfg)
+    except ValueError as e:
+        raise ValueError(f"algorithm.{e}") from None

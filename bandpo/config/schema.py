@@ -165,10 +165,25 @@ class AlgorithmConfig:
     upper_cap: float | None = key(None, "dcpo only: ceiling of its per-token upper bound")
     tau_pos: float | None = key(None, "sapo only: gate temperature for A > 0")
     tau_neg: float | None = key(None, "sapo only: gate temperature for A <= 0")
+    cov_ratio: float | None = key(
+        None, "clip_cov / kl_cov only: share of a micro-batch's valid tokens selected by covariance"
+    )
+    clip_cov_lb: float | None = key(None, "clip_cov only: its candidates' covariance is > this")
+    clip_cov_ub: float | None = key(None, "clip_cov only: its candidates' covariance is < this")
+    kl_cov_coef: float | None = key(None, "kl_cov only: weight of |log r| on the selected tokens")
     loss_agg: str = key("seq-mean-token-mean", "token-mean | seq-mean-token-mean | seq-mean-token-sum[-norm]")
     kl_coef: float = key(0.001, "KL(pi || pi_ref) in the loss; 0 disables the reference model")
     kl_estimator: str = key("k3", "k1 | k2 | k3")
-    entropy_coef: float = key(0.0, "entropy bonus weight")
+    entropy_coef: float = key(0.0, "entropy bonus weight; with entropy_target, its starting value")
+    entropy_target: float | None = key(
+        None, "adaptive entropy bonus: target mean token entropy (nats); null = entropy_coef fixed"
+    )
+    entropy_coef_delta: float | None = key(None, "with entropy_target: the coefficient's step; null = 0.005")
+    entropy_coef_min: float | None = key(None, "with entropy_target: the coefficient's floor; null = 0")
+    entropy_coef_max: float | None = key(None, "with entropy_target: the coefficient's ceiling; null = 1")
+    top_entropy_quantile: float = key(
+        1.0, "rho: the policy loss keeps the top-rho fraction of tokens by entropy; 1 = every token"
+    )
     advantage: str = key("grpo", "grpo | grpo_no_std (Dr. GRPO)")
     tis_cap: float | None = key(None, "C of token-level truncated importance sampling; null = off")
     mismatch: MismatchConfig = key(doc="rollout/trainer mismatch correction", factory=MismatchConfig)

@@ -50,7 +50,9 @@ Departures from the paper's scripts, stated:
   replays the exact rollouts of an uninterrupted one, dynamic sampling's extra rounds included.
 - Optional, off by default: truncated importance sampling (``algorithm.tis_cap``) reweights the
   loss by min(pi_old / pi_rollout, C); entropy-adaptive Band (``algorithm.band.adaptive``) uses
-  pi_old's per-token entropy from step 5; traces (``trainer.trace_every``) go to <run>/traces/.
+  pi_old's per-token entropy from step 5; traces (``trainer.trace_every``) go to <run>/traces/; the
+  adaptive entropy bonus (``algorithm.entropy_target``) sets each step's coefficient from the entropy
+  the previous update measured (``bandpo.algo.entropy_bonus``; its state is saved with the checkpoints).
 - Non-finite rewards, logprobs or loss skip the update (counted) unless ``on_nonfinite=stop``;
   the actor never applies an optimizer step with NaN/inf gradients (``bandpo.run.nonfinite``).
 """
@@ -64,6 +66,7 @@ from typing import TYPE_CHECKING
 
 from bandpo.actor.group import UpdateResult
 from bandpo.algo import compute_advantages
+from bandpo.algo.entropy_bonus import entropy_controller
 from bandpo.algo.options import LossOptions
 from bandpo.checkpoint.run_folders import IN_FLIGHT_FILE, CheckpointManager, load_in_flight, save_in_flight
 from bandpo.distributed import stage
@@ -84,6 +87,8 @@ if TYPE_CHECKING:
 class Trainer:
     """The training loop over the parts start-up built (``parts``: ``bandpo.trainer.launch.start``)."""
 
+    entropy_ctl = None  # the adaptive entropy bonus' state (set in __init__ when it is on)
+
     def __init__(self, cfg: TrainConfig, parts: RunParts):
         self.cfg, self.parts = cfg, parts
         self.out = parts.out
@@ -103,6 +108,8 @@ class Trainer:
             parts.tokenizer,
             self.timed,
         )
+        # the adaptive entropy bonus' coefficient and last measured entropy; None when it is off
+        self.entropy_ctl = entropy_controller(self.loss)
         # rollout.weight_sync's transport (bandpo.weight_sync.transport), made at the first sync
         self.weight_sync = None
         # a sync has been verified (the first of a run always is: bandpo.weight_sync.checksums)
@@ -153,6 +160,8 @@ class Trainer:
         metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
+        if self.entropy_ctl is not None and result is not None:  # the next step's bonus coefficient
+            metrics.update(self.entropy_ctl.observe(result.metrics))
         # the engines sampled from the actor's weights (two steps over the tolerance stop the run)
         self.sync_over = check_sync(metrics, self.parts.sync_tol, self.step, self.sync_over)
         # updates between the batch's weights and pi_old's
@@ -293,13 +302,17 @@ class Trainer:
         }
 
     def step_loss_options(self, batch: TrainBatch) -> LossOptions:
-        """The run's loss options; the adaptive band's ``batch`` norm takes its scale from this step:
-        the mean pi_old entropy over valid tokens (``bandpo.algo.adaptive``)."""
-        if self.loss.band_adaptive != "entropy" or self.loss.entropy_norm != "batch":
-            return self.loss
+        """The run's loss options; the adaptive entropy bonus sets this step's coefficient
+        (``bandpo.algo.entropy_bonus``); the adaptive band's ``batch`` norm takes its scale from this
+        step: the mean pi_old entropy over valid tokens (``bandpo.algo.adaptive``)."""
+        loss = self.loss
+        if self.entropy_ctl is not None:
+            loss = replace(loss, entropy_coef=self.entropy_ctl.step_coef())
+        if loss.band_adaptive != "entropy" or loss.entropy_norm != "batch":
+            return loss
         mask = batch.response_mask.bool()  # [N, R]
         # A step whose tokens are all one-hot (entropy 0) gets delta_min everywhere.
-        return replace(self.loss, entropy_scale=max(float(batch.old_entropy[mask].mean()), 1e-12))
+        return replace(loss, entropy_scale=max(float(batch.old_entropy[mask].mean()), 1e-12))
 
     # ------------------------------------------------------------------ pieces
     def timed(self, name: str):
@@ -373,6 +386,8 @@ class Trainer:
         # max_staleness=1: the sampler is past the batch drawn ahead, which is saved with the checkpoint
         # (regenerating it would need the weights before this step's update, which are gone).
         state = {"step": self.step, "sampler": self.parts.sampler.state_dict(), "skipped": self.guard.skipped}
+        if self.entropy_ctl is not None:
+            state["entropy_control"] = self.entropy_ctl.state_dict()
 
         def write(folder: Path) -> None:
             self.workers.actor.call("save_checkpoint", str(folder))
@@ -401,6 +416,8 @@ class Trainer:
             self.workers.actor.call("load_checkpoint", str(folder / "actor"))
             self.wake_engines(load=True)
         self.step, self.guard.skipped = state["step"], state.get("skipped", 0)
+        if self.entropy_ctl is not None:
+            self.entropy_ctl.load_state_dict(state.get("entropy_control"), str(folder / "trainer_state.json"))
         self.engine_version = self.step
         # None: the next batch is drawn at its step
         self.in_flight = load_in_flight(folder / IN_FLIGHT_FILE, in_flight_types())

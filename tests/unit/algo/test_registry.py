@@ -60,7 +60,16 @@ def test_each_algorithm_has_a_recipe_with_its_entrys_defaults():
     for name, algo in ALGORITHMS.items():
         cfg = compose([f"algorithm={name}"]).algorithm
         assert cfg.name == name
-        for option in ("eps_low", "eps_high", "tau_pos", "tau_neg"):
+        for option in (
+            "eps_low",
+            "eps_high",
+            "tau_pos",
+            "tau_neg",
+            "cov_ratio",
+            "clip_cov_lb",
+            "clip_cov_ub",
+            "kl_cov_coef",
+        ):
             assert getattr(cfg, option) == algo.defaults.get(option), (name, option)
 
 
