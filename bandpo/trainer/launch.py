@@ -360,6 +360,7 @@ def start_workers(
                 cpu_threads=ac.cpu_threads if gpu else actor_threads,
                 collective_timeout_min=ac.collective_timeout_min,
                 wait=False,
+                startup_timeout_s=cfg.trainer.startup_timeout,
                 offload_during_rollout=offload,
             )
 
@@ -379,6 +380,7 @@ def start_workers(
             ro.backend,
             model_path,
             sleeps=sleeps,
+            startup_timeout_s=cfg.trainer.startup_timeout,
             num_cpus=1,
             num_gpus=0,
             env=env,
