@@ -1,4 +1,4 @@
-"""The checks of ``scripts/gpu_smoke.py`` (its docstring says what each measures and why): one ZeRO
+"""The checks of ``python -m bandpo.tools.gpu_smoke`` (its docstring says what each measures and why): one ZeRO
 stage's update, memory, offload, packed and teardown checks on random shared-prompt groups
 (``check_stage``), the CUDA IPC round trip (``ipc_round_trip``), and the arithmetic they report
 against (MFU, the log-prob tolerance of a dtype)."""

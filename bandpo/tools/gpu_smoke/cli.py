@@ -1,7 +1,7 @@
 """GPU smoke test and actor benchmark: everything one GPU machine can check without Ray or vLLM.
 
-    .venv/bin/python scripts/gpu_smoke.py [--out gpu_smoke.json]   # CUDA: a random Qwen2.5-1.5B-shaped model
-    .venv/bin/python scripts/gpu_smoke.py --cpu                      # the same code paths on a tiny model (CI)
+    .venv/bin/python -m bandpo.tools.gpu_smoke [--out gpu_smoke.json]   # CUDA: a random Qwen2.5-1.5B-shaped model
+    .venv/bin/python -m bandpo.tools.gpu_smoke --cpu                      # the same code paths on a tiny model (CI)
 
 Per ZeRO stage (2, 3), one DeepSpeed rank (bf16 weights with fp32 master weights and gradient
 checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
@@ -36,7 +36,8 @@ Once (GPU only):
   ipc        the CUDA IPC bucket round trip of the weights into another process
              (``bandpo.weight_sync.ipc``), GB/s, next to the device's own copy bandwidth
 Prints one table and writes JSON (load average included). Nothing here is a timed assertion.
-The checks themselves are in ``gpu_smoke_checks.py`` beside this script.
+The checks themselves are in ``bandpo.tools.gpu_smoke.checks`` and ``.lora``; ``scripts/gpu_smoke.py``
+runs this module.
 """
 
 from __future__ import annotations
@@ -45,15 +46,11 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# the checks beside this script, however it is loaded
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_smoke_checks import GROUP, check_stage, ipc_round_trip
-from gpu_smoke_lora import check_lora, lora_table, workdir_of
+from bandpo.tools.gpu_smoke.checks import GROUP, check_stage, ipc_round_trip
+from bandpo.tools.gpu_smoke.lora import check_lora, lora_table, workdir_of
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s with fp32 accumulation, from the vendor's
 # datasheets, keyed by the exact torch.cuda.get_device_name(): an unknown name reports no MFU
@@ -245,7 +242,3 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return result
-
-
-if __name__ == "__main__":
-    main()
