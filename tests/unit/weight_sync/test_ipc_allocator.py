@@ -97,3 +97,22 @@ def test_the_settings_are_restored_when_the_allocation_fails(calls, monkeypatch)
 )
 def test_only_the_flag_is_flipped(conf, want):
     assert ipc.with_expandable_segments(conf, False) == want
+
+
+@pytest.mark.gpu
+def test_a_packed_bucket_maps_in_another_process_under_expandable_segments():
+    """On a GPU: the probe (bandpo.tools.gpu_smoke.ipc_probe) sends a packed bucket to a spawned process
+    with expandable segments on; it must map there and sum to the sender's checksum."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    out = subprocess.run(
+        [sys.executable, "-m", "bandpo.tools.gpu_smoke.ipc_probe"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "packed bucket OK" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
