@@ -1,5 +1,7 @@
 """python -m bandpo.tools.gpu_smoke --cpu: every code path of the GPU mode on a tiny model, in-process: DeepSpeed
-ZeRO-2 and ZeRO-3 on one rank, shared-prompt groups, ActorOffload after a real optimizer step, the
+ZeRO-2 and ZeRO-3 on one rank with a reference model in the trainer's order (reference log-probs, an
+update with the KL term, the reference offloaded and reloaded), shared-prompt groups, ActorOffload after a
+real optimizer step, the
 plan's memory estimate beside the measured peak, the packed path against the padded reference, and
 Actor.close between the stages; then the LoRA check at both stages in bf16 (update, offload, save from
 host memory, load into a new actor, exact compare). A stage that fails, or a plan that cannot be
@@ -39,6 +41,10 @@ def test_gpu_smoke_cpu_mode(tmp_path, monkeypatch):
         assert r["peak_gib"] > 0, r  # the memory was measured, with or without a plan beside it
         assert r["freed_after_close"], r  # Actor.close left nothing holding the model
         assert r["tokens"] == prompt_tokens  # same batch both stages
+        # the reference: one model's second copy before any update, bit for bit the same after its offload
+        assert r["ref_ok"] and r["ref_reload_diff"] == 0.0 and r["ref_first_diff"] <= r["packed_tol"], r
+        # no pinned memory on a CPU; the plan's figure for the tiny model is there all the same
+        assert r["pinned_gib"] is None and r["pinned_plan_gib"] > 0, r
     # the plan's estimate where it could be computed; at ZeRO-3 the row keeps its measurements
     assert result["stages"][0]["estimate_gib"] > 0 and result["stages"][0]["estimate_error"] is None
     assert result["stages"][1]["estimate_gib"] is None

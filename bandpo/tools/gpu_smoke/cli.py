@@ -3,8 +3,12 @@
     .venv/bin/python -m bandpo.tools.gpu_smoke [--out gpu_smoke.json]   # CUDA: a random Qwen2.5-1.5B-shaped model
     .venv/bin/python -m bandpo.tools.gpu_smoke --cpu                      # the same code paths on a tiny model (CI)
 
-Per ZeRO stage (2, 3), one DeepSpeed rank (bf16 weights with fp32 master weights and gradient
-checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
+Per ZeRO stage (2, 3), one DeepSpeed rank with a reference model (bf16 weights with fp32 master
+weights and gradient checkpointing on GPU; fp32 on CPU), built, used and torn down in the trainer's
+order of a step (reload, old and reference log-probs, update with the KL term, offload):
+  reference  the reference model's log-probs before any update against the actor's (one model's two
+             copies: within the packed bound, ``ref/old``), and again after the offload round trip took
+             it to host memory and back (frozen: bit for bit, ``ref diff``)
   update     a first optimizer step (warm-up), then a timed one on ``--rows`` rows in groups of 4
              that share a prompt (the shared-prompt packing of GRPO's groups): actor tokens/s and
              MFU = 6 x params x tokens / time / peak (``PEAK_FLOPS`` by exact device name)
@@ -13,8 +17,10 @@ checkpointing on GPU; fp32 on CPU), built, used and torn down in this order:
              (``bandpo.distributed.memory.memory_estimate``)
   offload    after the first optimizer step, ``ActorOffload`` (what ``actor.offload_during_rollout``
              does around a rollout): offload, offload_weights, reload, then every weight, master
-             weight and Adam state compared with before (max |delta|, 0 expected) and the memory
-             it freed; the timed update then runs on the reloaded states
+             weight and Adam state compared with before (max |delta|, 0 expected), the memory
+             it freed, and the pinned host memory it took (GPU: torch's pinned allocator, blocks
+             rounded up to powers of two) against the plan's (``bandpo.distributed.host_memory``);
+             the timed update then runs on the reloaded states
   packed     the padding-free path (packed attention, shared prompts, chunked lm_head) against the
              padded reference with full logits: max |delta log-prob| vs ``logprob_tolerance``
   teardown   ``Actor.close``: whether the model was freed, and the memory still allocated after it
@@ -124,6 +130,10 @@ COLUMNS = (  # header, key, format
     ("tol", "packed_tol", "9.2e"),
     ("offload diff", "offload_max_diff", "13.2e"),
     ("freed GiB", "offload_freed_gib", "10.2f"),
+    ("pinned GiB", "pinned_gib", "11.2f"),
+    ("pin plan", "pinned_plan_gib", "9.2f"),
+    ("ref/old", "ref_first_diff", "9.2e"),
+    ("ref diff", "ref_reload_diff", "9.2e"),
     ("left GiB", "left_after_close_gib", "9.2f"),
 )
 
