@@ -114,3 +114,7 @@ class SharedMemoryFull(RuntimeError):
 
 class WeightSyncTimeout(WorkerFailure):
     """A wait of the GPU weight sync ran past ``rollout.weight_sync_timeout``; names the stage and what to check."""
+
+
+class StartupTimeout(WorkerFailure):
+    """Actor ranks or engines still starting past ``trainer.startup_timeout``; names them and what to check."""

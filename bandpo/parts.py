@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 BUILDS = {"tiny_arith": "bandpo.models.tiny_arith", "smollm2_gguf": "bandpo.models.smollm2"}
 
 
+def looks_local(path: str) -> bool:
+    """Whether ``path`` can only be a folder: it starts with ``/``, ``./``, ``../`` or ``~``, or holds more
+    than one ``/`` (a hub id is ``name`` or ``owner/name``)."""
+    return path in (".", "..") or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+
+
 def ensure_model(model_cfg: ModelConfig) -> str:
     """The model path, building a recipe's model first when ``model.build`` asks for it.
 
@@ -44,7 +50,8 @@ def ensure_model(model_cfg: ModelConfig) -> str:
     A hub id is returned as it is: its first read (the tokenizer, ``bandpo.hub.load_tokenizer``) names
     ``model.path`` when it is neither reachable nor cached. A local folder (or one a recipe builds) is
     returned absolute: the workers on other nodes start in other directories (``check_nodes`` then
-    checks that every node sees it).
+    checks that every node sees it); a path that can only be a folder (``looks_local``) but is missing
+    on the driver is a ``ConfigError`` naming ``model.path``, never passed on as a hub id.
     """
     import dataclasses
     import importlib
@@ -53,7 +60,14 @@ def ensure_model(model_cfg: ModelConfig) -> str:
     build = model_cfg.build
     build_args = dict(model_cfg.build_args)
     if not build:
-        return os.path.abspath(path) if os.path.exists(path) else path
+        if os.path.exists(path):
+            return os.path.abspath(path)
+        if looks_local(str(model_cfg.path)):
+            raise ConfigError(
+                f"config error: model.path={model_cfg.path} is a local folder (not a hub id) but there is no "
+                f"folder at {os.path.abspath(path)} on the driver, which reads its tokenizer"
+            )
+        return path
     if build not in BUILDS:
         raise ConfigError(
             f"config error: model.build={build!r} is not a known recipe; valid: {', '.join(BUILDS)}"
@@ -302,6 +316,7 @@ def make_actor(cfg: TrainConfig, plan: RunPlan, cpu_threads: int | None, options
         cpu_threads=cpu_threads,
         collective_timeout_min=ac.collective_timeout_min,
         wait=False,
+        startup_timeout_s=cfg.trainer.startup_timeout,
         offload_during_rollout=plan.offload,
     )
 
@@ -317,6 +332,7 @@ def make_engines(cfg: TrainConfig, plan: RunPlan, env: dict | None = None, **pla
         ro.backend,
         plan.model_path,
         sleeps=plan.sleeps,
+        startup_timeout_s=cfg.trainer.startup_timeout,
         num_cpus=1,
         num_gpus=0,
         env=env,

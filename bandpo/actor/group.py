@@ -15,12 +15,14 @@ actor's side of the step's rollout/actor metrics.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 import torch
 
 from bandpo.algo.options import LossOptions
 from bandpo.distributed import forwarded_env
+from bandpo.distributed.startup import ACTOR_HINT, DEFAULT_STARTUP_TIMEOUT_S, wait_started
 from bandpo.errors import RankDeviceError, WorkerFailure
 from bandpo.types import RolloutBatch, TrainBatch
 
@@ -123,7 +125,8 @@ class ActorGroup:
     from ``bandpo.distributed.placement.actor_options``) seats rank r in a group the caller owns;
     then no group of its own is made and ``num_*_per_rank`` are unused. With ``wait=False``
     the ranks build in the background until ``wait_ready()`` (the trainer starts the rollout
-    engines and the verifier meanwhile). ``reuse_old_logprobs``, ``old_from_rollout``: see the module
+    engines and the verifier meanwhile), for at most ``startup_timeout_s`` from construction
+    (``trainer.startup_timeout``). ``reuse_old_logprobs``, ``old_from_rollout``: see the module
     docstring (not both).
     ``offloads``: the ranks were built with ``offload_during_rollout`` (``offload`` / ``reload``).
     """
@@ -139,6 +142,7 @@ class ActorGroup:
         wait: bool = True,
         reuse_old_logprobs: bool = False,
         old_from_rollout: bool = False,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         **actor_kwargs: Any,
     ):
         import ray
@@ -202,6 +206,7 @@ class ActorGroup:
             for rank in range(world_size)
         ]
         self._ready = [w.info.remote() for w in self.workers]
+        self._started, self.startup_timeout_s = time.monotonic(), startup_timeout_s
         self.reports: list[dict] = []  # each rank's ``info()`` once built (device, precision, node)
         if wait:
             self.wait_ready()
@@ -211,15 +216,19 @@ class ActorGroup:
 
         A rank on another device than its plan's (``bandpo.actor.setup.check_rank_device``) is a
         ``WorkerFailure`` with that rank's one line, naming its node; any other constructor error
-        is raised as Ray gives it (``RayActorError``).
+        is raised as Ray gives it (``RayActorError``). Ranks still building ``startup_timeout_s`` after
+        they were started: ``StartupTimeout`` naming them, with the NCCL hint
+        (``bandpo.distributed.startup``).
         """
-        import ray
         from ray.exceptions import RayActorError
 
         if not self._ready:
             return
+        names = [f"rank {r}" for r in range(len(self._ready))]
         try:
-            self.reports = ray.get(self._ready)
+            self.reports = wait_started(
+                self._ready, names, self._started, self.startup_timeout_s, "the actor ranks", ACTOR_HINT
+            )
         except RayActorError as e:
             line = device_error_line(str(e))
             if line is None:

@@ -20,16 +20,32 @@ import torch
 
 from bandpo.actor.lora import LoraSettings
 from bandpo.checkpoint.lora_adapter import ADAPTER_WEIGHTS, save_adapter_folder
-from bandpo.lora_weights import is_lora
+from bandpo.lora_weights import is_lora, lora_factors
+
+# Bounds on what the two files add to the factors' values: safetensors' JSON header per tensor (its
+# name, ~80 characters here, dtype, shape and offsets: under 300 bytes) and adapter_config.json (~1 KB).
+HEADER_BYTES_PER_TENSOR = 512
+CONFIG_BYTES = 8192
+
+
+def adapter_file_bytes(module: torch.nn.Module) -> int:
+    """An upper bound on the bytes ``write_adapter`` writes for ``module``: its factors' values (whole:
+    under ZeRO-3 inside their gather) plus ``HEADER_BYTES_PER_TENSOR`` each and ``CONFIG_BYTES``."""
+    factors = lora_factors(getattr(module, "module", module))
+    return sum(p.numel() * p.element_size() + HEADER_BYTES_PER_TENSOR for p in factors) + CONFIG_BYTES
 
 
 def write_adapter(folder: str, module: torch.nn.Module, base_model_path: str) -> int:
     """Write ``module``'s adapter (a PEFT model, or a DeepSpeed engine around one) into ``folder``
-    (created if missing; the two files replaced); returns the bytes of the weights file (what a sync
-    moves, the small config aside). Under ZeRO-3 the factors must be gathered around the call."""
+    (created if missing; the two files replaced) once its file system has room for them
+    (``bandpo.shm.adapter_dirs.check_adapter_space``); returns the bytes of the weights file (what a
+    sync moves, the small config aside). Under ZeRO-3 the factors must be gathered around the call."""
+    from bandpo.shm.adapter_dirs import check_adapter_space
+
     inner = getattr(module, "module", module)
     if not is_lora(inner):
         raise ValueError("write_adapter: the model carries no LoRA adapter (actor.lora.rank is 0)")
+    check_adapter_space(folder, adapter_file_bytes(inner))
     os.makedirs(folder, exist_ok=True)
     save_adapter_folder(inner, folder, base_model_path)
     return os.path.getsize(os.path.join(folder, ADAPTER_WEIGHTS))

@@ -451,7 +451,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
     # ------------------------------------------------------------------ misc
     def close(self) -> None:
         """Release this rank's memory while the process lives on (a Ray actor's process simply exits;
-        ``scripts/gpu_smoke.py`` builds one rank after another): ``bandpo.actor.setup.destroy_engines``."""
+        ``python -m bandpo.tools.gpu_smoke`` builds one rank after another): ``bandpo.actor.setup.destroy_engines``."""
         destroy_engines([self.engine, self.ref], self.zero_stage)
         self.engine = self.ref = self.offloader = None
         gc.collect()

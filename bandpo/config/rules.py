@@ -40,6 +40,7 @@ def validate(cfg: TrainConfig) -> None:
         _get(cfg, "rollout.verify_sync"),
     )
     _number(cfg, "rollout.weight_sync_timeout", low=0, strict_low=True)
+    _number(cfg, "trainer.startup_timeout", low=0, strict_low=True)
     _rule(check_group_size, _get(cfg, "rollout.n"), "rollout.n")
     _rule(check_temperature, _get(cfg, "rollout.temperature"), "rollout.temperature")
     _number(cfg, "rollout.top_p", low=0, high=1, strict_low=True)

@@ -289,6 +289,9 @@ class TrainerConfig:
     wandb: WandbConfig = key(doc="W&B logging", factory=WandbConfig)
     verbose: bool = key(False, "workers' output on the console, not <run>/logs/")
     ray_address: str | None = key(None, "null = $RAY_ADDRESS or a local instance")
+    startup_timeout: float = key(
+        1800, "seconds the actor ranks and the engines may take to start; then an error naming the late ones"
+    )
 
 
 @dataclass

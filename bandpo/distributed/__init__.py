@@ -45,12 +45,21 @@ FORWARDED_NAMES = (
     "TORCH_SHOW_CPP_STACKTRACES",
     "TOKENIZERS_PARALLELISM",
 )
-# Matched by a prefix but different on every node or process: vLLM's address of its own node and
-# its data-parallel rank (the GPUs a worker sees, CUDA_VISIBLE_DEVICES, Ray sets per worker).
-NOT_FORWARDED = ("VLLM_HOST_IP", "VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL")
-# Matched by a prefix but each node's own: where its caches live, which of its network interfaces
-# and InfiniBand adapters NCCL uses (names differ between machine types). Set them on each node
-# before its `ray start` (its workers inherit them); the driver's would override every node's.
+# Matched by a prefix but different on every node or process: vLLM's address of its own node, its port
+# (every engine of a node would bind the one the driver names: colocated engines race for it) and its
+# data-parallel rank and master (the GPUs a worker sees, CUDA_VISIBLE_DEVICES, Ray sets per worker).
+NOT_FORWARDED = (
+    "VLLM_HOST_IP",
+    "VLLM_PORT",
+    "VLLM_DP_RANK",
+    "VLLM_DP_RANK_LOCAL",
+    "VLLM_DP_MASTER_IP",
+    "VLLM_DP_MASTER_PORT",
+)
+# Matched by a prefix but each node's own: paths on its file system (caches, config roots, token
+# files, vLLM's IPC socket folder, libraries of its install), which of its network interfaces and
+# InfiniBand adapters NCCL uses (names differ between machine types). Set them on each node before
+# its `ray start` (its workers inherit them); the driver's would override every node's.
 # (GLOO_SOCKET_IFNAME, OMP_NUM_THREADS and PYTHONPATH, per node too, are neither matched nor named.)
 PER_NODE = (
     "HF_HOME",
@@ -58,6 +67,17 @@ PER_NODE = (
     "HF_ASSETS_CACHE",
     "HF_DATASETS_CACHE",
     "HF_XET_CACHE",
+    "HF_MODULES_CACHE",
+    "HF_TOKEN_PATH",
+    "HF_STORED_TOKENS_PATH",
+    "TRANSFORMERS_CACHE",
+    "VLLM_CACHE_ROOT",
+    "VLLM_CONFIG_ROOT",
+    "VLLM_ASSETS_CACHE",
+    "VLLM_XLA_CACHE_PATH",
+    "VLLM_RPC_BASE_PATH",
+    "VLLM_NCCL_SO_PATH",
+    "VLLM_CUDART_SO_PATH",
     "NCCL_SOCKET_IFNAME",
     "NCCL_IB_HCA",
     "NCCL_TOPO_FILE",

@@ -81,6 +81,7 @@ from bandpo.distributed.footprint import (
     model_shape,
     optimizer_step_bytes,
 )
+from bandpo.distributed.host_memory import host_estimate, host_line
 from bandpo.distributed.plan import Plan
 from bandpo.distributed.precision import resolve_bf16
 
@@ -118,6 +119,8 @@ class MemoryEstimate:
     capacity_from: str = "trainer.gpu_memory_gib"
     lora: dict | None = None
     zero_stage: int = 2
+    host: dict | None = None  # with offload: pinned host memory (``bandpo.distributed.host_memory``)
+    ranks_per_node: int = 0
 
     def on(self, gpu: str, phase: str) -> float | None:
         terms = self.gpus[gpu][phase]
@@ -150,6 +153,7 @@ class MemoryEstimate:
             "startup": r(self.phase("startup")),
             "peak": r(self.peak),
             "capacity": r(self.capacity),
+            "host_pinned_per_node": r(self.host["node_pinned_gib"]) if self.host else None,
         }
 
 
@@ -298,8 +302,25 @@ def memory_estimate(
             },
             "engine": {"startup": [vllm, ctx], "rollout": [vllm, ctx], "train": [vllm, ctx]},
         }
+    per_node = max(sum(1 for a in plan.of("actor") if a.node == n) for n in range(plan.nodes))
+    bf16 = resolve_bf16(cfg.actor.bf16, "cuda")
+    host = None
+    if offload:
+        lora, shape = lora_of(cfg) is not None, model_shape(cfg.model)
+        ref = not lora and float(cfg.algorithm.kl_coef) > 0
+        trainable = trainable_params(cfg, shape)
+        world, z = len(plan.of("actor")), int(cfg.actor.zero_stage)
+        host = host_estimate(shape, world, per_node, z, 2 if bf16 else 4, trainable, lora, ref)
     return MemoryEstimate(
-        parts, offload, capacity_gib, gpus, capacity_from, lora_summary(cfg), int(cfg.actor.zero_stage)
+        parts,
+        offload,
+        capacity_gib,
+        gpus,
+        capacity_from,
+        lora_summary(cfg),
+        int(cfg.actor.zero_stage),
+        host,
+        per_node,
     )
 
 
@@ -408,6 +429,8 @@ def memory_table(est: MemoryEstimate | None, plan: Plan) -> str:
         )
     else:
         lines.append(f"  peak {est.peak:.1f} of {est.capacity:.1f} GiB")
+    if est.host:
+        lines.append(host_line(est.host, est.ranks_per_node))
     return "\n".join(lines)
 
 

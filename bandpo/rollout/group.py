@@ -11,8 +11,10 @@ must load the actor's weights, even after a step that left them unchanged (``dro
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
+from bandpo.distributed.startup import DEFAULT_STARTUP_TIMEOUT_S, ENGINE_HINT, wait_started
 from bandpo.rollout.worker import generate_on_workers, spawn_rollout_workers
 from bandpo.types import RolloutBatch, SamplingParams
 
@@ -21,7 +23,7 @@ class RolloutGroup:
     """``k`` rollout engines (``bandpo.rollout.worker.RolloutWorker``), one Ray actor each.
 
     Construction starts them in the background (``wait_ready`` blocks until every engine is
-    up); ``sleeps`` says whether ``sleep`` / ``wake`` really sleep the engines (vLLM's sleep
+    up, for at most ``startup_timeout_s`` from construction: ``trainer.startup_timeout``); ``sleeps`` says whether ``sleep`` / ``wake`` really sleep the engines (vLLM's sleep
     mode in the colocated GPU layout) or only run the weight load. The other arguments are
     ``spawn_rollout_workers``'s. ``workers`` are the actor handles (the weight sync loads into them).
     ``drops_weights``: the engines sleep at level 2 (``sleep_level`` in the engine kwargs), so every
@@ -30,18 +32,30 @@ class RolloutGroup:
 
     drops_weights = False
 
-    def __init__(self, k: int, backend: str, model_path: str, *, sleeps: bool = False, **spawn_kwargs: Any):
+    def __init__(
+        self,
+        k: int,
+        backend: str,
+        model_path: str,
+        *,
+        sleeps: bool = False,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        **spawn_kwargs: Any,
+    ):
         self.sleeps = sleeps
         self.drops_weights = sleeps and spawn_kwargs.get("sleep_level", 1) == 2
         self.workers = spawn_rollout_workers(k, backend, model_path, wait=False, **spawn_kwargs)
         self._ready = [w.ready.remote() for w in self.workers]
+        self._started, self.startup_timeout_s = time.monotonic(), startup_timeout_s
 
     def wait_ready(self) -> None:
-        """Block until every engine is built; raises the first constructor error (Ray's ``RayActorError``)."""
-        import ray
-
+        """Block until every engine is built; raises the first constructor error (Ray's ``RayActorError``),
+        and ``StartupTimeout`` naming the engines still starting ``startup_timeout_s`` after construction."""
         if self._ready:
-            ray.get(self._ready)
+            names = [f"rollout engine {i}" for i in range(len(self._ready))]
+            wait_started(
+                self._ready, names, self._started, self.startup_timeout_s, "the rollout engines", ENGINE_HINT
+            )
             self._ready = []
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> RolloutBatch:

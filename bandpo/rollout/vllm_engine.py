@@ -202,17 +202,20 @@ class VllmEngine:
 
     def ipc_update(self, op: str, payload: dict[str, bytes] | None = None) -> None:
         """One step of a CUDA IPC sync (``bandpo.weight_sync.ipc.send_ipc``): "begin" (layerwise reload),
-        "load" (payload: GPU UUID -> bucket; every worker maps its own GPU's), "finish" (the prefix
-        cache is reset after it)."""
+        "load" (payload: GPU UUID -> bucket; every worker maps its own GPU's), "load_shm" (the same from
+        a /dev/shm file, ``bandpo.weight_sync.shm_buckets``), "finish" (the prefix cache is reset after it)."""
         if op == "begin":
             self.llm.collective_rpc("bandpo_begin_update")
         elif op == "load":
             self.llm.collective_rpc("bandpo_load_ipc", args=(payload,))
+        elif op == "load_shm":  # payload: (path, wire metas) of a bucket in /dev/shm (CPU: shm_buckets)
+            path, wire_metas = payload
+            self.llm.collective_rpc("bandpo_load_shm_bucket", args=(path, wire_metas))
         elif op == "finish":
             self.llm.collective_rpc("bandpo_finish_update")
             self.llm.reset_prefix_cache()
         else:
-            raise ValueError(f"ipc_update: unknown op {op!r}; valid: begin, load, finish")
+            raise ValueError(f"ipc_update: unknown op {op!r}; valid: begin, load, load_shm, finish")
 
     def weight_transfer(self, op: str, payload=None) -> None:
         """One step of vLLM's weight-transfer handshake (needs ``weight_transfer_config`` at build).

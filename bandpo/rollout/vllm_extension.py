@@ -37,7 +37,8 @@ class BandpoWorkerExtension:
 
     ``bandpo_load_shm``: the node-local /dev/shm file (``rollout.weight_sync=shm``; CPU).
     ``bandpo_begin_update`` / ``bandpo_load_ipc`` / ``bandpo_finish_update``: CUDA IPC buckets from the
-    colocated actor ranks (``rollout.weight_sync=ipc``; ``VllmEngine.ipc_update``). The nccl transport
+    colocated actor ranks (``rollout.weight_sync=ipc``; ``VllmEngine.ipc_update``); ``bandpo_load_shm_bucket``
+    the same bucketed load from /dev/shm, which runs on CPU (tests). The nccl transport
     goes through vLLM's own weight-transfer engine instead (``bandpo.weight_sync.nccl``).
     ``bandpo_weight_checksums``: what every transport is verified by (``bandpo.weight_sync.checksums``).
     """
@@ -65,16 +66,31 @@ class BandpoWorkerExtension:
         """Load one CUDA IPC bucket, the one packed on this worker's GPU (``payloads``: GPU UUID ->
         payload), between ``bandpo_begin_update`` and ``bandpo_finish_update``."""
         import torch
-        from vllm.config import set_current_vllm_config
 
         from bandpo.weight_sync.ipc import open_ipc_bucket
 
         weights = list(open_ipc_bucket(payloads))
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(weights)
+        self._bandpo_load_bucket(weights)
         # The sender reuses the bucket's memory once this returns: the copies must have landed.
         torch.cuda.synchronize()
         return len(weights)
+
+    def bandpo_load_shm_bucket(self, path: str, wire_metas: list) -> int:
+        """Load one bucket from the flat /dev/shm file ``path`` between ``bandpo_begin_update`` and
+        ``bandpo_finish_update``: the GPU sequence's load (``bandpo_load_ipc``) with shared memory
+        where the GPU maps a CUDA IPC buffer, so that the bucketed reload runs on CPU too
+        (``bandpo.weight_sync.shm_buckets``). The writer reuses the file once this returns."""
+        from bandpo.shm.weight_files import read_weights_shm
+
+        weights = list(read_weights_shm(path, list(wire_metas)))
+        self._bandpo_load_bucket(weights)
+        return len(weights)
+
+    def _bandpo_load_bucket(self, weights: list) -> None:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights)
 
     def bandpo_finish_update(self) -> None:
         """Finish a bucketed update: layers that got no weights keep their old ones."""

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from bandpo.checkpoint.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from bandpo.shm import weight_files
 from bandpo.shm.vllm_leftovers import alive
 
 ADAPTER_PREFIX = "/dev/shm/bandpo-adapter-"
@@ -39,12 +40,36 @@ def read_adapter_files(folder: str) -> dict[str, bytes]:
     return out
 
 
+def check_adapter_space(folder: str, nbytes: int) -> None:
+    """Raise ``SharedMemoryFull`` naming ``folder`` unless its file system takes ``nbytes`` of adapter
+    files (those already in the folder are replaced: they count as used). The weight file's check
+    (``bandpo.shm.weight_files.check_space``): a full tmpfs would otherwise be a bare OSError mid-write
+    (Docker's default 64 MB against a ~240 MB rank-64 Qwen2.5-3B adapter)."""
+    existing = 0
+    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+        try:
+            existing += os.path.getsize(os.path.join(folder, name))
+        except OSError:
+            pass
+    weight_files.check_space(
+        folder if os.path.isdir(folder) else os.path.dirname(folder) or ".",
+        nbytes,
+        existing=existing,
+        what=f"the LoRA adapter folder {folder}",
+        parts=f"{nbytes} for the adapter's files",
+        alternative="set rollout.lora_sync=merged (the weights then go through rollout.weight_sync)",
+    )
+
+
 def write_adapter_files(folder: str, files: dict[str, bytes]) -> int:
-    """Write ``read_adapter_files``' result into ``folder``; returns the bytes written."""
-    os.makedirs(folder, exist_ok=True)
-    for name, data in files.items():
+    """Write ``read_adapter_files``' result into ``folder`` after ``check_adapter_space``; returns the bytes
+    written."""
+    for name in files:
         if name not in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
             raise ValueError(f"write_adapter_files: unexpected file {name!r}")
+    check_adapter_space(folder, sum(len(d) for d in files.values()))
+    os.makedirs(folder, exist_ok=True)
+    for name, data in files.items():
         with open(os.path.join(folder, name), "wb") as f:
             f.write(data)
     return sum(len(d) for d in files.values())

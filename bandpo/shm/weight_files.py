@@ -102,22 +102,48 @@ def check_shm_space(
     An existing file at ``path`` is rewritten in place: its current size already counts as used.
     ``free_total`` replaces the file system's (free, total) figures (tests).
     """
-    directory = os.path.dirname(path) or "."
-    free, total = free_total if free_total is not None else shm_free_bytes(directory)
     try:
         existing = os.path.getsize(path)
     except OSError:
         existing = 0
+    parts = f"{nbytes} for the weight file" + (f" + {reserve} for Ray's object-store copy" if reserve else "")
+    check_space(
+        os.path.dirname(path) or ".",
+        nbytes,
+        existing=existing,
+        reserve=reserve,
+        free_total=free_total,
+        what="the weight sync",
+        parts=parts,
+        alternative="set rollout.weight_sync to ipc / nccl on GPU",
+    )
+
+
+def check_space(
+    directory: str,
+    nbytes: int,
+    *,
+    existing: int = 0,
+    reserve: int = 0,
+    free_total: tuple[int, int] | None = None,
+    what: str,
+    parts: str,
+    alternative: str,
+) -> None:
+    """Raise ``SharedMemoryFull`` unless ``directory``'s file system takes ``nbytes`` more than the
+    ``existing`` bytes they replace (+ ``reserve``). The message names ``directory``, ``what`` is
+    written there, its size and free space, the bytes needed (``parts``: what they are), the
+    container's shared-memory flags and ``alternative``."""
+    free, total = free_total if free_total is not None else shm_free_bytes(directory)
     needed = max(nbytes - existing, 0) + reserve
     if needed <= free:
         return
     gib = 1 << 30
     want = -(-(nbytes + reserve + (total - free - existing)) // gib)  # GiB to ask for, rounded up
-    parts = f"{nbytes} for the weight file" + (f" + {reserve} for Ray's object-store copy" if reserve else "")
     raise SharedMemoryFull(
-        f"{directory} is too small for the weight sync: it holds {total} bytes ({_human(total)}) with "
-        f"{free} free, and the sync needs {needed} more ({parts}). Give the container more shared memory "
-        f"(docker run --shm-size={max(want, 1)}g, or --ipc=host), or set rollout.weight_sync to ipc / nccl on GPU"
+        f"{directory} is too small for {what}: it holds {total} bytes ({_human(total)}) with "
+        f"{free} free, and {what} needs {needed} more ({parts}). Give the container more shared memory "
+        f"(docker run --shm-size={max(want, 1)}g, or --ipc=host), or {alternative}"
     )
 
 

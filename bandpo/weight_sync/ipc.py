@@ -11,12 +11,21 @@ sync at the next exchange (``send_ipc``).
 
 GPUs are matched by UUID because CUDA_VISIBLE_DEVICES (set per Ray actor) gives one GPU
 different indices in different processes.
+
+The bucket is allocated with PyTorch's expandable segments off (``no_expandable_segments``), whatever
+PYTORCH_CUDA_ALLOC_CONF says (it is forwarded to every rank): CUDA IPC of an expandable segment goes
+through ``pidfd_getfd``, which needs ptrace rights that Ubuntu's Yama default and unprivileged
+containers refuse ("pidfd_getfd: Operation not permitted"), while a plain cudaMalloc segment is shared
+by cudaIpcGetMemHandle. PyTorch's caching allocator honours the switch for a single request (it skips
+its expandable blocks while the setting is off), so the rest of the rank keeps its expandable segments.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,13 +42,65 @@ def gpu_uuid(index: int | None = None) -> str:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
 
 
+# Torch's names for its allocator settings, in its order of precedence (the accelerator-agnostic one wins).
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+EXPANDABLE = "expandable_segments"
+
+
+def alloc_conf(environ=None) -> str:
+    """The allocator settings this process started with. Nothing in an actor rank rewrites them at run
+    time (vLLM does, in the engines' processes only), so the environment is what is in effect."""
+    environ = os.environ if environ is None else environ
+    return next((environ[k] for k in ALLOC_CONF_VARS if environ.get(k)), "")
+
+
+def expandable_segments_on(conf: str) -> bool:
+    for field in conf.split(","):
+        name, _, value = field.partition(":")
+        if name.strip() == EXPANDABLE:
+            return value.strip().lower() in ("true", "1")
+    return False
+
+
+def with_expandable_segments(conf: str, on: bool) -> str:
+    """``conf`` with the expandable-segments field set to ``on``, every other field kept: torch resets
+    each option that the string it is handed leaves out, so the whole string is always written."""
+    want = f"{EXPANDABLE}:{on}"
+    fields = [f.strip() for f in conf.split(",") if f.strip()]
+    kept = [want if f.partition(":")[0].strip() == EXPANDABLE else f for f in fields]
+    return ",".join(kept if want in kept else [*kept, want])
+
+
+def _set_alloc_conf(conf: str) -> None:
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:  # torch before 2.9
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(conf)
+
+
+@contextmanager
+def no_expandable_segments(conf: str | None = None):
+    """Expandable segments off inside the block when ``conf`` (default: ``alloc_conf()``) turns them on;
+    the settings are written back on the way out, also when the block fails. A no-op otherwise."""
+    conf = alloc_conf() if conf is None else conf
+    if not expandable_segments_on(conf):
+        yield
+        return
+    _set_alloc_conf(with_expandable_segments(conf, False))
+    try:
+        yield
+    finally:
+        _set_alloc_conf(conf)
+
+
 def pack_ipc_bucket(named: list[tuple[str, torch.Tensor]]) -> tuple[str, bytes, torch.Tensor]:
     """Copy CUDA tensors into one buffer on their GPU; return (GPU UUID, pickled IPC handle + metas,
     the buffer, which the caller keeps alive until every reader has loaded it)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     metas, tensors, total = layout(named)
-    buf = torch.empty(max(total, 1), dtype=torch.uint8, device=tensors[0].device)
+    with no_expandable_segments():  # shareable by cudaIpcGetMemHandle (module docstring)
+        buf = torch.empty(max(total, 1), dtype=torch.uint8, device=tensors[0].device)
     for (_, view), t in zip(views(buf, metas), tensors):
         view.copy_(t.detach())
     # The reader works on its own stream in another process: the copies must have landed.

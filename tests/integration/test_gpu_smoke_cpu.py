@@ -1,31 +1,24 @@
-"""scripts/gpu_smoke.py --cpu: every code path of the GPU mode on a tiny model, in-process: DeepSpeed
-ZeRO-2 and ZeRO-3 on one rank, shared-prompt groups, ActorOffload after a real optimizer step, the
+"""python -m bandpo.tools.gpu_smoke --cpu: every code path of the GPU mode on a tiny model, in-process: DeepSpeed
+ZeRO-2 and ZeRO-3 on one rank with a reference model in the trainer's order (reference log-probs, an
+update with the KL term, the reference offloaded and reloaded), shared-prompt groups, ActorOffload after a
+real optimizer step, the
 plan's memory estimate beside the measured peak, the packed path against the padded reference, and
 Actor.close between the stages; then the LoRA check at both stages in bf16 (update, offload, save from
 host memory, load into a new actor, exact compare). A stage that fails, or a plan that cannot be
 computed (no Hydra), is recorded in its row and the run goes on."""
 
-import importlib.util
+import argparse
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from bandpo.tools.gpu_smoke import checks, lora
+from bandpo.tools.gpu_smoke import cli as smoke
+
 pytestmark = pytest.mark.integration
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_gpu_smoke_cpu_mode(tmp_path, monkeypatch):
-    smoke = _load("gpu_smoke")
-    checks = sys.modules["gpu_smoke_checks"]  # the module the script's checks run from
     plan_estimate = checks.plan_estimate
 
     def no_hydra_at_zero3(params, shape, stage, *a, **kw):  # as where Hydra is not installed
@@ -48,6 +41,10 @@ def test_gpu_smoke_cpu_mode(tmp_path, monkeypatch):
         assert r["peak_gib"] > 0, r  # the memory was measured, with or without a plan beside it
         assert r["freed_after_close"], r  # Actor.close left nothing holding the model
         assert r["tokens"] == prompt_tokens  # same batch both stages
+        # the reference: one model's second copy before any update, bit for bit the same after its offload
+        assert r["ref_ok"] and r["ref_reload_diff"] == 0.0 and r["ref_first_diff"] <= r["packed_tol"], r
+        # no pinned memory on a CPU; the plan's figure for the tiny model is there all the same
+        assert r["pinned_gib"] is None and r["pinned_plan_gib"] > 0, r
     # the plan's estimate where it could be computed; at ZeRO-3 the row keeps its measurements
     assert result["stages"][0]["estimate_gib"] > 0 and result["stages"][0]["estimate_error"] is None
     assert result["stages"][1]["estimate_gib"] is None
@@ -76,16 +73,12 @@ def test_gpu_smoke_cpu_mode(tmp_path, monkeypatch):
         assert r["file_max_diff"] == r["load_max_diff"] == r["offload_max_diff"] == 0.0, r
         assert r["load_logprob_diff"] == 0.0 and r["peak_gib"] > 0 and r["freed_after_close"], r
     assert result["lora"][0]["estimate_gib"] > 0 and result["lora"][1]["estimate_gib"] is None
-    table = (
-        smoke.table(result["stages"], None) + "\n" + sys.modules["gpu_smoke_lora"].lora_table(result["lora"])
-    )
+    table = smoke.table(result["stages"], None) + "\n" + lora.lora_table(result["lora"])
     assert "ZeRO-3: no estimate (ModuleNotFoundError" in table and "LoRA ZeRO-3: no estimate" in table
 
 
 def test_a_failing_stage_is_recorded_and_returns(tmp_path):
-    smoke = _load("gpu_smoke")
-    checks, lora = sys.modules["gpu_smoke_checks"], sys.modules["gpu_smoke_lora"]
-    args = smoke.main.__globals__["argparse"].Namespace(
+    args = argparse.Namespace(
         cpu=True, rows=4, prompt=8, response=8, token_budget=256, grad_ckpt=False, peak=None, lora_rank=4
     )
     missing = str(tmp_path / "no-model")

@@ -1,22 +1,12 @@
-"""scripts/gpu_smoke.py's arithmetic: its peak table; MFU, the bf16 / fp32 log-prob tolerance and the
-shared-prompt batch of its checks (scripts/gpu_smoke_checks.py)."""
+"""The GPU smoke test's arithmetic (``bandpo.tools.gpu_smoke``): its peak table; MFU, the bf16 / fp32
+log-prob tolerance and the shared-prompt batch of its checks."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "gpu_smoke", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke.py"
-)
-smoke = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(smoke)
-_spec = importlib.util.spec_from_file_location(
-    "gpu_smoke_checks", Path(__file__).resolve().parents[2] / "scripts/gpu_smoke_checks.py"
-)
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+from bandpo.tools.gpu_smoke import checks
+from bandpo.tools.gpu_smoke import cli as smoke
 
 
 def test_peak_by_exact_device_name():

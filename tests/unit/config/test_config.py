@@ -88,6 +88,7 @@ def test_defaults_follow_the_paper():
         ("rollout.verify_sync=sometimes", "rollout.verify_sync"),
         ("rollout.sleep_level=3", "rollout.sleep_level"),
         ("rollout.weight_sync_timeout=0", "rollout.weight_sync_timeout"),
+        ("trainer.startup_timeout=0", "trainer.startup_timeout"),
         ("actor.bf16=yes", "actor.bf16"),
         ("actor.bf16=1", "actor.bf16"),
         ("model.dtype=fp8", "model.dtype"),

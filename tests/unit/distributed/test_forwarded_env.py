@@ -124,3 +124,78 @@ def test_without_job_keys_drops_only_what_the_job_sets():
     assert dropped == ["py_modules", "B"]
     assert without_job_keys(ours, {}) == (ours, [])
     assert job_runtime_env({}) is None
+
+
+# Each node's own paths (caches, config roots, token files, vLLM's IPC folder, libraries), vLLM's
+# port (colocated engines would race for one) and its per-process ranks and addresses: never forwarded.
+NEVER = {
+    "HF_HOME": "/driver/hf",
+    "HF_MODULES_CACHE": "/driver/hf/modules",
+    "HF_TOKEN_PATH": "/driver/hf/token",
+    "HF_STORED_TOKENS_PATH": "/driver/hf/stored_tokens",
+    "TRANSFORMERS_CACHE": "/driver/hf/hub",
+    "VLLM_CACHE_ROOT": "/driver/vllm",
+    "VLLM_CONFIG_ROOT": "/driver/vllm-config",
+    "VLLM_ASSETS_CACHE": "/driver/vllm/assets",
+    "VLLM_XLA_CACHE_PATH": "/driver/vllm/xla",
+    "VLLM_RPC_BASE_PATH": "/tmp/driver",
+    "VLLM_NCCL_SO_PATH": "/driver/lib/libnccl.so",
+    "VLLM_PORT": "29600",
+    "VLLM_DP_MASTER_IP": "10.0.0.1",
+    "VLLM_DP_MASTER_PORT": "29601",
+}
+
+
+def test_per_node_paths_and_vllms_port_are_never_forwarded():
+    kept = {"VLLM_LOGGING_LEVEL": "INFO", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    assert forwarded_env({**NEVER, **kept}) == kept
+
+
+def test_the_lists_of_what_stays_behind_are_pinned():
+    from bandpo.distributed import NOT_FORWARDED, PER_NODE
+
+    assert set(NEVER) <= {*NOT_FORWARDED, *PER_NODE}
+    assert NOT_FORWARDED == (
+        "VLLM_HOST_IP",
+        "VLLM_PORT",
+        "VLLM_DP_RANK",
+        "VLLM_DP_RANK_LOCAL",
+        "VLLM_DP_MASTER_IP",
+        "VLLM_DP_MASTER_PORT",
+    )
+    assert PER_NODE == (
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_ASSETS_CACHE",
+        "HF_DATASETS_CACHE",
+        "HF_XET_CACHE",
+        "HF_MODULES_CACHE",
+        "HF_TOKEN_PATH",
+        "HF_STORED_TOKENS_PATH",
+        "TRANSFORMERS_CACHE",
+        "VLLM_CACHE_ROOT",
+        "VLLM_CONFIG_ROOT",
+        "VLLM_ASSETS_CACHE",
+        "VLLM_XLA_CACHE_PATH",
+        "VLLM_RPC_BASE_PATH",
+        "VLLM_NCCL_SO_PATH",
+        "VLLM_CUDART_SO_PATH",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_IB_HCA",
+        "NCCL_TOPO_FILE",
+    )
+
+
+def test_a_local_model_path_goes_to_the_workers_absolute(tmp_path, monkeypatch):
+    from bandpo.config.schema import ModelConfig
+    from bandpo.errors import ConfigError
+    from bandpo.parts import ensure_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "q").mkdir(parents=True)
+    assert ensure_model(ModelConfig(name="q", path="models/q")) == str(tmp_path / "models" / "q")
+    assert ensure_model(ModelConfig(name="q", path="Qwen/Qwen2.5-3B")) == "Qwen/Qwen2.5-3B"  # a hub id
+    # plainly a folder (./, ../, ~, or more than one "/"), missing on the driver: named, never a hub id
+    for path in ("./models/missing", "models/q/missing", "../missing"):
+        with pytest.raises(ConfigError, match=r"model\.path=.*is a local folder .* no folder at /"):
+            ensure_model(ModelConfig(name="q", path=path))

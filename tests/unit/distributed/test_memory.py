@@ -92,12 +92,20 @@ def test_qwen25_7b_on_8_gpus_by_hand():
     assert est.rollout == pytest.approx(2 * P / W / GIB + 40.0 + 1.2, rel=1e-12)  # 42.97 GiB
     resident = peak - (want["live_params"] + want["head"] + want["activations"]) / GIB  # 18.66 GiB
     assert est.phase("startup") == pytest.approx(resident + 1.0 + 1.2, rel=1e-12)
+    # Pinned host memory a rank, each block rounded up to a power of two (bandpo.distributed.host_memory):
+    # the fp32 partition P/W = 951,952,064 values (3.81 GB -> 4 GiB), Adam's two (8 GiB), the gradient
+    # partition (4 GiB), and the reference's bf16 partitions: a layer's q, o 3.21 MB -> 4 MiB, k, v
+    # 0.46 MB -> 512 KiB, gate, up, down 16.97 MB -> 32 MiB, norms 896 B -> 1 KiB (105 MiB + 2 KiB), 28
+    # layers, the embedding and lm_head 136 MB -> 256 MiB each, the final norm 1 KiB: 3.3712 GiB.
+    ref = (28 * (105 * 2**20 + 2048) + 2 * 2**28 + 1024) / GIB
+    assert est.host["node_pinned_gib"] == pytest.approx(8 * (16 + ref), rel=1e-12)  # 154.97 GiB
     assert est.as_json() == {
         "rollout": 42.97,
         "train": 33.12,
         "startup": 20.86,
         "peak": 42.97,
         "capacity": 80.0,
+        "host_pinned_per_node": 154.97,
     }
 
 
@@ -121,6 +129,7 @@ def test_command_json_carries_memory_gib_and_exits_2_when_a_phase_does_not_fit(c
         "startup": 20.86,
         "peak": 42.97,
         "capacity": 80.0,
+        "host_pinned_per_node": 154.97,  # test_qwen25_7b_on_8_gpus_by_hand
     }
     assert plan_main(args[1:] + ["--gpu-gib", "40", "rollout.gpu_memory_utilization=0.95"]) == 2
     captured = capsys.readouterr()

@@ -39,7 +39,7 @@ print('ok')
 
 
 def test_config_plan_and_actor_import_with_torch_and_deepspeed_alone():
-    # What scripts/gpu_smoke.py needs: a lent GPU machine has torch, transformers and carried DeepSpeed,
+    # What bandpo.tools.gpu_smoke needs: a lent GPU machine has torch, transformers and carried DeepSpeed,
     # Hydra wheels, but no Ray, vLLM or verifier (too large to carry, or not needed to train).
     out = subprocess.run(
         [sys.executable, "-c", GPU_SMOKE_IMPORTS], capture_output=True, text=True, timeout=120

@@ -1,5 +1,5 @@
-"""The checks of ``scripts/gpu_smoke.py`` (its docstring says what each measures and why): one ZeRO
-stage's update, memory, offload, packed and teardown checks on random shared-prompt groups
+"""The checks of ``python -m bandpo.tools.gpu_smoke`` (its docstring says what each measures and why): one ZeRO
+stage's reference, update, memory, offload (pinned host memory), packed and teardown checks on random shared-prompt groups
 (``check_stage``), the CUDA IPC round trip (``ipc_round_trip``), and the arithmetic they report
 against (MFU, the log-prob tolerance of a dtype)."""
 
@@ -202,8 +202,35 @@ def actor_states(actor) -> list:
     return out
 
 
+def pinned_gib(cuda: bool) -> float | None:
+    """GiB torch's pinned (caching host) allocator holds now, every block at its rounded size; None on CPU."""
+    import torch
+
+    if not cuda:
+        return None
+    return torch.cuda.host_memory_stats().get("reserved_bytes.current", 0) / 2**30
+
+
+def pinned_plan_gib(shape: dict, params: int, stage: int, lp: int) -> float:
+    """The plan's pinned host memory of one rank with a reference model (``bandpo.distributed.host_memory``)."""
+    from bandpo.distributed.footprint import ModelShape
+    from bandpo.distributed.host_memory import pinned_terms
+
+    model = ModelShape(
+        num_params=params,
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_layers=shape["num_hidden_layers"],
+        num_heads=shape["num_attention_heads"],
+        num_kv_heads=shape["num_key_value_heads"],
+        vocab_size=shape["vocab_size"],
+    )
+    return sum(p for _, _, p in pinned_terms(model, 1, stage, lp, params, lora=False, ref=True)) / 2**30
+
+
 def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
-    """``ActorOffload`` after a real optimizer step: what it frees, and that reload restores all."""
+    """``ActorOffload`` after a real optimizer step: what it frees, the pinned host memory it takes (GPU),
+    and that reload restores all."""
     import torch
 
     from bandpo.actor.offload import ActorOffload
@@ -212,9 +239,11 @@ def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
         actor.offloader = ActorOffload(actor.engine, actor.ref, stage, actor.device)
     before = actor_states(actor)
     resident = allocated_gib(cuda)
+    pinned_before = pinned_gib(cuda)
     actor.offload()
     actor.offload_weights()
     offloaded = allocated_gib(cuda)
+    pinned = pinned_gib(cuda)
     actor.reload()
     after = actor_states(actor)
     if len(before) != len(after):
@@ -227,6 +256,7 @@ def offload_round_trip(actor, stage: int, cuda: bool) -> dict:
         "offload_max_diff": diff,
         "offload_states": len(before),
         "offload_freed_gib": None if not cuda else resident - offloaded,
+        "pinned_gib": None if not cuda else pinned - pinned_before,
     }
 
 
@@ -264,7 +294,12 @@ def _run_stage(
     cuda = not args.cpu
     rb = random_batch(args.rows, args.prompt, args.response, shape["vocab_size"])
     loss = LossOptions(
-        algorithm="bandpo", divergence="kl", delta=0.05, upper_cap=10.0, agg="seq-mean-token-mean"
+        algorithm="bandpo",
+        divergence="kl",
+        delta=0.05,
+        upper_cap=10.0,
+        agg="seq-mean-token-mean",
+        kl_coef=1e-3,
     )
     baseline = PeakMemory.live_rss()
     actor = Actor(
@@ -278,16 +313,31 @@ def _run_stage(
         logprob_token_budget=args.token_budget,
         gradient_checkpointing=args.grad_ckpt,
         offload_during_rollout=cuda,
+        ref_model=True,
     )
     refs.append(weakref.ref(actor.engine.module))
     try:
+        # The trainer's order of a step: reload (stage 5), old and reference log-probs, update with the KL
+        # term, offload before the engines wake, offload_weights once the sync read them; then reload.
         out["phase"] = "update"
         actor.reload()  # an offloading actor starts with its states in host memory, as before a first rollout
         old, _ = actor.compute_logprobs(rb)
+        out["phase"] = "reference"
+        ref, _ = actor.compute_logprobs(rb, ref=True)
+        mask = rb.response_mask.bool()
+        # Before any update the policy is the reference: the two models' forwards of the same weights.
+        out["ref_first_diff"] = float((ref - old)[mask].abs().max())
         batch = TrainBatch.from_rollout(rb, advantages=torch.linspace(-1, 1, args.rows), old_logprobs=old)
+        batch.ref_logprobs = ref
+        out["phase"] = "update"
         actor.update(batch, loss)  # warm-up: kernel selection, Adam's states allocated by a real step
         out["phase"] = "offload"
         out.update(offload_round_trip(actor, stage, cuda))
+        out["pinned_plan_gib"] = pinned_plan_gib(shape, params, stage, 2 if cuda else 4)
+        out["phase"] = "reference"
+        # the reference went to host memory and back: frozen, so its log-probs are those of before, bit for bit
+        again, _ = actor.compute_logprobs(rb, ref=True)
+        out["ref_reload_diff"] = float((again - ref)[mask].abs().max())
         out["phase"] = "memory"
         with PeakMemory(cuda, baseline) as peak:
             m = actor.update(batch, loss)
@@ -311,7 +361,6 @@ def _run_stage(
         actor.padding_free, actor.share_prompts = True, True
         actor.logprob_token_budget = args.token_budget
         packed, _ = actor.compute_logprobs(rb)
-        mask = rb.response_mask.bool()
         # The largest |log p| stands in for max|z|: log-softmax is shift-invariant, and z_max - z_y <= -log p_y.
         logits_max = float(padded[mask].abs().max())
         out["packed_max_err"] = float((packed - padded)[mask].abs().max())
@@ -319,6 +368,8 @@ def _run_stage(
             dtype, logits_max, shape["num_hidden_layers"], shape["hidden_size"]
         )
         out["packed_ok"] = out["packed_max_err"] <= out["packed_tol"]
+        # the actor's and the reference's forwards: one model's two copies, within the packed bound
+        out["ref_ok"] = out["ref_reload_diff"] == 0.0 and out["ref_first_diff"] <= out["packed_tol"]
         out["phase"] = "done"
     finally:
         actor.close()

@@ -1,4 +1,4 @@
-"""The LoRA check of ``scripts/gpu_smoke.py`` (its docstring says what is measured): one ZeRO stage's
+"""The LoRA check of ``python -m bandpo.tools.gpu_smoke`` (its docstring says what is measured): one ZeRO stage's
 actor with LoRA adapters, bf16, gradient checkpointing and offload, taken through the trainer's order
 of a step and a checkpoint (``check_lora``), and its table (``lora_table``)."""
 
@@ -10,7 +10,7 @@ import traceback
 import weakref
 from pathlib import Path
 
-from gpu_smoke_checks import PeakMemory, computed_tokens, estimate_or_error, random_batch
+from bandpo.tools.gpu_smoke.checks import PeakMemory, computed_tokens, estimate_or_error, random_batch
 
 
 def lora_states(actor) -> dict:
