@@ -54,10 +54,10 @@ _TORCH_THREADS: list[int] = []
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """One intra-op torch thread for every test that starts no engine; integration tests get the
-    process's default back. The tests that start no engine compute on tensors of a few thousand elements,
-    where a second OpenMP thread buys nothing and its waiting costs much: on 2 cores shared with
-    other jobs a KL band table took 1.8 s of CPU with 2 threads and 0.18 s with 1. Set before the test's
-    fixtures, so module-scoped ones (an engine, a model) are built under the same count."""
+    process's default back. The tests that start no engine compute on small tensors, where a second
+    OpenMP thread buys little and its waiting costs much: on 2 cores shared with other jobs (load
+    average ~25) a KL band table took 1.8 s of CPU with 2 threads and 0.18 s with 1. Set before the
+    test's fixtures, so module-scoped ones (an engine, a model) are built under the same count."""
     import torch
 
     if not _TORCH_THREADS:
