@@ -1,5 +1,8 @@
 """Shared fixtures. Integration tests run the real engines on CPU; `gpu` tests need CUDA. The summary
-ends with the time spent in each part of the suite (unit, integration, study, benchmark)."""
+ends with the time spent in each part of the suite (unit, integration, study, benchmark).
+
+Hypothesis runs the "ci" profile (a fixed, derandomized set of examples, so two runs check the same
+inputs); HYPOTHESIS_PROFILE=thorough draws many more, fresh ones each run."""
 
 from __future__ import annotations
 
@@ -7,6 +10,13 @@ import os
 from collections import defaultdict
 
 import pytest
+from hypothesis import settings
+
+# deadline=None: an example's time depends on the machine's load and on caches (the KL band builds a
+# table per new delta), not on the code under test.
+settings.register_profile("ci", max_examples=50, derandomize=True, deadline=None)
+settings.register_profile("thorough", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Engines read these at import/initialisation; set them before any test imports one.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -36,6 +46,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_TORCH_THREADS: list[int] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """One intra-op torch thread for every test that starts no engine; integration tests get the
+    process's default back. The tests that start no engine compute on small tensors, where a second
+    OpenMP thread buys little and its waiting costs much: on 2 cores shared with other jobs (load
+    average ~25) a KL band table took 1.8 s of CPU with 2 threads and 0.18 s with 1. Set before the
+    test's fixtures, so module-scoped ones (an engine, a model) are built under the same count."""
+    import torch
+
+    if not _TORCH_THREADS:
+        _TORCH_THREADS.append(torch.get_num_threads())
+    torch.set_num_threads(_TORCH_THREADS[0] if item.get_closest_marker("integration") else 1)
 
 
 # The suite's parts, by marker (the first that applies); a test with none of them is a unit test.

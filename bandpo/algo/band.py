@@ -189,9 +189,13 @@ def _horner(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tens
 
 
 def _kl_table(delta: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # The table is built once per delta in float64 on the CPU; other dtypes and devices are copies of it.
+    built = (delta, torch.float64, torch.device("cpu"))
+    if built not in _KL_TABLES:
+        _KL_TABLES[built] = _build_kl_table(delta)
     key = (delta, dtype, device)
     if key not in _KL_TABLES:
-        _KL_TABLES[key] = _build_kl_table(delta).to(device=device, dtype=dtype)
+        _KL_TABLES[key] = _KL_TABLES[built].to(device=device, dtype=dtype)
     return _KL_TABLES[key]
 
 

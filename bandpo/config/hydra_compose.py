@@ -6,6 +6,7 @@ validate it (``bandpo.config.rules``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,10 +23,9 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainC
     """The composed config for ``overrides`` (as on the command line) as the schema's dataclasses, validated."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
+    _store_schema()
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
 
@@ -54,6 +54,15 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainC
     typed = to_typed(cfg)
     validate(typed)
     return typed
+
+
+@functools.cache
+def _store_schema() -> None:
+    """Put the schema in Hydra's config store, once per process: storing converts the dataclasses to a
+    structured config (~0.1 s, a quarter of a compose), and the store hands every compose a deep copy."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
 
 
 def to_typed(cfg) -> TrainConfig:
