@@ -121,6 +121,7 @@ def validate(cfg: TrainConfig) -> None:
     _number(cfg, "trainer.keep_last", low=1, integer=True)
     _number(cfg, "trainer.trace_every", low=0, integer=True)
     _number(cfg, "trainer.trace_max_chars", low=1, integer=True)
+    _number(cfg, "trainer.entropy_first_n", low=1, integer=True)
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ON_NONFINITE)
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])

@@ -272,6 +272,9 @@ class TrainerConfig:
     max_skipped_steps: int = key(5, "skipped steps before the run stops")
     trace_every: int = key(0, "every k steps write <output_dir>/traces/; 0 = off")
     trace_max_chars: int = key(2000, "texts in traces are cut to this many characters")
+    entropy_first_n: int = key(
+        32, "entropy/ended_first_n: the rollout entropy over the first N tokens of responses that ended"
+    )
     verifier_actors: int | str = key(1, "Ray actors grading rewards: a number, or per_node")
     verifier_workers: int | None = key(
         None, "grading processes per verifier actor; null = its node's CPUs - 1"
