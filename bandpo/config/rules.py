@@ -134,6 +134,9 @@ def validate(cfg: TrainConfig) -> None:
     _rule(check_verifier_actors, _get(cfg, "trainer.verifier_actors"), "trainer.verifier_actors")
     _rule(check_verifier_workers, _get(cfg, "trainer.verifier_workers"), "trainer.verifier_workers")
     _rule(check_memory_cap, _get(cfg, "trainer.verifier_memory_gib"), "trainer.verifier_memory_gib")
+    from bandpo.reward.scheme import check_random_p
+
+    _rule(check_random_p, _get(cfg, "trainer.reward.random_p"), "trainer.reward.random_p")
     _choice(cfg, "data.template", list(TEMPLATES))
     _validate_placement(cfg)
     from bandpo.config.checks import check_samples

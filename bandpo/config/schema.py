@@ -246,6 +246,11 @@ class RewardConfig:
     format_penalty: float | None = key(None, "reward when no answer could be extracted; null = incorrect's")
     overlong_buffer: int = key(0, "DAPO's soft overlong penalty: the last tokens before the cap; 0 = off")
     overlong_penalty: float = key(1.0, "the penalty at the cap")
+    random_p: float | None = key(
+        None,
+        "diagnostics: the reward is correct's with probability p else incorrect's, independent of the "
+        "answer (seeded by trainer.seed, step, row; reward/accuracy stays the grading's); null = graded",
+    )
 
 
 @dataclass
