@@ -122,6 +122,7 @@ def validate(cfg: TrainConfig) -> None:
     _number(cfg, "trainer.keep_last", low=1, integer=True)
     _number(cfg, "trainer.trace_every", low=0, integer=True)
     _number(cfg, "trainer.trace_max_chars", low=1, integer=True)
+    _number(cfg, "trainer.entropy_first_n", low=1, integer=True)
     _choice(cfg, "trainer.resume", ["auto", "never"])
     _choice(cfg, "trainer.on_nonfinite", ON_NONFINITE)
     _choice(cfg, "trainer.device", ["auto", "cpu", "cuda"])
@@ -134,6 +135,9 @@ def validate(cfg: TrainConfig) -> None:
     _rule(check_verifier_actors, _get(cfg, "trainer.verifier_actors"), "trainer.verifier_actors")
     _rule(check_verifier_workers, _get(cfg, "trainer.verifier_workers"), "trainer.verifier_workers")
     _rule(check_memory_cap, _get(cfg, "trainer.verifier_memory_gib"), "trainer.verifier_memory_gib")
+    from bandpo.reward.scheme import check_random_p
+
+    _rule(check_random_p, _get(cfg, "trainer.reward.random_p"), "trainer.reward.random_p")
     _choice(cfg, "data.template", list(TEMPLATES))
     _validate_placement(cfg)
     from bandpo.config.checks import check_samples

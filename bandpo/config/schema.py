@@ -246,6 +246,11 @@ class RewardConfig:
     format_penalty: float | None = key(None, "reward when no answer could be extracted; null = incorrect's")
     overlong_buffer: int = key(0, "DAPO's soft overlong penalty: the last tokens before the cap; 0 = off")
     overlong_penalty: float = key(1.0, "the penalty at the cap")
+    random_p: float | None = key(
+        None,
+        "diagnostics: the reward is correct's with probability p else incorrect's, independent of the "
+        "answer (seeded by trainer.seed, step, row; reward/accuracy stays the grading's); null = graded",
+    )
 
 
 @dataclass
@@ -272,6 +277,9 @@ class TrainerConfig:
     max_skipped_steps: int = key(5, "skipped steps before the run stops")
     trace_every: int = key(0, "every k steps write <output_dir>/traces/; 0 = off")
     trace_max_chars: int = key(2000, "texts in traces are cut to this many characters")
+    entropy_first_n: int = key(
+        32, "entropy/ended_first_n: the rollout entropy over the first N tokens of responses that ended"
+    )
     verifier_actors: int | str = key(1, "Ray actors grading rewards: a number, or per_node")
     verifier_workers: int | None = key(
         None, "grading processes per verifier actor; null = its node's CPUs - 1"

@@ -29,6 +29,8 @@ _HOMES = {
     "RewardScheme": "bandpo.reward.scheme",
     "Score": "bandpo.reward.scheme",
     "reward_metrics": "bandpo.reward.scheme",
+    "random_rewards": "bandpo.reward.scheme",
+    "random_positive": "bandpo.reward.scheme",
     "STATUSES": "bandpo.reward.verify",
     "verify_one": "bandpo.reward.verify",
 }
@@ -52,6 +54,8 @@ __all__ = [
     "check_error_share",
     "extract_answer",
     "normalize_gold",
+    "random_positive",
+    "random_rewards",
     "reward_metrics",
     "score_batch",
     "verify_one",

@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class RewardScheme:
@@ -60,6 +62,49 @@ class RewardScheme:
             exceed = response_len - (self.max_response_len - self.overlong_buffer)
             value += min(-exceed / self.overlong_buffer * self.overlong_penalty, 0.0)
         return float(value)
+
+
+def check_random_p(p: float | None, name: str = "random_p") -> float | None:
+    """The random reward's probability: None (off) or a number strictly between 0 and 1 (at 0 or 1 every
+    group's rewards would be equal: no advantage anywhere)."""
+    if p is None:
+        return None
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p < 1:
+        raise ValueError(f"{name} must be null or a number strictly between 0 and 1, got {p!r}")
+    return float(p)
+
+
+def random_positive(n: int, p: float, seed: int, step: int, round_: int = 0) -> list[bool]:
+    """Which of a round's ``n`` responses the random reward calls correct: row i's Bernoulli(``p``)
+    draw is the i-th uniform of a generator seeded by (``seed``, ``step``, ``round_``) alone, so it
+    does not see the response, and a resumed run (or a replayed round) draws the same."""
+    check_random_p(p)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    # SeedSequence takes non-negative words: a negative seed wraps to its 64-bit two's complement
+    rng = np.random.default_rng([v % (1 << 64) for v in (seed, step, round_)])
+    return (rng.random(n) < p).tolist()
+
+
+def random_rewards(
+    n: int,
+    p: float,
+    seed: int,
+    step: int,
+    scheme: RewardScheme,
+    response_lengths: Sequence[int] | None = None,
+    round_: int = 0,
+) -> list[float]:
+    """A diagnostic reward independent of the answer: each of the ``n`` responses gets ``scheme``'s
+    ``correct`` with probability ``p``, else its ``incorrect`` (``random_positive`` draws which), and the
+    scheme's overlong shaping on top when it is on (``response_lengths`` then needed)."""
+    if scheme.shapes_length and response_lengths is None:
+        raise ValueError("the reward scheme uses overlong shaping: pass response_lengths")
+    if response_lengths is not None and len(response_lengths) != n:
+        raise ValueError(f"{n} responses but {len(response_lengths)} response_lengths")
+    lengths = response_lengths if response_lengths is not None else [None] * n
+    drawn = random_positive(n, p, seed, step, round_)
+    return [scheme.reward("correct" if hit else "incorrect", ln) for hit, ln in zip(drawn, lengths)]
 
 
 def check_score_inputs(

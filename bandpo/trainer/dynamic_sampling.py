@@ -2,7 +2,8 @@
 
 Dynamic sampling (DAPO, ``algorithm.filter_groups.enable``) drops prompt groups whose metric
 (accuracy or reward) is the same for all n responses (advantage 0: no policy gradient) and runs
-more rounds until ``trainer.prompts_per_step`` groups vary or ``max_gen_rounds`` is reached.
+more rounds until ``trainer.prompts_per_step`` groups vary or ``max_gen_rounds`` is reached. With the
+random reward (``trainer.reward.random_p``) both metrics are the random reward's, which is what trains.
 Round r of step s samples with ``rollout_seed(seed, s, r)``, so a resumed run replays every round.
 """
 
@@ -19,7 +20,9 @@ from bandpo.config.checks import check_max_gen_rounds
 from bandpo.data.sampler import rollout_seed
 from bandpo.distributed import stage
 from bandpo.errors import check_number
+from bandpo.parts import reward_scheme
 from bandpo.reward.checks import check_error_share
+from bandpo.reward.scheme import random_positive, random_rewards
 from bandpo.types import SamplingParams, TrainBatch
 
 if TYPE_CHECKING:
@@ -116,6 +119,7 @@ class BatchDrawer:
     def __init__(self, cfg: TrainConfig, sampler, prompts, answers, rollout, scorer, tokenizer, timed):
         self.cfg, self.sampler, self.prompts, self.answers = cfg, sampler, prompts, answers
         self.rollout, self.scorer, self.tokenizer, self.timed = rollout, scorer, tokenizer, timed
+        self.scheme = reward_scheme(cfg)  # the random reward's values (trainer.reward.random_p)
 
     def draw(self, step: int) -> Drawn:
         """Stages 1-3 of ``step``: one round, or rounds of dynamic sampling when it is on."""
@@ -123,7 +127,25 @@ class BatchDrawer:
             with self.timed("dynamic_sampling"):
                 return self._filtered(step)
         rnd = self.round(step, 0, self.cfg.trainer.prompts_per_step)
-        return Drawn(rnd, {}, rnd.scores, int(rnd.batch.response_lengths.sum()))
+        return Drawn(
+            rnd, self._random_metrics(step, [rnd]), rnd.scores, int(rnd.batch.response_lengths.sum())
+        )
+
+    def positive(self, step: int, round_: int, rnd: Round) -> list[bool]:
+        """Which of ``rnd``'s responses count as correct: the grading's, or with ``trainer.reward.random_p``
+        the random reward's draw (what its rewards were made from, so dynamic sampling sees them)."""
+        p = self.cfg.trainer.reward.random_p
+        if p is None:
+            return [s.correct for s in rnd.scores]
+        return random_positive(len(rnd.scores), p, self.cfg.trainer.seed, step, round_)
+
+    def _random_metrics(self, step: int, rounds: list[Round]) -> dict[str, float]:
+        """``reward/random_frac_positive`` over every response the step generated (as ``reward/accuracy``,
+        which stays the grading's), with ``trainer.reward.random_p``; else nothing."""
+        if self.cfg.trainer.reward.random_p is None:
+            return {}
+        hits = [h for r, rnd in enumerate(rounds) for h in self.positive(step, r, rnd)]
+        return {"reward/random_frac_positive": sum(hits) / max(len(hits), 1)}
 
     def round(self, step: int, round_: int, num_prompts: int) -> Round:
         """Sample ``num_prompts`` prompts, roll them out (seed of (seed, step, round)), reward them."""
@@ -153,7 +175,12 @@ class BatchDrawer:
             check_error_share(
                 [s.status for s in scores], cfg.trainer.max_error_share, f"step {step} round {round_}"
             )
-            batch.rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)  # [N]
+            rewards = [s.reward for s in scores]
+            p = cfg.trainer.reward.random_p
+            if p is not None:  # diagnostics: a reward independent of the answer; the scores keep the grading
+                lengths = batch.response_lengths.tolist()
+                rewards = random_rewards(len(scores), p, cfg.trainer.seed, step, self.scheme, lengths, round_)
+            batch.rewards = torch.tensor(rewards, dtype=torch.float32)  # [N]
         return Round(idx, batch, texts, scores)
 
     def _filtered(self, step: int) -> Drawn:
@@ -172,7 +199,7 @@ class BatchDrawer:
             rnd = rounds[-1]
             check_groups(rnd.batch.prompt_index, len(rnd.idx), n)
             if fg.metric == "acc":
-                values = torch.tensor([float(s.correct) for s in rnd.scores])  # [N]
+                values = torch.tensor(self.positive(step, r, rnd), dtype=torch.float32)  # [N]
             else:
                 values = rnd.batch.rewards  # [N]
             grouped = values.view(-1, n)  # [B, G]
@@ -183,6 +210,7 @@ class BatchDrawer:
         chosen = draw.kept[: len(draw.kept) - len(draw.kept) % mini]
         padded = draw.flat[: mini - len(chosen)] if not chosen else []
         metrics = {
+            **self._random_metrics(step, rounds),
             "filter/rounds": draw.rounds,
             "filter/prompts_drawn": draw.drawn,
             "filter/kept_frac": draw.informative / draw.drawn,

@@ -157,7 +157,8 @@ class Trainer:
         batch, metrics = self.advantages(drawn)  # 4
         t_actor = time.perf_counter()
         entropy = self.old_logprobs(batch)  # 5
-        metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy))
+        first_n = self.cfg.trainer.entropy_first_n
+        metrics.update(rollout_metrics(batch, None if self.workers.actor.reuse_old else entropy, first_n))
         result = self.update(batch, entropy)  # 6 (None: skipped for a non-finite batch)
         metrics.update(self.update_metrics(batch, result))
         if self.entropy_ctl is not None and result is not None:  # the next step's bonus coefficient
@@ -278,9 +279,10 @@ class Trainer:
         actor.old_logprobs=rollout those of that forward, over the first mini-batch's rows."""
         if result is None:
             return {}
-        completed = rollout_metrics(batch, result.entropy) if self.workers.actor.reuse_old else {}
+        first_n = self.cfg.trainer.entropy_first_n
+        completed = rollout_metrics(batch, result.entropy, first_n) if self.workers.actor.reuse_old else {}
         if result.actor_logprobs is not None:  # pi_old is the engines': the actor's side is the forward
-            completed = actor_metrics(batch, result.actor_logprobs, result.entropy)
+            completed = actor_metrics(batch, result.actor_logprobs, result.entropy, first_n)
         return {**completed, **{f"actor/{k}": v for k, v in result.metrics.items()}}
 
     def draw_ahead(self) -> Background | None:

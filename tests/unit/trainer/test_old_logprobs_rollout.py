@@ -133,7 +133,7 @@ def test_recompute_compares_every_row_s_pi_old(monkeypatch, reuse):
         assert actor.calls == [("old", N), ("update_epoch", None)]
     assert torch.equal(batch.old_logprobs, torch.full(batch.old_logprobs.shape, ACTOR_LP))
     entropy = torch.full(batch.old_logprobs.shape, ENTROPY)
-    expected = rollout_metrics(batch, entropy)
+    expected = rollout_metrics(batch, entropy, trainer.cfg.trainer.entropy_first_n)
     assert metrics["health/rollout_actor_abs_diff"] == expected["health/rollout_actor_abs_diff"]
     assert metrics["health/rollout_actor_abs_diff"] == _expected_health(batch, N, ACTOR_LP)
     assert metrics["mismatch/log_ratio_abs_mean"] == expected["mismatch/log_ratio_abs_mean"]
