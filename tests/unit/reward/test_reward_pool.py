@@ -160,7 +160,10 @@ def test_identical_hangs_cost_one_timeout():
 
 def test_item_whose_worker_dies_twice_is_an_error():
     baseline = _descendants()
-    with RewardScorer(num_workers=2, timeout=20.0) as scorer:
+    # The hanging item's timeout must outlast both kills: each search may take its 10 s deadline, and
+    # a replacement worker starts in between; at 20 s a loaded 2-core machine (load ~9) saw the
+    # timeout first ("timeout", not "error"). The kills end the item long before 90 s when all is well.
+    with RewardScorer(num_workers=2, timeout=90.0) as scorer:
         scorer.score(["Answer: 1"], ["1"])
         result = {}
         batch = (["Answer: 1", HANG, "Answer: 2"], ["1", "5", "2"])
@@ -168,7 +171,7 @@ def test_item_whose_worker_dies_twice_is_an_error():
         thread.start()
         _kill_busy_worker(baseline)
         _kill_busy_worker(baseline)
-        thread.join(timeout=30)
+        thread.join(timeout=120)
         assert not thread.is_alive()
         assert [s.status for s in result["scores"]] == ["correct", "error", "correct"]
 
