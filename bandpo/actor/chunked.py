@@ -166,3 +166,31 @@ def chunked_logprobs_entropy(
             f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}"
         )
     return ChunkedLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(chunk))
+
+
+def _chunked(hidden, weight, targets, temperature, chunk):
+    return chunked_logprobs_entropy(hidden, weight, targets, temperature=temperature, chunk=chunk)
+
+
+def _online(hidden, weight, targets, temperature, chunk):
+    from bandpo.actor.online_head import online_logprobs_entropy
+
+    return online_logprobs_entropy(hidden, weight, targets, temperature=temperature, block=chunk)
+
+
+# ``actor.logprob_head``: the implementations of the same per-token (log-prob, entropy) head, each
+# called as (hidden [T, H], weight [V, H], targets [T], temperature, chunk) -> (logprobs [T], entropy [T]);
+# ``chunk`` is the tokens per chunk (chunked) or per block of the vocabulary walk (online).
+HEADS = {"online": _online, "chunked": _chunked}
+HEAD_CHOICES = ("auto", *HEADS)
+
+
+def resolve_head(name: str, on_cpu: bool) -> str:
+    """The head ``actor.logprob_head=name`` runs: ``auto`` = ``online`` on CPU, where it was measured
+    faster at both vocabularies and dtypes (scripts/bench_head.py), ``chunked`` on GPU, where it has not
+    been measured yet; an unknown name is an error listing the valid ones."""
+    if name not in HEAD_CHOICES:
+        raise ValueError(f"actor.logprob_head={name!r}: unknown, valid: {', '.join(HEAD_CHOICES)}")
+    if name == "auto":
+        return "online" if on_cpu else "chunked"
+    return name

@@ -42,8 +42,10 @@ import torch
 
 from bandpo.errors import check_number
 
-DEFAULT_BLOCK = 256  # tokens per block: K of the dL/dW matmul, large enough to keep it compute-bound
-DEFAULT_TILE = 2048  # vocab entries per tile: a [256, 2048] float32 tile is 2 MiB, a core's L2 on the CPUs measured
+DEFAULT_BLOCK = 512  # tokens per block: K of the dL/dW matmul, large enough to keep it compute-bound
+DEFAULT_TILE = (
+    1024  # vocab entries per tile: a [512, 1024] float32 tile is 2 MiB, a core's L2 on the CPUs measured
+)
 
 
 def check_tile(tile, name: str = "tile") -> None:
@@ -145,7 +147,11 @@ class OnlineLogprobEntropy(torch.autograd.Function):
             gl = None if gl_all is None else gl_all[b0:b1]
             ge = None if ge_all is None else ge_all[b0:b1, None]
             if ge is not None:  # gl + ge H [C, 1]: the part of G's factor that is constant along the tile
-                c = ge * entropy[b0:b1, None] if gl is None else torch.addcmul(gl[:, None], ge, entropy[b0:b1, None])
+                c = (
+                    ge * entropy[b0:b1, None]
+                    if gl is None
+                    else torch.addcmul(gl[:, None], ge, entropy[b0:b1, None])
+                )
             h32 = h.float() if need_w else None
             acc = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
             for v0 in range(0, v, tile):

@@ -70,7 +70,7 @@ def validate(cfg: TrainConfig) -> None:
         f"must divide trainer.prompts_per_step={prompts}",
         mini,
     )
-    from bandpo.actor.chunked import check_chunk
+    from bandpo.actor.chunked import HEAD_CHOICES, check_chunk
     from bandpo.actor.ds_config import check_batch_split
     from bandpo.actor.packing import check_micro_batch_tokens, check_token_budget
 
@@ -83,6 +83,7 @@ def validate(cfg: TrainConfig) -> None:
     )
     _rule(check_token_budget, _get(cfg, "actor.logprob_token_budget"), "actor.logprob_token_budget")
     _rule(check_chunk, _get(cfg, "actor.logits_chunk_tokens"), "actor.logits_chunk_tokens")
+    _choice(cfg, "actor.logprob_head", HEAD_CHOICES)
     _number(cfg, "actor.collective_timeout_min", low=0, strict_low=True)
     if _get(cfg, "actor.cpu_threads") is not None:
         _number(cfg, "actor.cpu_threads", low=1, integer=True)

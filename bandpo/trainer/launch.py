@@ -275,6 +275,7 @@ def actor_settings(cfg: TrainConfig, bf16: bool) -> dict[str, Any]:
         padding_free=ac.padding_free,
         max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
         logits_chunk_tokens=ac.logits_chunk_tokens,
+        logprob_head=ac.logprob_head,
         share_prompts=ac.share_prompts,
         ref_model=cfg.algorithm.kl_coef > 0,
         lora=to_plain(ac.lora),
