@@ -10,9 +10,11 @@ gradient flows to the hidden states and the weight, with upstream gradients on b
 the entropy, as an update with an entropy term has them.
 
 Printed: the CPU (model, the flags that decide the matmul kernels, cores, torch threads), then per
-case the forward and backward seconds, tokens/s over both, the peak above the inputs, the load average
-before and after the case, and the online head's speed-up; the same as JSON in ``--out``. No timing is
-asserted: the CPU may be shared (the load average says how busy it was).
+case the forward and backward seconds, tokens/s over both, the process's CPU seconds for both (with
+``--threads 1`` a measure of the work that other processes on a shared CPU do not inflate, unlike the
+wall time), the peak above the inputs, the load average before and after the case, and the online
+head's speed-up; the same as JSON in ``--out``. No timing is asserted: the CPU may be shared (the load
+average says how busy it was).
 
     .venv/bin/python scripts/bench_head.py [--tokens 2048 1024] [--dtypes fp32 bf16] [--repeats 3] \\
         [--out bench_head.json]
@@ -61,9 +63,12 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run_case(shape: str, dtype: str, head: str, tokens: int, repeats: int, chunk: int) -> dict:
+def run_case(shape: str, dtype: str, head: str, tokens: int, repeats: int, chunk: int, threads: int) -> dict:
     """One head on one shape in this process: warm-up (peak memory), then ``repeats`` timed passes."""
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from bandpo.actor.chunked import HEADS
 
@@ -76,18 +81,18 @@ def run_case(shape: str, dtype: str, head: str, tokens: int, repeats: int, chunk
     g_lp, g_ent = torch.randn(tokens, generator=g), 0.01 * torch.randn(tokens, generator=g)
     fn = HEADS[head]
 
-    def once() -> tuple[float, float]:
-        t0 = time.perf_counter()
+    def once() -> tuple[float, float, float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         lp, ent = fn(hidden, weight, targets, 1.0, chunk)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), (hidden, weight))
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.perf_counter() - t1, c1 - c0, time.process_time() - c1
 
     base = _rss_bytes()
     once()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     times = [once() for _ in range(repeats)]
-    fwd, bwd = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+    fwd, bwd, fwd_cpu, bwd_cpu = (statistics.median(t[i] for t in times) for i in range(4))
     return {
         "shape": shape,
         "hidden": hidden_size,
@@ -100,6 +105,8 @@ def run_case(shape: str, dtype: str, head: str, tokens: int, repeats: int, chunk
         "backward_s": bwd,
         "total_s": fwd + bwd,
         "tokens_per_s": tokens / (fwd + bwd),
+        "threads": torch.get_num_threads(),
+        "cpu_s": fwd_cpu + bwd_cpu,
         "peak_extra_mib": peak / 2**20,
         "all_s": times,
     }
@@ -115,12 +122,15 @@ def main() -> None:
     p.add_argument("--heads", nargs="+", default=["chunked", "online"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--chunk", type=int, default=512, help="actor.logits_chunk_tokens (chunk or block)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads per case (0: torch's default, the cores)"
+    )
     p.add_argument("--out", default="bench_head.json")
     p.add_argument("--single", nargs=3, metavar=("SHAPE", "DTYPE", "HEAD"), help=argparse.SUPPRESS)
     p.add_argument("--single-tokens", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.single:
-        print(json.dumps(run_case(*args.single, args.single_tokens, args.repeats, args.chunk)))
+        print(json.dumps(run_case(*args.single, args.single_tokens, args.repeats, args.chunk, args.threads)))
         return
     if len(args.tokens) != len(args.shapes):
         p.error(f"--tokens needs one count per shape ({len(args.shapes)}), got {args.tokens}")
@@ -144,7 +154,14 @@ def main() -> None:
                     "--single-tokens",
                     str(tokens),
                 ]
-                cmd += ["--repeats", str(args.repeats), "--chunk", str(args.chunk)]
+                cmd += [
+                    "--repeats",
+                    str(args.repeats),
+                    "--chunk",
+                    str(args.chunk),
+                    "--threads",
+                    str(args.threads),
+                ]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 case = json.loads(out.strip().splitlines()[-1])
                 case["load_before"], case["load_after"] = load_before, os.getloadavg()
@@ -152,7 +169,7 @@ def main() -> None:
                 print(
                     f"{shape:8s} H={case['hidden']:<5d} V={case['vocab']:<6d} {dtype} {head:8s} "
                     f"T={tokens:<5d} fwd {case['forward_s']:.3f} s  bwd {case['backward_s']:.3f} s  "
-                    f"{case['tokens_per_s']:7.0f} tok/s  peak +{case['peak_extra_mib']:.0f} MiB  "
+                    f"{case['tokens_per_s']:7.0f} tok/s  cpu {case['cpu_s']:.3f} s ({case['threads']} thr)  peak +{case['peak_extra_mib']:.0f} MiB  "
                     f"load {load_before[0]:.2f} -> {case['load_after'][0]:.2f}",
                     flush=True,
                 )
@@ -174,12 +191,13 @@ def main() -> None:
                 "forward": ref["forward_s"] / c["forward_s"],
                 "backward": ref["backward_s"] / c["backward_s"],
                 "total": ref["total_s"] / c["total_s"],
+                "cpu": ref["cpu_s"] / c["cpu_s"],
                 "peak_extra_mib": [ref["peak_extra_mib"], c["peak_extra_mib"]],
             }
             s = speedups[key]
             print(
                 f"online vs chunked {key}: forward {s['forward']:.2f}x  backward {s['backward']:.2f}x  "
-                f"total {s['total']:.2f}x  peak {s['peak_extra_mib'][0]:.0f} -> {s['peak_extra_mib'][1]:.0f} MiB"
+                f"total {s['total']:.2f}x  cpu {s['cpu']:.2f}x  peak {s['peak_extra_mib'][0]:.0f} -> {s['peak_extra_mib'][1]:.0f} MiB"
             )
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
