@@ -21,6 +21,7 @@ replaced, for the duration of the forward, by the chunked log-prob/entropy head
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -148,6 +149,7 @@ def packed_logprobs(
     chunk: int,
     entropy_grad: bool = False,
     head: str = "chunked",
+    fp32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropy [n, r] (float32, 0 at padding) of a packed micro-batch.
 
@@ -156,11 +158,13 @@ def packed_logprobs(
     embedding computing per-token results instead of logits. The entropy carries a gradient
     only with ``entropy_grad`` (an entropy bonus in the loss); otherwise it is detached. ``head`` names
     the implementation (``bandpo.actor.chunked.HEADS``: ``chunked``, or ``online``, the one-pass walk
-    over vocabulary tiles); ``chunk`` is its tokens per chunk or block.
+    over vocabulary tiles); ``chunk`` is its tokens per chunk or block; ``fp32_head`` runs its matmuls
+    in float32 for a bf16 model.
     """
     if head not in HEADS:
         raise ValueError(f"packed_logprobs: head={head!r} unknown, valid: {', '.join(HEADS)}")
-    with _chunked_head(model, packed.targets, temperature, chunk, entropy_grad, HEADS[head]):
+    fn = functools.partial(HEADS[head], fp32_head=fp32_head)
+    with _chunked_head(model, packed.targets, temperature, chunk, entropy_grad, fn):
         out = model(
             input_ids=packed.input_ids,
             position_ids=packed.position_ids,

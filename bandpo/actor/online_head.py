@@ -55,18 +55,27 @@ def check_tile(tile, name: str = "tile") -> None:
 
 class _Tiles:
     """Reused [block, tile] buffers (float32 logits, their exp, and the matmul's own dtype when not
-    float32); the last, narrower tile and block take a contiguous prefix of each."""
+    float32); the last, narrower tile and block take a contiguous prefix of each.
 
-    def __init__(self, rows: int, cols: int, weight: torch.Tensor):
+    ``fp32_head``: the matmuls run in float32 whatever the weight's dtype (each tile of the weight and
+    each block of hidden states upcast, exactly), so the logits are not rounded to bf16.
+    """
+
+    def __init__(self, rows: int, cols: int, weight: torch.Tensor, fp32_head: bool):
         self.weight = weight  # [V, H]
+        self.mm_dtype = torch.float32 if fp32_head else weight.dtype
         dev, n = weight.device, rows * cols
         self.z = torch.empty(n, dtype=torch.float32, device=dev)
         self.e = torch.empty(n, dtype=torch.float32, device=dev)
-        self.low = None if weight.dtype == torch.float32 else torch.empty(n, dtype=weight.dtype, device=dev)
+        self.low = None if self.mm_dtype == torch.float32 else torch.empty(n, dtype=weight.dtype, device=dev)
+
+    def tile(self, v0: int, v1: int) -> torch.Tensor:
+        """W[v0:v1] [Vt, H] in the matmul's dtype."""
+        return self.weight[v0:v1].to(self.mm_dtype)
 
     def logits(self, hidden: torch.Tensor, v0: int, v1: int, temperature: float) -> torch.Tensor:
-        """[C, v1 - v0] float32 (h W[v0:v1]^T) / temperature, the matmul in the weight's dtype."""
-        c, w = hidden.shape[0], self.weight[v0:v1]
+        """[C, v1 - v0] float32 (h W[v0:v1]^T) / temperature, the matmul in ``mm_dtype`` (``hidden`` in it)."""
+        c, w = hidden.shape[0], self.tile(v0, v1)
         z = self.z[: c * (v1 - v0)].view(c, v1 - v0)
         if self.low is None:
             torch.mm(hidden, w.t(), out=z)
@@ -88,14 +97,14 @@ def _target_in_tile(targets: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tens
     return (targets >= v0) & (targets < v1), (targets - v0).clamp_(0, v1 - v0 - 1)[:, None]
 
 
-def _target_logits(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """[C] float32 z_y = h . w_y / temperature, rounded to the weight's dtype as the matmul's result is.
+def _target_logits(hidden, weight, targets, temperature: float, mm_dtype: torch.dtype) -> torch.Tensor:
+    """[C] float32 z_y = h . w_y / temperature, rounded to ``mm_dtype`` as the matmul's result is.
 
     One dot product per token instead of a gather from every tile; it differs from the tile's own
     value only by float32 summation order (and, in bf16, where that order tips the one rounding)."""
     z = torch.linalg.vecdot(hidden.float(), weight[targets].float())
-    if weight.dtype != torch.float32:
-        z = z.to(weight.dtype).float()
+    if mm_dtype != torch.float32:
+        z = z.to(mm_dtype).float()
     return z / temperature if temperature != 1.0 else z
 
 
@@ -103,15 +112,15 @@ class OnlineLogprobEntropy(torch.autograd.Function):
     """``(logprobs [T], entropy [T])`` float32 from hidden [T, H], lm_head weight [V, H], targets [T]."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, block: int, tile: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, block: int, tile: int, fp32_head: bool):
         n, v = hidden.shape[0], weight.shape[0]
         logz = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy, logprobs = torch.empty_like(logz), torch.empty_like(logz)
-        ws = _Tiles(min(block, n), min(tile, v), weight)
+        ws = _Tiles(min(block, n), min(tile, v), weight, fp32_head)
         for b0 in range(0, n, block):
-            h, y = hidden[b0 : b0 + block], targets[b0 : b0 + block]
+            h, y = hidden[b0 : b0 + block].to(ws.mm_dtype), targets[b0 : b0 + block]
             m = s = r = None  # [C] running max, sum e^(z-m), sum e^(z-m)(z-m)
-            zy = _target_logits(h, weight, y, temperature)
+            zy = _target_logits(h, weight, y, temperature, ws.mm_dtype)
             for v0 in range(0, v, tile):
                 v1 = min(v0 + tile, v)
                 z = ws.logits(h, v0, v1, temperature)  # [C, Vt]
@@ -133,14 +142,14 @@ class OnlineLogprobEntropy(torch.autograd.Function):
             entropy[b0 : b0 + block] = log_s - r / s
             logprobs[b0 : b0 + block] = zy - logz[b0 : b0 + block]
         ctx.save_for_backward(hidden, weight, targets, logz, entropy)
-        ctx.temperature, ctx.block, ctx.tile = temperature, block, tile
+        ctx.temperature, ctx.block, ctx.tile, ctx.fp32_head = temperature, block, tile, fp32_head
         ctx.set_materialize_grads(False)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, targets, logz, entropy = ctx.saved_tensors
-        none = (None,) * 6
+        none = (None,) * 7
         if grad_logprobs is None and grad_entropy is None:
             return none
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -150,10 +159,10 @@ class OnlineLogprobEntropy(torch.autograd.Function):
         ge_all = None if grad_entropy is None else grad_entropy.float() * inv_t  # [T]
         grad_hidden = torch.empty_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        ws = _Tiles(min(block, n), min(tile, v), weight)
+        ws = _Tiles(min(block, n), min(tile, v), weight, ctx.fp32_head)
         for b0 in range(0, n, block):
             b1 = min(b0 + block, n)
-            h, y, lz = hidden[b0:b1], targets[b0:b1], logz[b0:b1, None]
+            h, y, lz = hidden[b0:b1].to(ws.mm_dtype), targets[b0:b1], logz[b0:b1, None]
             gl = None if gl_all is None else gl_all[b0:b1]
             ge = None if ge_all is None else ge_all[b0:b1, None]
             if ge is not None:  # gl + ge H [C, 1]: the part of G's factor that is constant along the tile
@@ -176,7 +185,7 @@ class OnlineLogprobEntropy(torch.autograd.Function):
                     inside, col = _target_in_tile(y, v0, v1)
                     g.scatter_add_(1, col, torch.where(inside, gl, 0.0)[:, None])
                 if need_h and ws.low is None:
-                    acc.addmm_(g, weight[v0:v1])
+                    acc.addmm_(g, ws.tile(v0, v1))
                 elif need_h:  # the bf16 product of this tile, summed over the tiles in float32
                     acc += ws.low_precision(g) @ weight[v0:v1]
                 if need_w:
@@ -184,7 +193,7 @@ class OnlineLogprobEntropy(torch.autograd.Function):
             if need_h:
                 grad_hidden[b0:b1] = acc
         gw = None if grad_weight is None else grad_weight.to(weight.dtype)
-        return grad_hidden, gw, None, None, None, None
+        return grad_hidden, gw, None, None, None, None, None
 
 
 def online_logprobs_entropy(
@@ -195,11 +204,13 @@ def online_logprobs_entropy(
     temperature: float = 1.0,
     block: int = DEFAULT_BLOCK,
     tile: int = DEFAULT_TILE,
+    fp32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(h W^T / temperature)[target] and the entropy of that softmax, per token.
 
     hidden [T, H], weight [V, H] (the lm_head's), targets [T] long in [0, V). Returns float32
-    ``(logprobs [T], entropy [T])``, both differentiable in hidden and weight.
+    ``(logprobs [T], entropy [T])``, both differentiable in hidden and weight. ``fp32_head``: the
+    matmuls in float32 for a bf16 weight and hidden states (their gradients keep their dtypes).
     """
     check_tile(block, "block")
     check_tile(tile, "tile")
@@ -209,4 +220,6 @@ def online_logprobs_entropy(
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets [T] expected for hidden {tuple(hidden.shape)}, got {tuple(targets.shape)}")
-    return OnlineLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(block), int(tile))
+    return OnlineLogprobEntropy.apply(
+        hidden, weight, targets, float(temperature), int(block), int(tile), bool(fp32_head)
+    )

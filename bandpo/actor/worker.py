@@ -111,6 +111,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
             padding-free path.
         logprob_head: the padding-free path's lm_head implementation (``bandpo.actor.chunked.HEADS``);
             ``auto`` = ``online`` on CPU, ``chunked`` on GPU (``resolve_head``).
+        fp32_head: that head's matmuls in float32 for a bf16 model (``model.fp32_head``).
         share_prompts: padding-free passes pack a prompt shared by several rows once (needs the
             packed attention, which replaces transformers' ``sdpa``; a model on another attention
             implementation packs every row's prompt).
@@ -159,6 +160,7 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         max_tokens_per_micro_batch: int = 0,
         logits_chunk_tokens: int = DEFAULT_CHUNK,
         logprob_head: str = "auto",
+        fp32_head: bool = False,
         share_prompts: bool = True,
         ref_model: bool = False,
         lora=None,
@@ -195,6 +197,11 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         check_rank_device(rank, expected_device, accel.device_name(), cuda_devices, self.node)
         self.on_cpu = accel.device_name() == "cpu"
         self.logprob_head = resolve_head(logprob_head, self.on_cpu)
+        if fp32_head and not padding_free:
+            raise ValueError(
+                "fp32_head needs padding_free (the padded path's logits are the model's own lm_head)"
+            )
+        self.fp32_head = bool(fp32_head)
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
         local_rank = 0 if self.on_cpu else assigned_gpu(rank, accel.device_count())
         init_distributed(

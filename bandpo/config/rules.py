@@ -106,6 +106,20 @@ def validate(cfg: TrainConfig) -> None:
     _choice(cfg, "actor.old_logprobs", OLD_LOGPROBS)
     reuse = reuse_old_logprobs(cfg)
     _validate_lora(cfg, reuse)
+    fp32_head = _get(cfg, "model.fp32_head")
+    _check(isinstance(fp32_head, bool), "model.fp32_head", "must be true or false", fp32_head)
+    _check(
+        not fp32_head or padding_free,
+        "model.fp32_head",
+        "needs actor.padding_free=true (the padded path's logits come from the model's own bf16 lm_head)",
+        fp32_head,
+    )
+    _check(
+        not fp32_head or _get(cfg, "rollout.backend") == "vllm",
+        "model.fp32_head",
+        "needs rollout.backend=vllm (the engine side is vLLM's head_dtype; transformers' generate has none)",
+        fp32_head,
+    )
 
     from bandpo.data.prompts import TEMPLATES
     from bandpo.run.nonfinite import INJECT_TARGETS, ON_NONFINITE

@@ -219,6 +219,10 @@ class ModelConfig:
     build: str | None = key(None, "build (and cache) the model: tiny_arith | smollm2_gguf")
     build_args: dict[str, Any] = key(doc="fields of the build's BuildArgs", factory=dict)
     dtype: str = key("auto", "the rollout engines' dtype; auto = the actor's precision")
+    fp32_head: bool = key(
+        False,
+        "bf16 runs: the lm_head's matmul in float32 on the actor (padding-free) and in vLLM (head_dtype)",
+    )
     max_model_len: int = key(5120, "prompt + response tokens")
     gradient_checkpointing: bool = key(False, "this model needs actor activation checkpointing")
     num_params: int | None = key(None, "parameters (memory estimate)")
