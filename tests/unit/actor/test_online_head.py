@@ -233,6 +233,29 @@ def test_bf16_online_head_equals_the_bf16_chunked_head_within_the_logits_roundin
     assert float((online[0].bfloat16().float() - online[0]).abs().max()) > float(2 * e_lp.max())
 
 
+@pytest.mark.parametrize("head", ["online", "chunked"])
+def test_fp32_head_on_a_bf16_model_is_the_float32_head_on_the_same_numbers(head):
+    """With ``fp32_head`` the matmuls take the bf16 numbers upcast (exactly), so the log-probs and
+    entropies are the float32 head's bit for bit, and the gradients are its gradients rounded once to
+    bf16 (each is accumulated in float32 and cast at the end)."""
+    g = torch.Generator().manual_seed(1)
+    t, h, v = 40, 32, 700
+    hidden = torch.randn(t, h, generator=g).bfloat16()
+    weight = (0.1 * torch.randn(v, h, generator=g)).bfloat16()
+    targets = torch.randint(0, v, (t,), generator=g)
+    gl, ge = torch.randn(t, generator=g), torch.randn(t, generator=g)
+    fn = HEADS[head]
+    bf = _run(lambda a, b, y: fn(a, b, y, 0.8, 16, fp32_head=True), hidden, weight, targets, gl, ge)
+    f32 = _run(lambda a, b, y: fn(a, b, y, 0.8, 16), hidden.float(), weight.float(), targets, gl, ge)
+    assert torch.equal(bf[0], f32[0]) and torch.equal(bf[1], f32[1])
+    assert bf[2].dtype == bf[3].dtype == torch.bfloat16
+    assert torch.equal(bf[2], f32[2].bfloat16()) and torch.equal(bf[3], f32[3].bfloat16())
+    # without it the logits are rounded to bf16 and the log-probs move (by up to ~2 u16 max|z|)
+    assert not torch.equal(
+        _run(lambda a, b, y: fn(a, b, y, 0.8, 16), hidden, weight, targets, gl, ge)[0], f32[0]
+    )
+
+
 def test_heads_are_registered_and_auto_picks_online_on_cpu_only():
     assert set(HEADS) == {"online", "chunked"}
     assert resolve_head("auto", on_cpu=True) == "online"
