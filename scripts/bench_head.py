@@ -7,13 +7,14 @@ vocabulary, ``online`` walks vocabulary tiles once per block of tokens). Each ca
 process, so its peak resident set is its own: one warm-up forward + backward (whose peak is reported,
 above the resident set with the inputs in place), then ``--repeats`` timed ones (median reported). The
 gradient flows to the hidden states and the weight, with upstream gradients on both the log-probs and
-the entropy, as an update with an entropy term has them.
+the entropy, as an update with an entropy term has them. A head named ``online:fp32`` (or
+``chunked:fp32``) runs with ``model.fp32_head``'s float32 matmuls, to price that option in bf16.
 
 Printed: the CPU (model, the flags that decide the matmul kernels, cores, torch threads), then per
 case the forward and backward seconds, tokens/s over both, the process's CPU seconds for both (with
 ``--threads 1`` a measure of the work that other processes on a shared CPU do not inflate, unlike the
 wall time), the peak above the inputs, the load average before and after the case, and the online
-head's speed-up; the same as JSON in ``--out``. No timing is asserted: the CPU may be shared (the load
+speed-up of each head over the first listed; the same as JSON in ``--out``. No timing is asserted: the CPU may be shared (the load
 average says how busy it was).
 
     .venv/bin/python scripts/bench_head.py [--tokens 2048 1024] [--dtypes fp32 bf16] [--repeats 3] \\
@@ -23,6 +24,7 @@ average says how busy it was).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -79,7 +81,10 @@ def run_case(shape: str, dtype: str, head: str, tokens: int, repeats: int, chunk
     weight = (0.05 * torch.randn(vocab, hidden_size, generator=g)).to(dt).requires_grad_()  # [V, H]
     targets = torch.randint(0, vocab, (tokens,), generator=g)  # [T]
     g_lp, g_ent = torch.randn(tokens, generator=g), 0.01 * torch.randn(tokens, generator=g)
-    fn = HEADS[head]
+    name, _, option = head.partition(":")
+    if name not in HEADS or option not in ("", "fp32"):
+        raise SystemExit(f"--heads: {head!r} is not one of {', '.join(HEADS)}, optionally with ':fp32'")
+    fn = functools.partial(HEADS[name], fp32_head=option == "fp32")
 
     def once() -> tuple[float, float, float, float]:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -119,7 +124,12 @@ def main() -> None:
         "--tokens", nargs="+", type=int, default=[2048, 1024], help="tokens per shape, in --shapes' order"
     )
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    p.add_argument("--heads", nargs="+", default=["chunked", "online"])
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=["chunked", "online"],
+        help="chunked | online, each optionally with :fp32 (model.fp32_head: the matmuls in float32)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--chunk", type=int, default=512, help="actor.logits_chunk_tokens (chunk or block)")
     p.add_argument(
@@ -173,32 +183,23 @@ def main() -> None:
                     f"load {load_before[0]:.2f} -> {case['load_after'][0]:.2f}",
                     flush=True,
                 )
-    speedups = {}
+    speedups = {}  # each head against the first one listed (chunked by default), same shape and dtype
     for c in cases:
-        if c["head"] != "online":
+        ref = next(r for r in cases if r["shape"] == c["shape"] and r["dtype"] == c["dtype"])
+        if ref is c:
             continue
-        ref = next(
-            (
-                r
-                for r in cases
-                if r["head"] == "chunked" and r["shape"] == c["shape"] and r["dtype"] == c["dtype"]
-            ),
-            None,
+        key = f"{c['shape']}/{c['dtype']}/{c['head']} vs {ref['head']}"
+        s = speedups[key] = {
+            "forward": ref["forward_s"] / c["forward_s"],
+            "backward": ref["backward_s"] / c["backward_s"],
+            "total": ref["total_s"] / c["total_s"],
+            "cpu": ref["cpu_s"] / c["cpu_s"],
+            "peak_extra_mib": [ref["peak_extra_mib"], c["peak_extra_mib"]],
+        }
+        print(
+            f"{key}: forward {s['forward']:.2f}x  backward {s['backward']:.2f}x  total {s['total']:.2f}x  "
+            f"cpu {s['cpu']:.2f}x  peak {s['peak_extra_mib'][0]:.0f} -> {s['peak_extra_mib'][1]:.0f} MiB"
         )
-        if ref is not None:
-            key = f"{c['shape']}/{c['dtype']}"
-            speedups[key] = {
-                "forward": ref["forward_s"] / c["forward_s"],
-                "backward": ref["backward_s"] / c["backward_s"],
-                "total": ref["total_s"] / c["total_s"],
-                "cpu": ref["cpu_s"] / c["cpu_s"],
-                "peak_extra_mib": [ref["peak_extra_mib"], c["peak_extra_mib"]],
-            }
-            s = speedups[key]
-            print(
-                f"online vs chunked {key}: forward {s['forward']:.2f}x  backward {s['backward']:.2f}x  "
-                f"total {s['total']:.2f}x  cpu {s['cpu']:.2f}x  peak {s['peak_extra_mib'][0]:.0f} -> {s['peak_extra_mib'][1]:.0f} MiB"
-            )
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"machine": info, "cases": cases, "speedup": speedups}, f, indent=2)

@@ -91,6 +91,17 @@ class _Tiles:
         return g if self.low is None else self.low[: g.numel()].view(g.shape).copy_(g)
 
 
+def _tile_width(n: int, v: int, block: int, tile: int) -> int:
+    """Vocabulary entries per tile for ``n`` tokens: ``tile``, widened when fewer than ``block`` tokens
+    make the blocks narrower, so a tile keeps its ``block x tile`` entries (at most ``v``).
+
+    Why: each tile costs a fixed ~10 operations; a short pass (a few dozen tokens) over tiles of
+    1,024 would run hundreds of tiny ones, each a synchronisation of the threads, which on a loaded
+    CPU costs far more than its arithmetic."""
+    rows = max(min(block, n), 1)
+    return min(v, max(tile, tile * block // rows))
+
+
 def _target_in_tile(targets: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(in_tile [C] bool, column [C, 1] long)``: which targets fall in [v0, v1) and their column
     there (clamped into the tile for the others, whose value is then masked out)."""
@@ -116,7 +127,8 @@ class OnlineLogprobEntropy(torch.autograd.Function):
         n, v = hidden.shape[0], weight.shape[0]
         logz = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy, logprobs = torch.empty_like(logz), torch.empty_like(logz)
-        ws = _Tiles(min(block, n), min(tile, v), weight, fp32_head)
+        tile = _tile_width(n, v, block, tile)
+        ws = _Tiles(min(block, n), tile, weight, fp32_head)
         for b0 in range(0, n, block):
             h, y = hidden[b0 : b0 + block].to(ws.mm_dtype), targets[b0 : b0 + block]
             m = s = r = None  # [C] running max, sum e^(z-m), sum e^(z-m)(z-m)
@@ -159,7 +171,8 @@ class OnlineLogprobEntropy(torch.autograd.Function):
         ge_all = None if grad_entropy is None else grad_entropy.float() * inv_t  # [T]
         grad_hidden = torch.empty_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        ws = _Tiles(min(block, n), min(tile, v), weight, ctx.fp32_head)
+        tile = _tile_width(n, v, block, tile)
+        ws = _Tiles(min(block, n), tile, weight, ctx.fp32_head)
         for b0 in range(0, n, block):
             b1 = min(b0 + block, n)
             h, y, lz = hidden[b0:b1].to(ws.mm_dtype), targets[b0:b1], logz[b0:b1, None]

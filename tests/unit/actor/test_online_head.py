@@ -35,7 +35,7 @@ import pytest
 import torch
 
 from bandpo.actor.chunked import HEADS, chunked_logprobs_entropy, resolve_head
-from bandpo.actor.online_head import online_logprobs_entropy
+from bandpo.actor.online_head import _tile_width, online_logprobs_entropy
 
 U32, U16 = 2.0**-24, 2.0**-8
 
@@ -263,6 +263,13 @@ def test_heads_are_registered_and_auto_picks_online_on_cpu_only():
     assert resolve_head("chunked", on_cpu=True) == "chunked"
     with pytest.raises(ValueError, match="valid: auto, online, chunked"):
         resolve_head("fused", on_cpu=True)
+
+
+def test_short_passes_widen_the_tiles_to_the_same_area():
+    assert _tile_width(4096, 49_152, 512, 1024) == 1024  # full blocks: the tile as given
+    assert _tile_width(64, 49_152, 512, 1024) == 8192  # 64 tokens: 8x wider, the same 512 x 1,024 entries
+    assert _tile_width(37, 503, 64, 100) == 172
+    assert _tile_width(1, 100, 512, 1024) == 100  # never wider than the vocabulary
 
 
 def test_online_head_rejects_bad_shapes_and_sizes():
