@@ -260,6 +260,10 @@ def rollout_engine_kwargs(cfg: TrainConfig, plan: RunPlan) -> dict[str, Any]:
                 distributed_executor_backend="uni",
                 max_num_batched_tokens=max(8192, cfg.model.max_model_len),
             )
+        if (
+            cfg.model.fp32_head and plan.engine_dtype != "float32"
+        ):  # vLLM's lm_head in float32, as the actor's is
+            kw["hf_overrides"] = {"head_dtype": "float32"}
         if plan.sync == "adapter":
             kw["lora_rank"] = int(cfg.actor.lora.rank)
             if ro.inject_stale_adapter:  # test hook: from that load on the engines keep the adapter they had
@@ -289,6 +293,8 @@ def actor_settings(cfg: TrainConfig, bf16: bool) -> dict[str, Any]:
         padding_free=ac.padding_free,
         max_tokens_per_micro_batch=ac.max_tokens_per_micro_batch,
         logits_chunk_tokens=ac.logits_chunk_tokens,
+        logprob_head=ac.logprob_head,
+        fp32_head=cfg.model.fp32_head,
         share_prompts=ac.share_prompts,
         ref_model=cfg.algorithm.kl_coef > 0,
         lora=to_plain(ac.lora),

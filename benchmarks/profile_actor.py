@@ -7,7 +7,7 @@ own come from the update's forward: ``actor.reuse_old_logprobs``), ``ref_logprob
 (``update_on_policy``). After a warm-up of each (Adam's state):
 
 1. a timed run: seconds by stage, each exclusive of the stages inside it, so they add up to the phase:
-   forward / backward (the model body), head_forward / head_backward (the chunked lm_head and log-softmax),
+   forward / backward (the model body), head_forward / head_backward (the lm_head and log-softmax, chunked or online),
    loss, zero_grads (DeepSpeed's gradient hooks and backward epilogue), grad_norm, adamw (AdamW on ZeRO's
    flat fp32 partition), ds_step (DeepSpeed's step around them: gradient flattening and casts, the fp32 ->
    model-dtype weight copy), rest (the phase's own: slicing, packing, metrics);
@@ -108,9 +108,10 @@ class Stages:
 def instrument(actor, stages: Stages, snapshot: dict) -> None:
     """Stage timers around the actor's pieces; while ``snapshot["armed"]``, the first optimizer step
     records the held bytes and RSS into ``snapshot``."""
-    from bandpo.actor import chunked, worker
+    from bandpo.actor import chunked, online_head, worker
 
-    engine, opt, head = actor.engine, actor.engine.optimizer, chunked.ChunkedLogprobEntropy
+    engine, opt = actor.engine, actor.engine.optimizer
+    heads = (chunked.ChunkedLogprobEntropy, online_head.OnlineLogprobEntropy)  # actor.logprob_head's two
     step = opt._optimizer_step
 
     def step_with_snapshot(*args, **kwargs):
@@ -122,7 +123,8 @@ def instrument(actor, stages: Stages, snapshot: dict) -> None:
     wraps = [(engine, "forward", "forward"), (engine, "backward", "backward"), (engine, "step", "ds_step")]
     wraps += [(engine, "_backward_epilogue", "zero_grads"), (opt, "process_gradients", "zero_grads")]
     wraps += [(opt, "scaled_global_norm", "grad_norm"), (opt, "_optimizer_step", "adamw")]
-    wraps += [(head, "forward", "head_forward"), (head, "backward", "head_backward")]
+    wraps += [(head, "forward", "head_forward") for head in heads]
+    wraps += [(head, "backward", "head_backward") for head in heads]
     wraps += [(worker, "policy_loss", "loss")] + ([(actor.ref, "forward", "forward")] if actor.ref else [])
     for owner, attr, name in wraps:
         stages.wrap(owner, attr, name)

@@ -22,13 +22,16 @@ ratio pi / pi_old off by 4% before any update), and the small probabilities that
 each by a relative 2^-8. The weight gradient dL/dW = G^T h is accumulated over the chunks in
 float32 from the float32 G; only the gradient handed back to the hidden states, G W, takes the
 weight's dtype, as the rest of the network's gradients do.
+
+``fp32_head`` (``model.fp32_head``) runs both matmuls in float32 instead, on a float32 copy of the
+weight: the logits are not rounded to bf16, as the engines' are not with vLLM's float32 head.
 """
 
 from __future__ import annotations
 
 import torch
 
-from bandpo.config.checks import check_chunk
+from bandpo.config.checks import HEAD_CHOICES, check_chunk
 
 DEFAULT_CHUNK = 512  # tokens: 512 x 151,936 x 4 B = 311 MB per float32 [chunk, V] buffer
 
@@ -37,12 +40,12 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
     """``(logprobs [T], entropy [T])`` float32 from hidden [T, H], lm_head weight [V, H], targets [T]."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, fp32_head: bool = False):
         n = hidden.shape[0]
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         lse = torch.empty_like(logprobs)
-        ws = _Workspace(min(chunk, n), weight)
+        ws = _Workspace(min(chunk, n), weight, fp32_head)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             logp = ws.logits(hidden[s:e], temperature)  # [C, V] float32, becomes log p in place
@@ -53,7 +56,7 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             entropy[s:e] = -(ws.exp(logp).mul_(logp)).sum(-1)
             del logp
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.fp32_head = temperature, chunk, fp32_head
         ctx.set_materialize_grads(False)
         return logprobs, entropy
 
@@ -61,12 +64,12 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         n, t = hidden.shape[0], ctx.temperature
-        ws = _Workspace(min(ctx.chunk, n), weight)
+        ws = _Workspace(min(ctx.chunk, n), weight, ctx.fp32_head)
         for s in range(0, n, ctx.chunk):
             e = min(s + ctx.chunk, n)
             logp = ws.logits(hidden[s:e], t).sub_(lse[s:e, None])  # [C, V] log p
@@ -82,10 +85,11 @@ class ChunkedLogprobEntropy(torch.autograd.Function):
             del logp, p
             g = g.div_(t)  # dL/d(h W^T), float32
             if need_h:
-                grad_hidden[s:e] = ws.low_precision(g) @ weight
+                grad_hidden[s:e] = ws.low_precision(g) @ ws.weight
             if need_w:  # from the float32 G: no bf16 rounding of its terms before the sum over tokens
                 grad_weight.addmm_(g.t(), hidden[s:e].float())
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+        gw = None if grad_weight is None else grad_weight.to(weight.dtype)
+        return grad_hidden, gw, None, None, None, None
 
 
 class _Workspace:
@@ -98,14 +102,17 @@ class _Workspace:
     (``torch.logsumexp``'s own steps included), so the results are bit-identical.
     """
 
-    def __init__(self, rows: int, weight: torch.Tensor):
-        self.weight = weight  # [V, H], the lm_head's
+    def __init__(self, rows: int, weight: torch.Tensor, fp32_head: bool = False):
+        # [V, H], the lm_head's; ``fp32_head``: a float32 copy, the matmuls in float32 (no bf16 logits)
+        self.weight = weight.float() if fp32_head else weight
         v, dev = weight.shape[0], weight.device
         self.z = torch.empty(rows, v, dtype=torch.float32, device=dev)  # logits, then log p
         self.p = torch.empty_like(self.z)  # exp(z - max), then p
         # the matmul's own result (its dtype), and G rounded to it for G W
         self.low = (
-            None if weight.dtype == torch.float32 else torch.empty(rows, v, dtype=weight.dtype, device=dev)
+            None
+            if self.weight.dtype == torch.float32
+            else torch.empty(rows, v, dtype=weight.dtype, device=dev)
         )
 
     def logits(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -114,7 +121,7 @@ class _Workspace:
         c = hidden.shape[0]
         z = self.z[:c]
         if self.low is None:
-            torch.mm(hidden, self.weight.t(), out=z)
+            torch.mm(hidden.to(self.weight.dtype), self.weight.t(), out=z)
         else:
             z.copy_(torch.mm(hidden, self.weight.t(), out=self.low[:c]))
         return z.div_(temperature) if temperature != 1.0 else z
@@ -143,16 +150,53 @@ def chunked_logprobs_entropy(
     *,
     temperature: float = 1.0,
     chunk: int = DEFAULT_CHUNK,
+    fp32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(h W^T / temperature)[target] and the entropy of that softmax, per token.
 
     hidden [T, H] (the last hidden states predicting ``targets``), weight [V, H] (the lm_head's),
     targets [T] long. Returns float32 ``(logprobs [T], entropy [T])``; both are differentiable
-    (the entropy's gradient is computed only when the loss uses it).
+    (the entropy's gradient is computed only when the loss uses it). ``fp32_head``: the matmuls in
+    float32 for a bf16 weight (a float32 copy of it for the call); the gradients keep their dtypes.
     """
     check_chunk(chunk)
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden [T, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}"
         )
-    return ChunkedLogprobEntropy.apply(hidden, weight, targets, float(temperature), int(chunk))
+    return ChunkedLogprobEntropy.apply(
+        hidden, weight, targets, float(temperature), int(chunk), bool(fp32_head)
+    )
+
+
+def _chunked(hidden, weight, targets, temperature, chunk, fp32_head=False):
+    return chunked_logprobs_entropy(
+        hidden, weight, targets, temperature=temperature, chunk=chunk, fp32_head=fp32_head
+    )
+
+
+def _online(hidden, weight, targets, temperature, chunk, fp32_head=False):
+    from bandpo.actor.online_head import online_logprobs_entropy
+
+    return online_logprobs_entropy(
+        hidden, weight, targets, temperature=temperature, block=chunk, fp32_head=fp32_head
+    )
+
+
+# ``actor.logprob_head``: the implementations of the same per-token (log-prob, entropy) head, each
+# called as (hidden [T, H], weight [V, H], targets [T], temperature, chunk[, fp32_head]) -> (logprobs [T],
+# entropy [T]); ``chunk`` is the tokens per chunk (chunked) or per block of the vocabulary walk (online).
+HEADS = {"online": _online, "chunked": _chunked}
+# the config validates actor.logprob_head against HEAD_CHOICES without importing the actor
+assert HEAD_CHOICES == ("auto", *HEADS), (HEAD_CHOICES, tuple(HEADS))
+
+
+def resolve_head(name: str, on_cpu: bool) -> str:
+    """The head ``actor.logprob_head=name`` runs: ``auto`` = ``online`` on CPU, where it was measured
+    faster at both vocabularies and dtypes (benchmarks/head.py), ``chunked`` on GPU, where it has not
+    been measured yet; an unknown name is an error listing the valid ones."""
+    if name not in HEAD_CHOICES:
+        raise ValueError(f"actor.logprob_head={name!r}: unknown, valid: {', '.join(HEAD_CHOICES)}")
+    if name == "auto":
+        return "online" if on_cpu else "chunked"
+    return name

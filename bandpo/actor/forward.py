@@ -86,6 +86,8 @@ class ActorForward:
                 packed,
                 temperature=self.temperature,
                 chunk=self.logits_chunk_tokens,
+                head=self.logprob_head,
+                fp32_head=self.fp32_head,
                 entropy_grad=entropy_grad,
             )
             return lp, ent, packed.response_mask.long()

@@ -21,12 +21,13 @@ replaced, for the duration of the forward, by the chunked log-prob/entropy head
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
 
 from bandpo.actor.attention import LAYOUT_KW
-from bandpo.actor.chunked import chunked_logprobs_entropy
+from bandpo.actor.chunked import HEADS
 from bandpo.actor.packing import Packed, unpack
 from bandpo.config.checks import check_token_budget
 
@@ -142,16 +143,29 @@ def budget_chunks(prompt_lens: list[int], response_lens: list[int], token_budget
 
 
 def packed_logprobs(
-    model, packed: Packed, *, temperature: float = 1.0, chunk: int, entropy_grad: bool = False
+    model,
+    packed: Packed,
+    *,
+    temperature: float = 1.0,
+    chunk: int,
+    entropy_grad: bool = False,
+    head: str = "chunked",
+    fp32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropy [n, r] (float32, 0 at padding) of a packed micro-batch.
 
     ``model`` is a HF causal LM or a DeepSpeed engine around one; the forward goes through it
     (DeepSpeed's hooks, gradient checkpointing and ZeRO-3 gathers included) with its output
     embedding computing per-token results instead of logits. The entropy carries a gradient
-    only with ``entropy_grad`` (an entropy bonus in the loss); otherwise it is detached.
+    only with ``entropy_grad`` (an entropy bonus in the loss); otherwise it is detached. ``head`` names
+    the implementation (``bandpo.actor.chunked.HEADS``: ``chunked``, or ``online``, the one-pass walk
+    over vocabulary tiles); ``chunk`` is its tokens per chunk or block; ``fp32_head`` runs its matmuls
+    in float32 for a bf16 model.
     """
-    with _chunked_head(model, packed.targets, temperature, chunk, entropy_grad):
+    if head not in HEADS:
+        raise ValueError(f"packed_logprobs: head={head!r} unknown, valid: {', '.join(HEADS)}")
+    fn = functools.partial(HEADS[head], fp32_head=fp32_head)
+    with _chunked_head(model, packed.targets, temperature, chunk, entropy_grad, fn):
         out = model(
             input_ids=packed.input_ids,
             position_ids=packed.position_ids,
@@ -164,7 +178,7 @@ def packed_logprobs(
 
 
 @contextmanager
-def _chunked_head(model, targets: torch.Tensor, temperature: float, chunk: int, entropy_grad: bool):
+def _chunked_head(model, targets: torch.Tensor, temperature: float, chunk: int, entropy_grad: bool, fn):
     """Swap the output embedding's forward for the chunked head; tied weights stay shared
     (the head reads ``weight`` of the module, which is the embedding's when tied)."""
     hf = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
@@ -182,9 +196,7 @@ def _chunked_head(model, targets: torch.Tensor, temperature: float, chunk: int, 
         )
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:  # [1, n_resp, H] -> [1, n_resp, 2]
-        lp, ent = chunked_logprobs_entropy(
-            hidden[0], head.weight, targets, temperature=temperature, chunk=chunk
-        )
+        lp, ent = fn(hidden[0], head.weight, targets, temperature, chunk)
         return torch.stack([lp, ent if entropy_grad else ent.detach()], dim=-1)[None]
 
     head.forward = forward

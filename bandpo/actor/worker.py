@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from bandpo.actor.chunked import DEFAULT_CHUNK
+from bandpo.actor.chunked import DEFAULT_CHUNK, resolve_head
 from bandpo.actor.ds_config import build_ds_config, grad_accum_steps
 from bandpo.actor.forward import ActorForward
 from bandpo.actor.logprobs import (
@@ -106,7 +106,11 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         padding_free: packed rows + chunked lm_head (default); False = padded rows, full logits.
         max_tokens_per_micro_batch: packed tokens per update micro-batch on one rank (0: group
             by ``micro_batch_size`` rows instead); needs ``padding_free``.
-        logits_chunk_tokens: tokens per lm_head chunk of the padding-free path.
+        logits_chunk_tokens: tokens per lm_head chunk (or per block of the online head) of the
+            padding-free path.
+        logprob_head: the padding-free path's lm_head implementation (``bandpo.actor.chunked.HEADS``);
+            ``auto`` = ``online`` on CPU, ``chunked`` on GPU (``resolve_head``).
+        fp32_head: that head's matmuls in float32 for a bf16 model (``model.fp32_head``).
         share_prompts: padding-free passes pack a prompt shared by several rows once (needs the
             packed attention, which replaces transformers' ``sdpa``; a model on another attention
             implementation packs every row's prompt).
@@ -154,6 +158,8 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         padding_free: bool = True,
         max_tokens_per_micro_batch: int = 0,
         logits_chunk_tokens: int = DEFAULT_CHUNK,
+        logprob_head: str = "auto",
+        fp32_head: bool = False,
         share_prompts: bool = True,
         ref_model: bool = False,
         lora=None,
@@ -189,6 +195,12 @@ class Actor(ActorForward, ActorStateIO, ActorCheckpoints):
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
         check_rank_device(rank, expected_device, accel.device_name(), cuda_devices, self.node)
         self.on_cpu = accel.device_name() == "cpu"
+        self.logprob_head = resolve_head(logprob_head, self.on_cpu)
+        if fp32_head and not padding_free:
+            raise ValueError(
+                "fp32_head needs padding_free (the padded path's logits are the model's own lm_head)"
+            )
+        self.fp32_head = bool(fp32_head)
         # The GPU Ray assigned to this rank (bandpo.distributed.local_gpu_index), not a guess from the count.
         local_rank = 0 if self.on_cpu else assigned_gpu(rank, accel.device_count())
         init_distributed(

@@ -57,6 +57,10 @@ def check_samples(n, name: str = "eval.n") -> None:
     check_number(n, name, low=1, integer=True)
 
 
+# actor.logprob_head's values: auto and the heads of bandpo.actor.chunked.HEADS (which checks it is so)
+HEAD_CHOICES = ("auto", "online", "chunked")
+
+
 def check_chunk(chunk, name: str = "chunk") -> None:
     """Tokens per lm_head chunk (``actor.logits_chunk_tokens``): an integer >= 1."""
     check_number(chunk, name, low=1, integer=True)

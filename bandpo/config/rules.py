@@ -72,6 +72,7 @@ def validate(cfg: TrainConfig) -> None:
         mini,
     )
     from bandpo.config.checks import (
+        HEAD_CHOICES,
         check_batch_split,
         check_chunk,
         check_micro_batch_tokens,
@@ -87,6 +88,7 @@ def validate(cfg: TrainConfig) -> None:
     )
     _rule(check_token_budget, _get(cfg, "actor.logprob_token_budget"), "actor.logprob_token_budget")
     _rule(check_chunk, _get(cfg, "actor.logits_chunk_tokens"), "actor.logits_chunk_tokens")
+    _choice(cfg, "actor.logprob_head", HEAD_CHOICES)
     _number(cfg, "actor.collective_timeout_min", low=0, strict_low=True)
     if _get(cfg, "actor.cpu_threads") is not None:
         _number(cfg, "actor.cpu_threads", low=1, integer=True)
@@ -109,6 +111,20 @@ def validate(cfg: TrainConfig) -> None:
     _choice(cfg, "actor.old_logprobs", OLD_LOGPROBS)
     reuse = reuse_old_logprobs(cfg)
     _validate_lora(cfg, reuse)
+    fp32_head = _get(cfg, "model.fp32_head")
+    _check(isinstance(fp32_head, bool), "model.fp32_head", "must be true or false", fp32_head)
+    _check(
+        not fp32_head or padding_free,
+        "model.fp32_head",
+        "needs actor.padding_free=true (the padded path's logits come from the model's own bf16 lm_head)",
+        fp32_head,
+    )
+    _check(
+        not fp32_head or _get(cfg, "rollout.backend") == "vllm",
+        "model.fp32_head",
+        "needs rollout.backend=vllm (the engine side is vLLM's head_dtype; transformers' generate has none)",
+        fp32_head,
+    )
 
     from bandpo.data.prompts import TEMPLATES
     from bandpo.run.nonfinite import INJECT_TARGETS, ON_NONFINITE

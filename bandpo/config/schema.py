@@ -81,7 +81,13 @@ class ActorConfig:
     )
     collective_timeout_min: float = key(60, "minutes a rank waits in a collective for the others")
     cpu_threads: int | None = key(None, "CPU: torch threads per rank; null = the node's cores / ranks")
-    logits_chunk_tokens: int = key(512, "tokens per lm_head chunk: memory ~ 3 x chunk x vocab x 4 B")
+    logits_chunk_tokens: int = key(
+        512, "tokens per lm_head chunk (chunked: memory ~ 3 x chunk x vocab x 4 B) or block (online)"
+    )
+    logprob_head: str = key(
+        "auto",
+        "lm_head log-prob/entropy: online (one pass over vocab tiles) | chunked | auto = online on CPU",
+    )
     share_prompts: bool = key(True, "padding-free: a prompt shared by a group's rows is packed once per pass")
     reuse_old_logprobs: bool | str = key(
         "auto", "auto | true | false: the first optimizer step's old log-probs come from its own forward"
@@ -228,6 +234,10 @@ class ModelConfig:
     build: str | None = key(None, "build (and cache) the model: tiny_arith | smollm2_gguf")
     build_args: dict[str, Any] = key(doc="fields of the build's BuildArgs", factory=dict)
     dtype: str = key("auto", "the rollout engines' dtype; auto = the actor's precision")
+    fp32_head: bool = key(
+        False,
+        "bf16 runs: the lm_head's matmul in float32 on the actor (padding-free) and in vLLM (head_dtype)",
+    )
     max_model_len: int = key(5120, "prompt + response tokens")
     gradient_checkpointing: bool = key(False, "this model needs actor activation checkpointing")
     num_params: int | None = key(None, "parameters (memory estimate)")

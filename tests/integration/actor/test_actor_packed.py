@@ -25,12 +25,14 @@ pytestmark = pytest.mark.integration
 def test_packed_update_equals_padded_update(tiny_model_dir):
     """Token-budget micro-batches (several per step, uneven) + entropy bonus + KL vs the padded path
     with 2-row micro-batches: same loss, metrics and weights (tied embeddings: the lm_head's
-    gradient reaches the shared weight). Gradient checkpointing changes nothing either."""
+    gradient reaches the shared weight), with either lm_head (online, chunked). Gradient checkpointing
+    changes nothing either."""
     loss_options = replace(BANDPO, kl_coef=0.01, entropy_coef=0.01)
     runs = {}
     for name, kw in {
         "padded": dict(padding_free=False),
-        "packed": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7),
+        "packed": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7),  # the online head on CPU
+        "packed_chunked": dict(max_tokens_per_micro_batch=40, logits_chunk_tokens=7, logprob_head="chunked"),
         "packed_ckpt": dict(
             max_tokens_per_micro_batch=40, logits_chunk_tokens=7, gradient_checkpointing=True
         ),
@@ -43,7 +45,7 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
         runs[name] = (lp, ent, metrics, full_weights(actor))
     lp, ent, m, w = runs["padded"]
     assert max_diff(w, full_weights(new_actor(tiny_model_dir))) > 1e-4  # the update did something
-    for name in ("packed", "packed_ckpt"):
+    for name in ("packed", "packed_chunked", "packed_ckpt"):
         lp2, ent2, m2, w2 = runs[name]
         torch.testing.assert_close(lp2, lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(ent2, ent, atol=1e-5, rtol=0)
@@ -149,8 +151,9 @@ def _peak_rss_during(fn) -> tuple[int, object]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc (Linux)")
 def test_logprob_pass_and_update_memory_bounded_at_real_vocab(tmp_path):
     """V = 151,936, 4 rows x (32 + 224) tokens = 1,024 tokens: the padded path's float32 logits
-    alone are 1,024 x 151,936 x 4 B = 622 MB (and its entropy softmax as much again). With
-    64-token chunks one [chunk, V] buffer is 39 MB; forward holds 2 and backward 3 of them,
+    alone are 1,024 x 151,936 x 4 B = 622 MB (and its entropy softmax as much again). With the
+    chunked head's 64-token chunks one [chunk, V] buffer is 39 MB; forward holds 2 and backward 3 of
+    them (the online head, the default on CPU, holds three [64, 1,024] tiles instead),
     plus the lm_head gradient (39 MB) and Adam's state (2 x 39 MB, first step): < 300 MB."""
     vocab = 151_936
     tiny_qwen2(

@@ -243,6 +243,14 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, attn):
         (["actor.padding_free=false"], "actor.max_tokens_per_micro_batch"),
         (["actor.padding_free=maybe"], "actor.padding_free"),
         (["actor.logits_chunk_tokens=0"], "actor.logits_chunk_tokens"),
+        (["actor.logprob_head=fused"], "actor.logprob_head"),
+        (["model.fp32_head=maybe"], "model.fp32_head"),
+        (["model.fp32_head=true", "rollout=hf"], "model.fp32_head"),  # the HF engine has no float32 head
+        (
+            ["model.fp32_head=true", "actor.padding_free=false", "actor.max_tokens_per_micro_batch=0"]
+            + ["actor.share_prompts=false"],
+            "model.fp32_head",
+        ),  # the padded path's logits are the model's own lm_head's
         (["actor.max_tokens_per_micro_batch=-1"], "actor.max_tokens_per_micro_batch"),
         (["actor.share_prompts=maybe"], "actor.share_prompts"),
         (["actor.collective_timeout_min=0"], "actor.collective_timeout_min"),

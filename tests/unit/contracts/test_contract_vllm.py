@@ -103,9 +103,11 @@ def test_contract_llm_kwargs_of_the_gpu_configs(vllm, overrides):
     assert callable(resolve(kwargs["worker_extension_cls"]))
 
 
-def test_contract_llm_kwargs_on_cpu(vllm):
-    cfg = compose(["model=tiny"])
+@pytest.mark.parametrize("overrides", [[], ["actor.bf16=true", "model.fp32_head=true"]])
+def test_contract_llm_kwargs_on_cpu(vllm, overrides):
+    cfg = compose(["model=tiny", *overrides])
     engine_kw = rollout_engine_kwargs(cfg, resolve_plan(cfg, "cpu", cfg.model.path))
+    assert ("hf_overrides" in engine_kw) == bool(overrides)  # vLLM's float32 head: hf_overrides' head_dtype
     assert _llm_kwarg_errors(vllm, llm_kwargs(cfg.model.path, on_cpu=True, **engine_kw)) == []
 
 
