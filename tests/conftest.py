@@ -26,9 +26,19 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
+# tests/<folder>/ -> the marker every test in it gets, so that its time is reported apart and
+# `-m "not <marker>"` leaves it out: the studies' tests (studies/) and the benchmarks' (benchmarks/).
+FOLDER_MARKERS = {"tests/studies/": "study", "tests/benchmarks/": "benchmark"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    for item in items:
+        for folder, marker in FOLDER_MARKERS.items():
+            if item.nodeid.startswith(folder):
+                item.add_marker(marker)
     # tests/integration/ is the engine tree: each file there says `pytestmark = pytest.mark.integration`,
     # so that `-m "not integration"` (the fast unit suite) never starts an engine.
     unmarked = [
