@@ -136,7 +136,7 @@ def check_loss_options(values: Mapping[str, Any], names: Mapping[str, str] | Non
         return names.get(option, option)
 
     algorithm = values["algorithm"]
-    get_algorithm(algorithm)
+    algo = get_algorithm(algorithm)
     check_agg(algorithm, values["agg"], name("agg"))
     check_choice(values["kl_estimator"], KL_ESTIMATORS, name("kl_estimator"))
     check_dual_clip(values["dual_clip"], name("dual_clip"))
@@ -156,7 +156,7 @@ def check_loss_options(values: Mapping[str, Any], names: Mapping[str, str] | Non
     for option in ("tau_pos", "tau_neg"):
         check_tau(values[option], name(option))
     cov = ("cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_coef")
-    algo = get_algorithm(algorithm)  # the band's bounds as the surrogate resolves them
+    # the covariance band's bounds as the surrogate resolves them (its defaults where unset)
     check_cov_options(*(algo.resolve(o, values[o]) for o in cov), names={o: name(o) for o in cov})
     rho = values["top_entropy_quantile"]
     check_quantile(rho, name("top_entropy_quantile"))

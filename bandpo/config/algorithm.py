@@ -156,24 +156,11 @@ def validate_algorithm(cfg: TrainConfig) -> None:
     name = _choice(cfg, "algorithm.name", list(ALGORITHMS))
     algo = ALGORITHMS[name]
     # An option this algorithm reads from another key (Algorithm.config_keys) is refused at this one.
-    for option in (
-        "eps_low",
-        "eps_high",
-        "dual_clip",
-        "ratio_cap",
-        "upper_cap",
-        "tau_pos",
-        "tau_neg",
-        "cov_ratio",
-        "clip_cov_lb",
-        "clip_cov_ub",
-        "kl_cov_coef",
-    ):
+    for option, other in algo.config_keys.items():
         key = f"algorithm.{option}"
-        if _get(cfg, key) is not None and option in algo.config_keys:
+        if _get(cfg, key) is not None:
             raise ConfigError(
-                f"config error: {key} does not apply to algorithm={name}: {name}'s is "
-                f"{algo.config_keys[option]}; set it to null"
+                f"config error: {key} does not apply to algorithm={name}: {name}'s is {other}; set it to null"
             )
     # Options the algorithm reads are numbers (a null is refused); their ranges: check_loss_options.
     if "eps_low" in algo.reads:

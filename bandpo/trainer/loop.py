@@ -87,8 +87,6 @@ if TYPE_CHECKING:
 class Trainer:
     """The training loop over the parts start-up built (``parts``: ``bandpo.trainer.launch.start``)."""
 
-    entropy_ctl = None  # the adaptive entropy bonus' state (set in __init__ when it is on)
-
     def __init__(self, cfg: TrainConfig, parts: RunParts):
         self.cfg, self.parts = cfg, parts
         self.out = parts.out
