@@ -52,7 +52,7 @@ from bandpo.models.tiny_arith_sft import (
 
 MARKER = "bandpo_tiny_arith.json"
 # Bump when the build procedure changes, so cached folders from older code are rebuilt.
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: the warm start's loss runs the shared prompt prefix once (same math, other rounding)
 # Fields that only matter when ``target_accuracy`` is set: left out of the hash otherwise, so
 # builds without a target keep the hash (and the cached folder) they had before early stopping.
 _STOP_FIELDS = ("target_accuracy", "check_every", "n_val")
