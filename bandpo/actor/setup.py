@@ -91,10 +91,18 @@ def init_distributed(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
     )
-    if backend == "gloo":  # the CPU backend builds its shm op first (bandpo.actor.jit_lock)
-        from bandpo.actor.jit_lock import wait_for_build
+    if backend == "gloo":
+        from bandpo.actor.jit_lock import SHM_OP, wait_for_build
 
-        wait_for_build()
+        if world_size == 1:
+            # One rank exchanges nothing, and DeepSpeed's CPU backend would compile its shared-memory
+            # all-reduce op first: 67 s of CPU on a fresh machine (2.4 s to load once cached), most of
+            # the first command's start-up. DeepSpeed reads the op's entry in this dict before building.
+            import deepspeed.ops
+
+            deepspeed.ops.__compatible_ops__[SHM_OP] = False
+        else:
+            wait_for_build()  # the op's build by another rank (bandpo.actor.jit_lock)
     deepspeed.init_distributed(
         dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_min)
     )
