@@ -160,7 +160,7 @@ def expected_accuracy(model, tok, pairs: list[tuple[list[int], list[int]]], batc
     for start in range(0, len(pairs), batch_size):
         input_ids, labels, attn = _collate(pairs[start : start + batch_size], tok.pad_token_id)
         with torch.no_grad():
-            logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1].float()
+            logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
         target = labels[:, 1:]  # [N, W-1]: token t+1 is predicted at position t
         logp = torch.log_softmax(logits, dim=-1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         total += (logp * (target >= 0)).sum(dim=-1).exp().sum().item()
