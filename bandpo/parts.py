@@ -239,6 +239,8 @@ def rollout_engine_kwargs(cfg: TrainConfig, plan: RunPlan) -> dict[str, Any]:
     )
     if ro.backend == "vllm":
         kw["enforce_eager"] = (not gpu) if ro.enforce_eager == "auto" else bool(ro.enforce_eager)
+        if ro.max_num_seqs is not None:
+            kw["max_num_seqs"] = int(ro.max_num_seqs)
         if gpu:
             kw.update(
                 tensor_parallel_size=tp,

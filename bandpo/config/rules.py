@@ -346,8 +346,9 @@ def _validate_staleness(cfg: TrainConfig) -> None:
         f"must be one of {', '.join(map(str, MAX_STALENESS))}",
         staleness,
     )
-    if _get(cfg, "rollout.cpu_threads") is not None:
-        _number(cfg, "rollout.cpu_threads", low=1, integer=True)
+    for name in ("rollout.cpu_threads", "rollout.max_num_seqs"):
+        if _get(cfg, name) is not None:
+            _number(cfg, name, low=1, integer=True)
     if _get(cfg, "trainer.device") == "cuda":
         check_layout(staleness, layout_of(cfg, "cuda"))
 

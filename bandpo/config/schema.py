@@ -112,6 +112,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = key(0.5, "vLLM's share of a GPU")
     kv_cache_gib: int = key(2, "CPU only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, an integer)")
     cpu_threads: int | None = key(None, "CPU only: torch threads per engine; null = the cores / engines")
+    max_num_seqs: int | None = key(
+        None, "vLLM: sequences decoded at once per engine; null = vLLM's default (256 on CPU)"
+    )
     enable_sleep_mode: bool | str = key("auto", "auto = on GPU when colocated with the actor")
     sleep_level: int = key(
         1, "vLLM sleep mode: 1 = weights wait in host memory; 2 = dropped, reloaded every wake"

@@ -56,6 +56,17 @@ def test_vllm_on_cpu_runs_in_process_with_unsplit_prefills():
     assert "enable_sleep_mode" not in kw and "tensor_parallel_size" not in kw
 
 
+def test_max_num_seqs_reaches_vllm_only_when_set():
+    kw, _ = _kwargs(["model=tiny"], "cpu")
+    assert kw["max_num_seqs"] == 1024  # the tiny default: a 512-sample round in one wave
+    kw, _ = _kwargs(["model=qwen2.5-7b"], "cuda")
+    assert "max_num_seqs" not in kw  # null: vLLM's own default
+    kw, _ = _kwargs(["model=qwen2.5-7b", "rollout.max_num_seqs=512"], "cuda")
+    assert kw["max_num_seqs"] == 512
+    with pytest.raises(ConfigError, match="rollout.max_num_seqs"):
+        compose(["rollout.max_num_seqs=0"])
+
+
 @pytest.mark.parametrize(
     "overrides, device, sleeps",
     [
