@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = parts(Path(ns.report), ns.wall)
     else:
         cache = ns.cache or tempfile.mkdtemp(prefix="bandpo-cache-")
+        empty = not any(Path(cache).iterdir()) if Path(cache).is_dir() else True
         run = Path(ns.output_dir or tempfile.mkdtemp(prefix="bandpo-first-")) / f"s{ns.seed}"
         load_before = os.getloadavg()
         env = dict(os.environ, BANDPO_CACHE=cache)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = parts(run, wall)
         result.update(
             cache=cache,
-            empty_cache=ns.cache is None,
+            empty_cache=empty,
             load_before=[round(x, 2) for x in load_before],
             load_after=[round(x, 2) for x in os.getloadavg()],
         )
