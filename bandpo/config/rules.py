@@ -159,6 +159,8 @@ def validate(cfg: TrainConfig) -> None:
     from bandpo.config.checks import check_samples
 
     _rule(check_samples, _get(cfg, "eval.n"), "eval.n")
+    if _get(cfg, "eval.seed") is not None:
+        _number(cfg, "eval.seed", low=0, integer=True)
 
     path = str(_get(cfg, "model.path"))
     looks_local = (

@@ -325,6 +325,11 @@ class TrainEvalConfig:
     answer_format: str | None = key(
         "${data.answer_format}", "what the verifier extracts; null = the template's"
     )
+    seed: int | None = key(
+        "${trainer.seed}",
+        "sampling seed of every in-run evaluation (problem i, sample j: seed + i n + j): the same weights "
+        "give the same samples, and runs with one trainer.seed draw alike; null = the engines' stream",
+    )
 
 
 @dataclass
