@@ -333,6 +333,23 @@ class TrainEvalConfig:
 
 
 @dataclass
+class ProbeConfig:
+    every: int = key(
+        0,
+        "every k steps (before the first, at the last) the policy's entropy on fixed base-model texts; 0 = off",
+    )
+    datasets: list[str] = key("${eval.datasets}", "held-out sets whose prompts the base model answers once")
+    paths: dict[str, str] = key("${eval.paths}", "name -> local JSONL instead of the hub")
+    limit: int = key(32, "first N problems of each set")
+    n: int = key(4, "base-model responses per problem")
+    max_tokens: int = key("${rollout.max_tokens}", "response cap of the texts")
+    seed: int = key(
+        0, "the texts' sampling seed: fixed, so every run from one base model probes the same texts"
+    )
+    first_n: int = key("${trainer.entropy_first_n}", "probe/entropy_first_n: over each text's first N tokens")
+
+
+@dataclass
 class TrainConfig:
     algorithm: AlgorithmConfig = key(doc="the policy loss", factory=AlgorithmConfig)
     data: DataConfig = key(doc="training data", factory=DataConfig)
@@ -340,4 +357,5 @@ class TrainConfig:
     actor: ActorConfig = key(doc="DeepSpeed actor", factory=ActorConfig)
     trainer: TrainerConfig = key(doc="the run", factory=TrainerConfig)
     eval: TrainEvalConfig = key(doc="held-out evaluation", factory=TrainEvalConfig)
+    probe: ProbeConfig = key(doc="fixed-text entropy probe (bandpo.trainer.probe)", factory=ProbeConfig)
     model: ModelConfig = key(doc="the model and its sizes", factory=ModelConfig)
