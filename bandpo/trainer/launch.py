@@ -176,8 +176,8 @@ def start_workers(cfg: TrainConfig, plan: RunPlan, phase, into: Workers) -> Work
 def start(cfg: TrainConfig, out: Path) -> RunParts:
     """The run's start-up, in order: the loss options, the worker logs, the model (a recipe's build),
     the tokenizer, the training prompts and their sampler, the held-out sets (the evaluation's and the
-    entropy probe's), the adaptive band's log V
-    scale, Ray (after clearing what dead runs left in /dev/shm) and the node checks, the run's plan, the
+    entropy probe's), the adaptive band's log V scale, Ray (after clearing what dead runs left in
+    /dev/shm) and the node checks, the run's plan, the
     workers (``start_workers``), the stale-weights check's tolerance, the start-up report and the metrics
     log; returned as one record. ``cfg`` is not changed: a resolved ``model.path`` goes into
     <run>/config.yaml and the metrics log's copy of the config. A failure tears down the workers started."""

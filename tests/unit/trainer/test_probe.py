@@ -194,3 +194,20 @@ def test_off_by_default_and_then_nothing_runs(tmp_path):
     trainer = Trainer(cfg, fake_parts(cfg, tmp_path))
     assert trainer.probe is None and trainer.start_probe() == {}
     assert not (tmp_path / TEXTS_FILE).exists() and json.dumps(cfg.probe.datasets)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["probe.every=-1"], "probe.every"),
+        (["probe.every=1", "probe.n=0"], "probe.n"),
+        (["probe.every=1", "probe.limit=0"], "probe.limit"),
+        (["probe.every=1", "probe.seed=-2"], "probe.seed"),
+        (["probe.every=1", "probe.first_n=0"], "probe.first_n"),
+        (["probe.every=1", "probe.datasets=[]"], "probe.datasets"),
+    ],
+)
+def test_bad_probe_keys_are_refused_naming_them(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        compose(overrides)
+    compose(["probe.every=0", *overrides[1:]])  # off: the other keys are not read
