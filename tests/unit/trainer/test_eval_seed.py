@@ -58,3 +58,15 @@ def test_cpu_engines_never_split_a_prefill(max_model_len):
     kw = rollout_engine_kwargs(cfg, resolve_plan(cfg, "cpu", "unused"))
     assert kw["enable_chunked_prefill"] is False
     assert kw["max_num_batched_tokens"] >= max_model_len
+
+
+def test_a_cpu_engine_built_with_chunked_prefill_refuses_a_seeded_request_before_vllm_sees_it():
+    """The one way to chunked prefill on CPU is to ask for it (``eval.engine.enable_chunked_prefill`` in
+    the eval CLI): a seeded request is then a clear error naming the keys, not a dead engine."""
+    from bandpo.rollout.vllm_engine import VllmEngine
+    from bandpo.types import SamplingParams
+
+    engine = VllmEngine.__new__(VllmEngine)  # the check runs before the engine's vLLM is touched
+    engine.splits_seeded_prefills, engine.pad_id = True, 0
+    with pytest.raises(ValueError, match=r"enable_chunked_prefill.*eval.seed=null"):
+        engine.generate([[1, 2]], SamplingParams(n=1, seed=0))
