@@ -211,3 +211,70 @@ def test_bad_probe_keys_are_refused_naming_them(overrides, key):
     with pytest.raises(ConfigError, match=key):
         compose(overrides)
     compose(["probe.every=0", *overrides[1:]])  # off: the other keys are not read
+
+
+class _SleepingRollout(_Rollout):
+    """Colocated GPU engines: they sleep for the actor's stages; every call goes to ``log``."""
+
+    sleeps = True
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def generate(self, prompts, sampling):
+        self.log.append("generate")
+        return super().generate(prompts, sampling)
+
+    def sleep(self):
+        self.log.append("sleep")
+
+    def wake_weights(self, load):
+        self.log.append(f"wake_weights(load={load})")
+
+    def wake_kv_cache(self):
+        self.log.append("wake_kv_cache")
+
+
+class _OffloadingRanks(_Ranks):
+    offloads = True
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def compute_logprobs(self, batch, with_entropy=False, ref=False):
+        self.log.append("probe")
+        return super().compute_logprobs(batch, with_entropy, ref)
+
+    def reload(self):
+        self.log.append("reload")
+
+    def offload(self):
+        self.log.append("offload")
+
+    def offload_weights(self):
+        self.log.append("offload_weights")
+
+
+def test_step_0_probe_on_colocated_gpus_takes_the_devices_and_gives_them_back(tmp_path, tokenizer):
+    """The texts come from the awake engines (the base policy); then the engines sleep and the actor's
+    states come back for the pass, and leave again before the engines wake, without a weight load (the
+    weights did not change)."""
+    from bandpo.trainer.loop import Trainer
+
+    cfg = compose(["probe.every=1", "probe.n=1"])
+    log = []
+    workers = Workers(rollout=_SleepingRollout(log), actor=_OffloadingRanks(log))
+    parts = fake_parts(cfg, tmp_path, workers=workers, probe_sets=SETS, tokenizer=tokenizer)
+    assert "probe/entropy" in Trainer(cfg, parts).start_probe()
+    assert log == [
+        "generate",
+        "sleep",
+        "reload",
+        "probe",
+        "offload",
+        "wake_weights(load=False)",
+        "offload_weights",
+        "wake_kv_cache",
+    ]
