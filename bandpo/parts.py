@@ -403,3 +403,4 @@ class RunParts:
     sync_tol: float | None  # the stale-weights check's tolerance (None: off; ``bandpo.trainer.sync_check``)
     logger: Any  # the metrics log (``bandpo.run.metrics_log.MetricsLogger``)
     logs_dir: Path | None = None  # the workers' output (None: the console)
+    probe_sets: dict = field(default_factory=dict)  # the entropy probe's sets (empty: probe.every=0)

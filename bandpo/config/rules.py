@@ -159,6 +159,9 @@ def validate(cfg: TrainConfig) -> None:
     from bandpo.config.checks import check_samples
 
     _rule(check_samples, _get(cfg, "eval.n"), "eval.n")
+    if _get(cfg, "eval.seed") is not None:
+        _number(cfg, "eval.seed", low=0, integer=True)
+    _validate_probe(cfg)
 
     path = str(_get(cfg, "model.path"))
     looks_local = (
@@ -168,6 +171,22 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"config error: model.path {path!r} does not exist (a local folder or a hub id is needed)"
         )
+
+
+def _validate_probe(cfg: TrainConfig) -> None:
+    """``probe.*`` (``bandpo.trainer.probe``), read only when ``probe.every`` turns it on."""
+    if not _number(cfg, "probe.every", low=0, integer=True):
+        return
+    for name in ("limit", "n", "max_tokens", "first_n"):
+        _number(cfg, f"probe.{name}", low=1, integer=True)
+    _number(cfg, "probe.seed", low=0, integer=True)
+    sets = _get(cfg, "probe.datasets")
+    _check(
+        bool(sets) or bool(_get(cfg, "probe.paths")),
+        "probe.datasets",
+        "is empty and probe.paths is not set",
+        sets,
+    )
 
 
 def reuse_old_logprobs(cfg: TrainConfig) -> bool:

@@ -328,6 +328,28 @@ class TrainEvalConfig:
     answer_format: str | None = key(
         "${data.answer_format}", "what the verifier extracts; null = the template's"
     )
+    seed: int | None = key(
+        "${trainer.seed}",
+        "sampling seed of every in-run evaluation (problem i, sample j: seed + i n + j): the same weights "
+        "give the same samples, and runs with one trainer.seed draw alike; null = the engines' stream",
+    )
+
+
+@dataclass
+class ProbeConfig:
+    every: int = key(
+        0,
+        "every k steps (before the first, at the last) the policy's entropy on fixed base-model texts; 0 = off",
+    )
+    datasets: list[str] = key("${eval.datasets}", "held-out sets whose prompts the base model answers once")
+    paths: dict[str, str] = key("${eval.paths}", "name -> local JSONL instead of the hub")
+    limit: int = key(32, "first N problems of each set")
+    n: int = key(4, "base-model responses per problem")
+    max_tokens: int = key("${rollout.max_tokens}", "response cap of the texts")
+    seed: int = key(
+        0, "the texts' sampling seed: fixed, so every run from one base model probes the same texts"
+    )
+    first_n: int = key("${trainer.entropy_first_n}", "probe/entropy_first_n: over each text's first N tokens")
 
 
 @dataclass
@@ -338,4 +360,5 @@ class TrainConfig:
     actor: ActorConfig = key(doc="DeepSpeed actor", factory=ActorConfig)
     trainer: TrainerConfig = key(doc="the run", factory=TrainerConfig)
     eval: TrainEvalConfig = key(doc="held-out evaluation", factory=TrainEvalConfig)
+    probe: ProbeConfig = key(doc="fixed-text entropy probe (bandpo.trainer.probe)", factory=ProbeConfig)
     model: ModelConfig = key(doc="the model and its sizes", factory=ModelConfig)

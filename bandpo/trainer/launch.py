@@ -39,6 +39,7 @@ from bandpo.run.metrics_log import MetricsLogger
 from bandpo.run.worker_logs import setup_run_logs
 from bandpo.shm.vllm_leftovers import clean_shm, record_new_entries
 from bandpo.shm.weight_files import remove_stale_weight_files
+from bandpo.trainer.probe import load_probe_sets
 from bandpo.trainer.step_metrics import timed_into
 from bandpo.trainer.sync_check import sync_check_tol_of
 
@@ -174,8 +175,9 @@ def start_workers(cfg: TrainConfig, plan: RunPlan, phase, into: Workers) -> Work
 
 def start(cfg: TrainConfig, out: Path) -> RunParts:
     """The run's start-up, in order: the loss options, the worker logs, the model (a recipe's build),
-    the tokenizer, the training prompts and their sampler, the held-out sets, the adaptive band's log V
-    scale, Ray (after clearing what dead runs left in /dev/shm) and the node checks, the run's plan, the
+    the tokenizer, the training prompts and their sampler, the held-out sets (the evaluation's and the
+    entropy probe's), the adaptive band's log V scale, Ray (after clearing what dead runs left in
+    /dev/shm) and the node checks, the run's plan, the
     workers (``start_workers``), the stale-weights check's tolerance, the start-up report and the metrics
     log; returned as one record. ``cfg`` is not changed: a resolved ``model.path`` goes into
     <run>/config.yaml and the metrics log's copy of the config. A failure tears down the workers started."""
@@ -201,6 +203,7 @@ def start(cfg: TrainConfig, out: Path) -> RunParts:
         prompts = load_training_prompts(cfg, tokenizer)
         sampler = EpochSampler(len(prompts.prompt_ids), seed=cfg.data.shuffle_seed)
         eval_sets = load_eval(cfg)
+        probe_sets = load_probe_sets(cfg)
         if loss.band_adaptive == "entropy" and loss.entropy_norm == "logv":
             from transformers import AutoConfig
 
@@ -227,6 +230,7 @@ def start(cfg: TrainConfig, out: Path) -> RunParts:
         prompts=prompts,
         sampler=sampler,
         eval_sets=eval_sets,
+        probe_sets=probe_sets,
         loss=loss,
         workers=workers,
         sync_tol=sync_tol,

@@ -17,6 +17,8 @@ Per step (BandPO's recipe: GRPO's loop with the Band-clipped loss):
     5. logprobs    old logprobs (and entropy) from the actor, ref logprobs when kl_coef > 0
                    (``ActorGroup.old_logprobs``; with actor.old_logprobs=rollout the engines', no pass)
     6. update      mini-batched Band-clipped (or fixed-clipped) policy loss, DeepSpeed (``ActorGroup.update``)
+       probe       every probe.every steps (before the first, at the last): the policy's entropy on fixed
+                   base-model texts, the actor's log-prob pass over them (``bandpo.trainer.probe``)
     7. sync        wake the engines' weights, load the actor's into them, wake their KV cache
                    (``Trainer.wake_engines``, ``bandpo.weight_sync``); the first sync of a run, and
                    every one with rollout.verify_sync, is checked tensor by tensor against the
@@ -75,6 +77,7 @@ from bandpo.reward import reward_metrics
 from bandpo.run.nonfinite import NonfiniteGuard, first_nonfinite, inject_nonfinite
 from bandpo.trainer.dynamic_sampling import BatchDrawer, Drawn, check_groups
 from bandpo.trainer.overlap import Background, InFlight, in_flight_types, overlap_seconds
+from bandpo.trainer.probe import Probe
 from bandpo.trainer.step_metrics import actor_metrics, rollout_metrics, timed_into, timing_metrics
 from bandpo.trainer.sync_check import check_sync
 from bandpo.types import TrainBatch
@@ -117,13 +120,22 @@ class Trainer:
         # the engines hold the weights after this step's update (0: the initial model)
         self.engine_version = 0
         self.in_flight: InFlight | None = None  # max_staleness=1: the next step's batch, drawn ahead
+        # the fixed-text entropy probe (probe.every); None when it is off
+        self.probe = (
+            Probe(cfg, self.out, parts.plan.model_path, parts.probe_sets, parts.tokenizer)
+            if cfg.probe.every
+            else None
+        )
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
         cfg = self.cfg
         self._resume()
+        first = self.start_probe()  # the base policy's probe at step 0
         if self.step == 0 and cfg.trainer.eval_before_train and self.parts.eval_sets:
-            self.parts.logger.log(0, self.evaluate())
+            first.update(self.evaluate())
+        if first:
+            self.parts.logger.log(0, first)
         last: dict = {}
         while self.step < cfg.trainer.total_steps:
             self.step += 1
@@ -168,6 +180,8 @@ class Trainer:
         if background is not None:  # the next step's batch, generated on the weights before this update
             metrics.update(self.join_ahead(background, (t_actor, time.perf_counter())))
             generated += self.in_flight.drawn.gen_tokens
+        if self.probe is not None and self.probe.due(self.step):  # the policy after this step's update
+            metrics.update(self.measure_probe())
         self.enter_rollout_phase(updated=result is not None)  # 7: the engines wake with the new weights
         metrics["trainer/skipped_steps"] = self.guard.skipped
         if self.synced_bytes is not None:  # this step's sync, per engine node
@@ -373,6 +387,29 @@ class Trainer:
             )
         out["time/eval"] = time.perf_counter() - t0
         return out
+
+    def start_probe(self) -> dict:
+        """The probe's texts, sampled by the engines (the base policy) on a fresh start or read back, and
+        on a fresh start the base policy's probe, for step 0 (the actor takes the devices for it and gives
+        them back: colocated GPU engines sleep meanwhile); {} when the probe is off or the run resumed."""
+        if self.probe is None:
+            return {}
+        fresh = self.step == 0
+        with stage("probe", "rollout"):
+            self.probe.prepare(self.workers.rollout, fresh, self.workers.actor.world_size)
+        if not fresh:
+            return {}
+        self.enter_actor_phase()
+        out = self.measure_probe()
+        self.enter_rollout_phase(updated=False)
+        return out
+
+    def measure_probe(self) -> dict[str, float]:
+        """``probe/*`` of the policy the actor holds now, and its seconds (``time/probe``)."""
+        t0 = time.perf_counter()
+        with stage("probe", "actor"):
+            out = self.probe.measure(self.workers.actor)
+        return {**out, "time/probe": time.perf_counter() - t0}
 
     def _write_eval_trace(self, samples: dict) -> None:
         from bandpo.run.traces import eval_records, write_records

@@ -25,6 +25,7 @@ from tests.unit.rollout.test_rollout import (  # noqa: F401  (fixtures and tests
     test_overlong_prompt,
     test_rows_of_one_prompt_differ,
     test_same_seed_same_samples,
+    test_seeded_evaluation_at_the_same_weights_draws_the_same_samples,
     test_shapes_and_layout,
     test_sleep_wake_are_safe,
     test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipped_tensor,

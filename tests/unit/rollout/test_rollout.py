@@ -296,3 +296,30 @@ def test_sync_verification_passes_a_faithful_sync_and_names_a_corrupted_or_skipp
             sync_then_verify(skipped)
     finally:
         engine.update_weights(original.named_parameters())
+
+
+def test_seeded_evaluation_at_the_same_weights_draws_the_same_samples(engine, tiny_model_dir):
+    """``eval.seed``: two evaluations at the same weights give the same samples, whatever the engine
+    sampled in between (an unseeded request draws from the engine's own stream, a seeded one does not),
+    so in-run evaluations of two runs, or of one run at two steps, use the same random numbers."""
+    from transformers import AutoTokenizer
+
+    from bandpo.eval.evaluate import EvalConfig, run_eval
+    from bandpo.types import Example
+    from tests.unit.eval.test_eval import AnswerLineScorer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sets = {"t": [Example(f"p{i}", f"What is {i} + {2 * i}?", str(3 * i), "t") for i in range(3)]}
+    cfg = EvalConfig(datasets=["t"], n=4, max_tokens=12, seed=5)
+    base = list(_hf_model(tiny_model_dir).named_parameters())
+
+    def evaluate_once() -> dict:
+        engine.update_weights(iter(base))  # the same weights each time (another test may have moved them)
+        got = {}
+        run_eval(engine, AnswerLineScorer(), tok, sets, cfg, on_samples=got.update)
+        return got
+
+    first = evaluate_once()
+    engine.generate(_prompts(tiny_model_dir, k=2), SamplingParams(n=4, max_tokens=12))  # unseeded
+    assert evaluate_once() == first
+    assert len({r for s in first["t"] for r in s["responses"]}) > 1  # sampled, not one greedy answer
