@@ -16,8 +16,14 @@ and prints one table (and JSON) of its parts:
 The CPU's name, whether it multiplies bf16 in hardware, and the load average before and after are
 printed with it: timings on shared cores are not comparable.
 
+``--emulate-avx2`` runs it as on a CPU without AVX-512: torch, oneDNN and MKL held to AVX2
+(``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``), vLLM's AVX2 kernels
+(``benchmarks/avx2/sitecustomize.py``) and fp32 (``actor.bf16=false``, what ``auto`` picks there).
+The clock, caches and cores stay this machine's: it estimates the kernels' share of the difference,
+and is no substitute for the machine.
+
     .venv/bin/python -m benchmarks.first_command [--seed 0] [--cache DIR] [--out first_command.json] \\
-        [-- HYDRA_OVERRIDES...]
+        [--emulate-avx2] [-- HYDRA_OVERRIDES...]
     .venv/bin/python -m benchmarks.first_command --report RUN_DIR [--wall SECONDS]
 """
 
@@ -87,6 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cache", help="the model cache to use (default: a new, empty folder)")
     parser.add_argument("--output-dir", help="the run folder (default: a new temporary folder)")
     parser.add_argument("--out", default="first_command.json")
+    parser.add_argument(
+        "--emulate-avx2", action="store_true", help="AVX2 kernels and fp32 (module docstring)"
+    )
     parser.add_argument("--report", help="report an existing run folder instead of running")
     parser.add_argument("--wall", type=float, help="with --report: the command's wall seconds")
     parser.add_argument("overrides", nargs="*")
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         result.update(
             cache=cache,
             empty_cache=empty,
+            emulated_avx2=ns.emulate_avx2,
             load_before=[round(x, 2) for x in load_before],
             load_after=[round(x, 2) for x in os.getloadavg()],
         )
