@@ -17,7 +17,7 @@ from bandpo.errors import HubUnreachable, InputError
 from bandpo.hub import hub_error, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
-# The commands need ~7 s of CPU (imports); on a shared, oversubscribed machine that was 90 s of wall time.
+# The eval command needs a few seconds of CPU (imports); on a shared, oversubscribed machine that was 90 s of wall time.
 SUBPROCESS_TIMEOUT = 600
 
 
@@ -191,28 +191,26 @@ def test_train_input_errors_are_one_line_naming_the_key(tmp_path, tiny_model_dir
         assert len(err) == 1 and err[0].startswith(expected), (overrides, err)
 
 
-def test_train_hub_data_offline_is_one_line_and_exit_2(tmp_path, tiny_model_dir):
-    """The real command (``python -m bandpo.train data=dapo_math``) on a machine without the Hub."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "bandpo.train", "data=dapo_math", *_train_args(tmp_path, tiny_model_dir)],
-        cwd=tmp_path,
-        env=offline_env(tmp_path / "hf"),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [
+def test_train_hub_data_offline_is_one_line_and_exit_2(tmp_path, tiny_model_dir, offline_cold_cache, capsys):
+    """``python -m bandpo.train data=dapo_math`` on a machine without the Hub, as the command's ``main`` in
+    this process (the data are read before any worker starts); the real process's exit code and stderr
+    are checked by tests/unit/config/test_config.py::test_train_sh_fails_fast_on_bad_override."""
+    from bandpo.train import main
+
+    assert main(["data=dapo_math", *_train_args(tmp_path, tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "input error: data.train.0: dataset dapo17k (hub id BytedTsinghua-SIA/DAPO-Math-17k, split train) cannot be "
         f"loaded: offline mode is on (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) and it is not in the Hugging Face "
-        f"cache ({tmp_path / 'hf'}); give a local copy with data.train.0.path=<file.jsonl|.parquet> (a copy of that "
-        "set: its field mapping applies)"
+        f"cache ({offline_cold_cache}); give a local copy with data.train.0.path=<file.jsonl|.parquet> (a copy of "
+        "that set: its field mapping applies)"
     ]
 
 
 def test_eval_hub_set_offline_is_one_error_line_and_exit_2(tmp_path):
     """The real command (``python -m bandpo.eval checkpoint=... eval.datasets=[amc23]``) without the Hub: the
-    error line comes after the eval's own progress log ("loading ... from the hub"), with no traceback."""
+    error line comes after the eval's own progress log ("loading ... from the hub"), with no traceback. The
+    eval command's one test as a real process (its other user errors run its ``main`` in-process:
+    tests/unit/eval/test_eval_checkpoint.py); the offline variables reach the Hub libraries at import."""
     model = tmp_path / "runs" / "x" / "hf"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")  # the datasets are read before the model
