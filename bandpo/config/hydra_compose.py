@@ -6,6 +6,7 @@ validate it (``bandpo.config.rules``).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,15 +52,52 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainC
     return typed
 
 
-@functools.lru_cache(maxsize=512)
 def _hydra_config(config_name: str, overrides: tuple[str, ...]):
-    """Hydra's composition of ``overrides``, read-only, once per process for each distinct command line.
+    """Hydra's composition of ``overrides`` (``hydra.compose``), read-only.
 
-    A program composes once; the test suite composes ~400 times, ~330 of them distinct, at ~0.2 s of
-    Hydra and OmegaConf each. The files under ``configs/`` do not change while a process runs, and what
-    can change between calls stays out of the cached value: interpolations (``${oc.env:...}``) are
-    resolved by ``to_typed`` on every call, and the rules run on every call. A composition that fails
-    raises and is not cached. Read-only, so no caller can change what the next one gets."""
+    A program composes once; the test suite ~400 times, ~330 of them distinct, at ~0.2 s of Hydra and
+    OmegaConf each, nearly all of it building the defaults tree and merging its files. So the work is
+    split as Hydra splits it: the group choices (``model=tiny``) pick and merge the files, composed
+    once per process for each distinct set of choices (``_groups_config``); the value overrides
+    (``actor.lr=1e-6``, ``+k=v``, ``~k``) are then applied to a copy of that by Hydra's own step for
+    them, in their order, with Hydra's errors (``ConfigLoaderImpl._apply_overrides_to_config``, the
+    step ``hydra.compose`` runs after merging). The files under ``configs/`` do not change while a
+    process runs; interpolations (``${oc.env:...}``) stay unresolved here and are resolved by
+    ``to_typed`` on every call. An override this split is not sure of (a ``hydra`` key, a package
+    ``@``, adding or deleting a group) takes Hydra's whole path. tests/unit/config/test_compose_split.py
+    checks both paths give the same config or the same error."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    groups, values = [], []
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_hydra_override() or key.startswith("hydra") or "@" in key or o.package is not None:
+            return _full_config(config_name, overrides)
+        if (CONFIG_DIR / key).is_dir():
+            if not (o.type.name == "CHANGE" and "/" not in key):
+                return _full_config(config_name, overrides)
+            groups.append(o.input_line)
+        else:
+            values.append(o)
+    cfg = copy.deepcopy(_groups_config(config_name, tuple(groups)))
+    OmegaConf.set_readonly(cfg, None)  # the copy is this call's own
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+@functools.lru_cache(maxsize=256)
+def _groups_config(config_name: str, groups: tuple[str, ...]):
+    """Hydra's whole composition of the group choices ``groups`` alone, once per process (read-only:
+    callers copy it). A composition that fails raises and is not cached."""
+    return _full_config(config_name, groups)
+
+
+def _full_config(config_name: str, overrides: Sequence[str]):
+    """``hydra.compose`` of ``overrides``, read-only."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
