@@ -6,7 +6,19 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from studies.compare import report as compare
+
+
+@pytest.fixture
+def curves_not_drawn(monkeypatch) -> list[list[str]]:
+    """The report's curves figure (``bandpo.viz``: ~1 s of matplotlib a figure) is drawn and checked by
+    test_report_tables_are_the_hand_computed_means; the other tests here check tables, so they record
+    what the report asks ``bandpo.viz`` for instead of drawing it."""
+    asked: list[list[str]] = []
+    monkeypatch.setattr(compare, "viz_main", asked.append)
+    return asked
 
 
 def _run(folder: Path, before: float, after: float, entropy: list[float], clip_lt: list[float]) -> None:
@@ -58,7 +70,7 @@ def test_report_tables_are_the_hand_computed_means(tmp_path):
     assert "| 2/2 | 70.0 → 75.0 | 0.050 | 3 | 0 | 1.00 |" in text  # wall: from the file times, ~0 s
 
 
-def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path):
+def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path, curves_not_drawn):
     """A run compare.sh restored from its RECORD has fresh file times; its start and end are the times
     file's; an older record with only wall_s keeps its wall time and is left out of the dates."""
     runs = tmp_path / "runs"
@@ -75,7 +87,7 @@ def test_a_recorded_run_keeps_its_wall_time_and_dates(tmp_path):
     assert f"- runs: {start} to {end} (1 recorded without their times, not counted)\n" in text
 
 
-def test_response_length_by_step(tmp_path):
+def test_response_length_by_step(tmp_path, curves_not_drawn):
     """Each step's mean response length gets a table like entropy's; runs without it get none."""
     runs = tmp_path / "runs"
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
@@ -94,7 +106,7 @@ def test_response_length_by_step(tmp_path):
     assert "| grpo | 42.0 ± 2.8 | 55.0 ± 7.1 | 48.5 ± 4.9 |" in text
 
 
-def test_shared_before_maj_and_headline(tmp_path):
+def test_shared_before_maj_and_headline(tmp_path, curves_not_drawn):
     """A run that skipped its step-0 evaluation (compare.sh SHARED_BEFORE=1) takes the one of the run
     with its seed and model; maj@n gets its own columns; --headline draws the extra figure."""
     runs = tmp_path / "runs"
@@ -120,7 +132,7 @@ def test_shared_before_maj_and_headline(tmp_path):
     assert (tmp_path / "results-headline.png").stat().st_size > 0
 
 
-def test_before_from_runs_not_reported(tmp_path):
+def test_before_from_runs_not_reported(tmp_path, curves_not_drawn):
     """--before-runs: a run without a step-0 evaluation borrows one from a folder that is not reported."""
     _run(tmp_path / "stopped" / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
     _run(tmp_path / "runs" / "bandpo-s0", 0.0, 0.80, [0.10, 0.09], [0.0, 0.0])
@@ -141,7 +153,7 @@ def test_before_from_runs_not_reported(tmp_path):
     assert "| grpo |" not in text and f"`{tmp_path / 'stopped' / 'grpo-s0'}`" in text
 
 
-def test_pass_at_n_follows_mean_and_maj(tmp_path):
+def test_pass_at_n_follows_mean_and_maj(tmp_path, curves_not_drawn):
     """pass@n (n = the mean's sample count) gets the last columns of its dataset; other pass@k are left out."""
     runs = tmp_path / "runs"
     _run(runs / "grpo-s0", 0.70, 0.75, [0.10, 0.05], [0.2, 0.4])
@@ -184,7 +196,7 @@ def test_headline_cuts_a_sequence_level_outlier():
     plt.close(fig2)
 
 
-def test_signed_bins_get_their_own_table(tmp_path):
+def test_signed_bins_get_their_own_table(tmp_path, curves_not_drawn):
     """Runs that log the bins by sign get a table of up- and down-clips by bin; a run that does not shows
     n/a there, and the unsigned table is unchanged. Runs without them (the tests above) get no such table."""
     runs = tmp_path / "runs"

@@ -132,8 +132,16 @@ def test_order_is_preserved_and_duplicates_are_graded_once(scorers):
     assert [s.extracted for s in scores[:200]] == [str(i) for i in range(200)]
 
 
+# The hang tests wait out their timeouts, so these are as short as the honest items allow: a warm
+# pool grades the 30 simple items below in 4-15 ms (a chunk's slowest item took 3 ms; measured on the
+# 2-core test machine), and a machine loaded ~10x over (a process gets a tenth of a core) makes that
+# ~0.15 s. 0.5 s is over 3x that, so an honest chunk never times out, and a hang still costs the whole
+# timeout, which is what the tests time.
+HANG_TIMEOUT_S = 0.5
+
+
 def test_hang_times_out_within_limit_and_others_are_scored():
-    timeout = 1.5
+    timeout = HANG_TIMEOUT_S
     responses, golds = _normal_items(30)
     responses[7], responses[20] = HANG, HANG_2
     with RewardScorer(num_workers=2, timeout=timeout) as scorer:
@@ -148,7 +156,7 @@ def test_hang_times_out_within_limit_and_others_are_scored():
 
 
 def test_identical_hangs_cost_one_timeout():
-    timeout = 1.0
+    timeout = HANG_TIMEOUT_S
     with RewardScorer(num_workers=2, timeout=timeout) as scorer:
         scorer.score(["Answer: 1"], ["1"])
         start = time.monotonic()
