@@ -55,7 +55,14 @@ def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
     model = _model(seed=2)
     monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
     args = SimpleNamespace(
-        sft_steps=20, batch_size=2, lr=1e-3, warmup_steps=2, weight_decay=0.0, seed=0, check_every=3
+        sft_steps=20,
+        batch_size=2,
+        lr=1e-3,
+        warmup_steps=2,
+        weight_decay=0.0,
+        seed=0,
+        check_every=3,
+        extra_steps=0,
     )
     calls = []
 
@@ -71,6 +78,39 @@ def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
     assert steps == 20
 
 
+def test_a_schedule_that_ends_short_of_the_target_goes_on_at_its_final_rate(monkeypatch):
+    model = _model(seed=2)
+    monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
+    args = SimpleNamespace(
+        sft_steps=6,
+        batch_size=2,
+        lr=1e-3,
+        warmup_steps=2,
+        weight_decay=0.0,
+        seed=0,
+        check_every=3,
+        extra_steps=9,
+    )
+    rates = []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        rates.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    _, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None, lambda s: s >= 12)
+    assert steps == 12  # checks at 3, 6 (the schedule's end), 9, 12: the fourth passes
+    # the cosine reaches its floor, 0.1 x lr, at step 7 (frac (6-2)/(6-2) = 1) and the extra steps stay
+    # there (it does not come back up); step 6 is still on the way down: 0.1 + 0.45 (1 + cos(0.75 pi))
+    assert rates[6:] == [pytest.approx(1e-4)] * 6
+    assert rates[5] == pytest.approx(1e-3 * (0.1 + 0.45 * (1 + math.cos(0.75 * math.pi))))
+    _, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None, lambda s: False)
+    assert steps == 15  # never passes: the schedule and every extra step
+    _, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None)
+    assert steps == 6  # no target: the schedule alone
+
+
 def test_builds_without_a_target_hash_without_the_stop_fields():
     # pinned, so that a change to the hash (and a rebuild of every cached folder) is deliberate:
     # the build version (2) and the arguments, the stop fields left out without a target
@@ -83,7 +123,9 @@ def test_builds_without_a_target_hash_without_the_stop_fields():
     )
 
 
-@pytest.mark.parametrize("bad", [dict(target_accuracy=1.0), dict(target_accuracy=0.0), dict(check_every=0)])
+@pytest.mark.parametrize(
+    "bad", [dict(target_accuracy=1.0), dict(target_accuracy=0.0), dict(check_every=0), dict(extra_steps=-1)]
+)
 def test_bad_stop_arguments_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         tiny_arith.BuildArgs(**bad)
@@ -94,6 +136,7 @@ def test_a_target_with_fewer_steps_than_one_check_interval_builds_and_warns(tmp_
     out = tiny_arith.build(
         tmp_path / "m",
         sft_steps=3,
+        extra_steps=0,
         target_accuracy=0.5,
         hidden_size=64,
         num_heads=1,
