@@ -108,13 +108,18 @@ def main(argv: list[str] | None = None) -> dict:
         run = Path(ns.output_dir or tempfile.mkdtemp(prefix="bandpo-first-")) / f"s{ns.seed}"
         load_before = os.getloadavg()
         env = dict(os.environ, BANDPO_CACHE=cache)
-        cmd = [
-            "bash",
-            "scripts/train.sh",
-            f"trainer.seed={ns.seed}",
-            f"trainer.output_dir={run}",
-            *ns.overrides,
-        ]
+        cmd = ["bash", "scripts/train.sh", f"trainer.seed={ns.seed}", f"trainer.output_dir={run}"]
+        if ns.emulate_avx2:
+            site = str(ROOT / "benchmarks" / "avx2")
+            env.update(
+                BANDPO_EMULATE_AVX2="1",
+                ATEN_CPU_CAPABILITY="avx2",
+                ONEDNN_MAX_CPU_ISA="AVX2",
+                MKL_ENABLE_INSTRUCTIONS="AVX2",
+                PYTHONPATH=os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p),
+            )
+            cmd.append("actor.bf16=false")  # what actor.bf16=auto picks on a CPU without avx512_bf16
+        cmd += ns.overrides
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, env=env, check=True)
         wall = time.perf_counter() - t0
