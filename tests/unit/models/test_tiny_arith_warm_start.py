@@ -51,19 +51,24 @@ def test_expected_accuracy_equals_a_one_sequence_at_a_time_product():
     assert 0 < fast < 1
 
 
-def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
-    model = _model(seed=2)
-    monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
-    args = SimpleNamespace(
-        sft_steps=20,
+def _warm_start_args(sft_steps: int, extra_steps: int) -> SimpleNamespace:
+    """The BuildArgs fields the warm start reads, at a size that runs in milliseconds."""
+    return SimpleNamespace(
+        sft_steps=sft_steps,
+        extra_steps=extra_steps,
         batch_size=2,
         lr=1e-3,
         warmup_steps=2,
         weight_decay=0.0,
         seed=0,
         check_every=3,
-        extra_steps=0,
     )
+
+
+def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
+    model = _model(seed=2)
+    monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
+    args = _warm_start_args(sft_steps=20, extra_steps=0)
     calls = []
 
     def stop(step):
@@ -81,16 +86,7 @@ def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
 def test_a_schedule_that_ends_short_of_the_target_goes_on_at_its_final_rate(monkeypatch):
     model = _model(seed=2)
     monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
-    args = SimpleNamespace(
-        sft_steps=6,
-        batch_size=2,
-        lr=1e-3,
-        warmup_steps=2,
-        weight_decay=0.0,
-        seed=0,
-        check_every=3,
-        extra_steps=9,
-    )
+    args = _warm_start_args(sft_steps=6, extra_steps=9)
     rates = []
     real_step = torch.optim.AdamW.step
 
