@@ -42,21 +42,20 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def _build_report(model_path: str) -> dict:
-    marker = Path(model_path) / "bandpo_tiny_arith.json"
+    from bandpo.models.tiny_arith import MARKER
+
+    marker = Path(model_path) / MARKER
     return json.loads(marker.read_text()).get("report", {}) if marker.exists() else {}
 
 
 def parts(run: Path, wall: float | None) -> dict:
     """The first command's parts from its run folder (``wall``: the whole command's seconds, if timed)."""
     from bandpo.distributed.precision import cpu_has_fast_bf16, cpu_name
+    from bandpo.viz import read_metrics
 
     startup = json.loads((run / "startup.json").read_text())
-    rows = _metrics(run)
+    rows = read_metrics(run / "metrics.jsonl")
     steps = [r for r in rows if "time/step" in r]
     evals = [r for r in rows if "time/eval" in r]
     config = yaml.safe_load((run / "config.yaml").read_text())
