@@ -1,0 +1,107 @@
+"""The claim test's design as overrides, from ``protocol.md`` (the rules were written there first): the
+settings every run shares, each test's own, the arms, seeds and steps, and the runs' names. The runner
+(``run``) and the report read it; nothing here starts a process.
+
+    python -m studies.claim.design            # each test's runs and their overrides, one run a line
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Common settings (protocol.md, "Common settings", with its amendment of 2026-12-02 evening: the
+# template, temperature and precision). The model file sets tiny_arith with the boxed template and
+# temperature 0.6; fp32 so that a 1e-5 step moves the weights the rollout sees from the first update.
+COMMON = (
+    "model=smollm2-135m",
+    "trainer.prompts_per_step=8",
+    "rollout.n=8",
+    "rollout.max_tokens=256",
+    "actor.lr=1e-5",
+    "actor.bf16=false",
+    "algorithm.kl_coef=0.001",
+    "trainer.reward.overlong_buffer=64",
+    "trainer.reward.overlong_penalty=1.0",
+    # in-run measurement, every 5 steps and before the first
+    "probe.every=5",
+    "probe.limit=64",
+    "probe.n=2",
+    "trainer.eval_every=5",
+    "trainer.eval_before_train=true",
+    "eval.limit=200",
+    "eval.n=8",
+    # a checkpoint only to resume an interrupted run; no result reads it
+    "trainer.save_every=5",
+    "trainer.keep_last=1",
+    "trainer.export_hf=false",
+    "trainer.wandb.mode=disabled",
+)
+
+BAND = ("algorithm=bandpo", "algorithm.band.divergence=kl", "algorithm.band.delta=0.05")
+ALGORITHMS = {
+    "grpo": ("algorithm=grpo",),
+    "clip_higher": ("algorithm=clip_higher",),
+    "bandpo": BAND,
+    "no_clip": ("algorithm=no_clip",),
+    "clip_cov": ("algorithm=clip_cov",),
+    "kl_cov": ("algorithm=kl_cov",),
+}
+
+
+@dataclass(frozen=True)
+class Test:
+    name: str
+    settings: tuple[str, ...]  # the test's own overrides, after COMMON
+    arms: tuple[str, ...]  # primary arms, in the order each seed runs them
+    secondary: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int
+
+
+# Test 1: each clip's own effect on entropy under random rewards; 4 mini-batches x 2 epochs = 8
+# optimizer steps per rollout so that the ratios move.
+RANDOM = Test(
+    name="random",
+    settings=(
+        "trainer.reward.random_p=0.5",
+        "actor.mini_batch_prompts=2",
+        "actor.epochs=2",
+        "trainer.total_steps=20",
+    ),
+    arms=("grpo", "no_clip", "bandpo", "clip_higher"),
+    secondary=("clip_cov", "kl_cov"),
+    seeds=(0, 1, 2, 3, 4),
+    steps=20,
+)
+
+TESTS = {t.name: t for t in (RANDOM,)}
+
+
+def test(name: str) -> Test:
+    if name not in TESTS:
+        raise SystemExit(f"unknown test {name!r}; valid: {', '.join(sorted(TESTS))}")
+    return TESTS[name]
+
+
+def run_name(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def overrides(t: Test, arm: str, seed: int) -> list[str]:
+    """One run's Hydra overrides: the common settings, the test's, the arm's, the seed."""
+    if arm not in ALGORITHMS:
+        raise SystemExit(f"unknown arm {arm!r}; valid: {', '.join(ALGORITHMS)}")
+    return [*COMMON, *t.settings, *ALGORITHMS[arm], f"trainer.seed={seed}"]
+
+
+def plan(
+    t: Test, arms: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None
+) -> list[tuple[str, int]]:
+    """The runs in order: seed by seed, every arm of a seed before the next seed (pairs finish first)."""
+    return [(arm, seed) for seed in (seeds or t.seeds) for arm in (arms or t.arms)]
+
+
+if __name__ == "__main__":
+    for t in TESTS.values():
+        for arm, seed in plan(t, t.arms + t.secondary):
+            print(t.name, run_name(arm, seed), " ".join(overrides(t, arm, seed)))
