@@ -50,7 +50,8 @@ def unshard_rows(parts: list[torch.Tensor]) -> torch.Tensor:
 class UpdateResult(NamedTuple):
     """What ``ActorGroup.update`` returns."""
 
-    metrics: dict[str, float]  # the last update's (rank 0's, globally reduced)
+    # the last pass's (rank 0's, globally reduced), but optimizer_steps and nonfinite_steps: all epochs'
+    metrics: dict[str, float]
     nonfinite_steps: int  # optimizer steps discarded for a NaN/inf loss or gradient, all epochs
     optimizer_steps: int  # all epochs
     # [N, R] pi_old's entropy, complete: with reuse_old_logprobs its first mini-batch's rows come from the
@@ -311,6 +312,8 @@ class ActorGroup:
                 update = self.update_epoch(batch, options)
             bad += int(update["nonfinite_steps"])
             total += int(update["optimizer_steps"])
+        # the step's actor/optimizer_steps and actor/nonfinite_steps count every epoch, not the last
+        update = {**update, "optimizer_steps": float(total), "nonfinite_steps": float(bad)}
         return UpdateResult(update, bad, total, complete, actor_logprobs)
 
     def update_epoch(self, batch: TrainBatch, options: LossOptions) -> dict[str, float]:

@@ -67,6 +67,8 @@ def test_with_reuse_later_rows_first_then_the_first_forward_fills_the_rest():
     assert torch.equal(b.old_logprobs[:, 0], torch.tensor([-100.0, -100, -3, -4, -5, -6]))
     assert out.entropy is entropy and torch.equal(entropy[:, 0], torch.tensor([100.0, 100, 3, 4, 5, 6]))
     assert (out.nonfinite_steps, out.optimizer_steps) == (1, 6)
+    # the step's logged counts are both epochs' (3 + 3 steps, 1 + 0 discarded), not the last pass's
+    assert (out.metrics["nonfinite_steps"], out.metrics["optimizer_steps"]) == (1.0, 6.0)
 
 
 def test_with_reuse_and_one_mini_batch_no_pass_runs():
