@@ -51,30 +51,38 @@ def _workers(baseline: set[int]) -> list[psutil.Process]:
     return workers
 
 
-def _kill_busy_worker(baseline: set[int], deadline_s: float = 10.0) -> int:
-    """SIGKILL the worker that is grading (the one burning CPU); returns its pid."""
+def _kill_busy_worker(baseline: set[int], deadline_s: float = 30.0, burnt_s: float = 0.3) -> int:
+    """SIGKILL the worker that is grading (the hanging item spins on its CPU); returns its pid.
+
+    It is told apart by CPU seconds burnt while we watch, not by a CPU share over a short window: a
+    loaded 2-core machine gives the spinning worker well under 10% of a core in some windows, while
+    an idle worker burns nothing and the spinning one passes 0.3 s within seconds whatever the load.
+    A worker's total since its fork would not do: the first grade's lazy imports cost more than that."""
     end = time.monotonic() + deadline_s
+    first_seen: dict[int, float] = {}
     while time.monotonic() < end:
-        procs = _workers(baseline)
-        _cpu_percents(procs)  # the first call only starts psutil's measurement
-        time.sleep(0.3)
-        busy = _cpu_percents(procs)
-        if busy and max(busy)[0] > 10:  # idle workers sit at ~0%
-            pid = max(busy)[1]
+        burnt = []
+        for seconds, pid in _cpu_seconds(_workers(baseline)):
+            first_seen.setdefault(pid, seconds)
+            burnt.append((seconds - first_seen[pid], pid))
+        if burnt and max(burnt)[0] >= burnt_s:
+            pid = max(burnt)[1]
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # it finished and was replaced meanwhile: look again
                 continue
             return pid
-    raise AssertionError("no busy worker found")
+        time.sleep(0.1)
+    raise AssertionError(f"no worker burnt {burnt_s} s of CPU within {deadline_s} s")
 
 
-def _cpu_percents(procs: list[psutil.Process]) -> list[tuple[float, int]]:
-    """(CPU % since the last call, pid) of each process still there."""
+def _cpu_seconds(procs: list[psutil.Process]) -> list[tuple[float, int]]:
+    """(user + system CPU seconds since its fork, pid) of each process still there."""
     out = []
     for p in procs:
         try:
-            out.append((p.cpu_percent(None), p.pid))
+            t = p.cpu_times()
+            out.append((t.user + t.system, p.pid))
         except psutil.NoSuchProcess:
             pass
     return out
@@ -168,9 +176,10 @@ def test_identical_hangs_cost_one_timeout():
 
 def test_item_whose_worker_dies_twice_is_an_error():
     baseline = _descendants()
-    # The hanging item's timeout must outlast both kills: each search may take its 10 s deadline, and
-    # a replacement worker starts in between; at 20 s a loaded 2-core machine (load ~9) saw the
-    # timeout first ("timeout", not "error"). The kills end the item long before 90 s when all is well.
+    # The hanging item's timeout must outlast both kills: each search waits for 0.3 CPU seconds
+    # (seconds of wall time on a loaded machine), and a replacement worker starts in between; at 20 s
+    # a loaded 2-core machine (load ~9) saw the timeout first ("timeout", not "error"). The kills end
+    # the item long before 90 s when all is well.
     with RewardScorer(num_workers=2, timeout=90.0) as scorer:
         scorer.score(["Answer: 1"], ["1"])
         result = {}
