@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from bandpo.reward import RewardScheme, RewardScorer, score_batch, verify_one
+from bandpo.reward import RewardScheme, RewardScorer, pool, score_batch, verify_one
 from tests.unit.reward.test_reward import CASES
 
 pytestmark = pytest.mark.timeout(120)
@@ -193,7 +193,12 @@ def test_item_whose_worker_dies_twice_is_an_error():
         assert [s.status for s in result["scores"]] == ["correct", "error", "correct"]
 
 
-def test_batch_survives_all_workers_being_killed_repeatedly():
+def test_batch_survives_all_workers_being_killed_repeatedly(monkeypatch):
+    # A kill that lands while a worker holds pebble's task lock wedges the pool until the watchdog
+    # replaces it, timeout + STALL_GRACE_S after the last start (15 s at the default 10 s grace: one
+    # run in three spent 16 s here). At 3 s the watchdog still waits 8 s without a task starting or
+    # finishing before it acts, which a healthy pool of 20 ms items never does.
+    monkeypatch.setattr(pool, "STALL_GRACE_S", 3.0)
     responses, golds = _slow_items(120)
     baseline = _descendants()
     with RewardScorer(num_workers=2, timeout=5.0) as scorer:
