@@ -1,4 +1,4 @@
-"""Made-up Test 1 records for the claim study's tests: ``write_run`` writes one run's folder as
+"""Made-up Test 1 records for the claim study's tests: the ``write_run`` fixture writes one run's folder as
 ``studies/claim/run.py`` keeps it (metrics.jsonl as the trainer logs it, config.yaml, run.json)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 CPU = "AMD EPYC 7B13"
 
 
-def write_run(
+def _write_run(
     root: Path,
     arm: str,
     seed: int,
@@ -58,3 +58,9 @@ def write_run(
 @pytest.fixture
 def records(tmp_path) -> Path:
     return tmp_path / "records"
+
+
+@pytest.fixture
+def write_run():
+    """``write_run(root, arm, seed, probe, evals=None, ...)``: one run's record folder (``_write_run``)."""
+    return _write_run
