@@ -48,8 +48,16 @@ HEADLINES = {
     stats.RAISES: "Band raises entropy relative to GRPO",
     stats.LOWERS: "Band lowers entropy relative to GRPO",
     stats.NO_DIFFERENCE: "no difference of 0.10 or more between Band and GRPO",
-    stats.INCONCLUSIVE: "inconclusive",
+    stats.INCONCLUSIVE: "Band against GRPO is inconclusive",
 }
+
+
+ORDER = (*RANDOM.arms, *RANDOM.secondary)  # the design's order: primary arms, then secondary
+
+
+def ordered(runs: Sequence[Run]) -> list[Run]:
+    """Runs in the design's arm order, then by seed; an arm the design lacks comes last."""
+    return sorted(runs, key=lambda r: (ORDER.index(r.arm) if r.arm in ORDER else len(ORDER), r.arm, r.seed))
 
 
 def label(arm: str) -> str:
@@ -227,6 +235,7 @@ def report(
     runs: Sequence[Run], out: Path, steps: int = RANDOM.steps, figure_name: str | None = FIGURE
 ) -> str:
     """results.md's text for ``runs`` (any subset of Test 1's runs); ``figure_name`` is linked when given."""
+    runs = ordered(runs)
     ends = endpoints(runs, steps)
     rule1 = stats.compare("grpo", "no_clip", ends)
     rule2 = stats.compare("bandpo", "grpo", ends)

@@ -74,7 +74,7 @@ def test_an_inconclusive_first_look_calls_for_the_extension(tmp_path, records, w
     # d = -0.2..0.2: mean 0, sd 0.158114 > 0.060, 97.5% [-0.2472, 0.2472]: inconclusive -> seeds 5-7
     runs = _five_seeds(records, write_run, [-0.2, -0.1, 0.0, 0.1, 0.2])
     head = report.report(runs, tmp_path / "results.md", figure_name=None).splitlines()[2]
-    assert "inconclusive.**" in head
+    assert "Band against GRPO is inconclusive.**" in head
     assert head.endswith("The 8-seed rule calls for seeds 5, 6, 7 of grpo, bandpo, no_clip.")
 
 
