@@ -141,6 +141,21 @@ def _resolved_bf16(config: dict, fast_bf16: bool, path: Path) -> bool:
         raise RecordError(f"{path}: {e}") from None
 
 
+def _check_lines(path: Path) -> None:
+    """Every line of a recorded run's metrics is a JSON object. ``read_metrics`` skips a line it cannot
+    parse (a line torn by a crash mid-write); a run is recorded only once it has ended, and the trainer
+    drops a torn line when it resumes, so in a record such a line is damage and is refused."""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RecordError(f"{path}: line {number} is not JSON ({e})") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise RecordError(f"{path}: line {number} is not a metrics row (a JSON object with a step)")
+
+
 def read_run(folder: Path, steps: int) -> Run:
     """One recorded run; ``steps`` is the test's length (the probe must be logged at 0 and ``steps``)."""
     folder = Path(folder)
@@ -164,6 +179,7 @@ def read_run(folder: Path, steps: int) -> Run:
     config = _load_config(config_path)
     if not metrics_path.exists():
         raise RecordError(f"{metrics_path}: missing")
+    _check_lines(metrics_path)
     rows: dict[int, dict] = {}
     for row in read_metrics(metrics_path):  # sorted by step; a torn last line is skipped
         step = row["step"]

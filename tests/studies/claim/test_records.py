@@ -101,3 +101,13 @@ def test_a_run_json_of_another_run_is_refused(records, write_run):
     (folder / "run.json").write_text(json.dumps({**info, "arm": "bandpo"}))
     with pytest.raises(RecordError, match=r"run.json: arm/seed bandpo/0 != folder grpo-s0"):
         read_run(folder, 20)
+
+
+def test_a_torn_metrics_line_names_the_file_and_line(records, write_run):
+    # read_metrics skips such a line; a recorded run has ended, so in its record it is damage. Lines 1-21:
+    # steps 0..20 (write_run), the torn one is line 22
+    folder = write_run(records, "grpo", 0, {0: 2.0, 20: 1.5})
+    with open(folder / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 21, "probe/ent')
+    with pytest.raises(RecordError, match=r"grpo-s0/metrics.jsonl: line 22 is not JSON"):
+        read_run(folder, 20)
