@@ -11,8 +11,8 @@ listed and left out. Rule 2's classes: **raises** (interval above 0), **lowers**
 difference of 0.10 or more** (within (-0.10, 0.10)), **inconclusive** otherwise. Decisions use 97.5%
 intervals at both looks (5 seeds, and 8 if the extension rule calls for it: "the first look also uses
 97.5%"); the 95% interval is shown beside. With fewer than 5 complete pairs the comparison is interim:
-numbers, no class. Student-t quantiles are computed here (no scipy): the exact two-sided t probability
-for integer degrees of freedom, inverted by bisection.
+numbers, no class. Student-t quantiles are the entropy study's (no scipy: the exact two-sided t
+probability for integer degrees of freedom, inverted by bisection).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from studies.entropy.stats import t_quantile
 
 DECISION_LEVEL = 0.975  # protocol, "Power": two looks, each at 97.5% ("the first look also uses 97.5%")
 SHOWN_LEVEL = 0.95  # the level the rules were first written at, shown beside
@@ -36,43 +38,6 @@ RAISES, LOWERS, NO_DIFFERENCE, INCONCLUSIVE = (
     "no difference of 0.10 or more",
     "inconclusive",
 )
-
-
-def t_two_sided(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with ``df`` (a positive integer) degrees of freedom, exact: the finite
-    series in theta = atan(t / sqrt(df)) (Abramowitz and Stegun 26.7.3-4)."""
-    if not isinstance(df, int) or df < 1:
-        raise ValueError(f"degrees of freedom must be a positive integer, got {df!r}")
-    if t <= 0:
-        return 0.0
-    theta = math.atan(t / math.sqrt(df))
-    s, c, c2 = math.sin(theta), math.cos(theta), math.cos(theta) ** 2
-    term = total = 1.0
-    if df % 2 == 0:  # sin(theta) (1 + 1/2 c^2 + (1 3)/(2 4) c^4 + ...), up to c^(df-2)
-        for k in range(2, df - 1, 2):
-            term *= c2 * (k - 1) / k
-            total += term
-        return s * total
-    if df == 1:
-        return 2 * theta / math.pi
-    for k in range(3, df - 1, 2):  # (2/pi)(theta + sin cos (1 + 2/3 c^2 + (2 4)/(3 5) c^4 + ...))
-        term *= c2 * (k - 1) / k
-        total += term
-    return 2 / math.pi * (theta + s * c * total)
-
-
-def t_quantile(level: float, df: int) -> float:
-    """The t with P(|T| < t) = ``level``: 2.776 for 0.95 and 4 degrees of freedom (the upper 0.975
-    quantile), 3.495 for 0.975 (the upper 0.9875); bisection to a relative 1e-12."""
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    lo, hi = 0.0, 1.0
-    while t_two_sided(hi, df) < level:
-        hi *= 2
-    while hi - lo > 1e-12 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided(mid, df) < level else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)
