@@ -60,6 +60,7 @@ def keep(folder: Path, dest: Path, record: dict, records: Path) -> None:
     if not texts.exists():
         raise SystemExit(f"{folder}: no probe/texts.jsonl; was the run started with probe.every > 0?")
     kept_texts = records / "probe-texts.jsonl"
+    records.mkdir(parents=True, exist_ok=True)  # the first run of a fresh records folder makes it
     if kept_texts.exists() and sha256(kept_texts) != sha256(texts):
         raise SystemExit(f"{texts} differs from {kept_texts}: another base model or probe settings")
     if not kept_texts.exists():
