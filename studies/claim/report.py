@@ -111,7 +111,7 @@ def headline(rule1: stats.Comparison, rule2: stats.Comparison, extend: bool | No
     if n_runs == 0:
         return "**Test 1: no runs are recorded yet.**"
     if rule2.interim:
-        kind, target = rule2.look
+        target = rule2.look[1]
         return (
             f"**Test 1: interim: {len(rule2.d)} of {target} seeds** (Band-KL and GRPO paired; the numbers "
             "below are shown, no verdict yet)."
