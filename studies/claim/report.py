@@ -172,14 +172,16 @@ def _pct(x: float | None) -> str:
 def run_table(runs: Sequence[Run], steps: int) -> list[str]:
     key = runs[0].eval_key if runs else "eval mean@n"
     lines = [
-        f"| arm | seed | H0 | H{steps} | D | {key} step 0 (%) | step {steps} (%) | machine | precision | wall (min) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| arm | seed | H0 | H{steps} | D | rollout H step 1 | step {steps} | {key} step 0 (%) | step {steps} (%) "
+        "| machine | precision | wall (min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         d = stats.log_change(r.probe[0], r.probe[steps])
         wall = "-" if r.wall_s is None else f"{r.wall_s / 60:.1f}"
         lines.append(
             f"| {label(r.arm)} | {r.seed} | {r.probe[0]:.4f} | {r.probe[steps]:.4f} | {d:+.4f} | "
+            f"{_f(r.rollout.get(1), '.4f')} | {_f(r.rollout.get(steps), '.4f')} | "
             f"{_pct(r.evals.get(0))} | {_pct(r.evals.get(steps))} | {r.machine_label} | {r.precision} | {wall} |"
         )
     return lines
@@ -275,6 +277,10 @@ def report(
         "## Runs",
         "",
         "Seeds recorded per arm: " + "; ".join(f"{label(a)} {s}" for a, s in seeds.items()),
+        "",
+        "H: the fixed-text probe (the endpoint). Rollout H (`actor/entropy`) is the policy's entropy on its "
+        "own samples, shown and never tested: where it falls far below the probe's, the policy's own "
+        "text has collapsed although the probe's texts are still read with the base model's spread.",
         "",
     ]
     lines += [*run_table(runs, steps), "", "## Machines", "", *machine_lines(runs), ""]
