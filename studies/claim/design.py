@@ -1,5 +1,6 @@
 """The claim test's design as overrides, from ``protocol.md`` (the rules were written there first): the
-settings every run shares, each test's own, the arms, seeds and steps, and the runs' names. The runner
+settings every run shares, each test's own (Test 2's pool and held-out set: amendment 3), the arms,
+seeds and steps, and the runs' names. The runner
 (``run``) and the report read it; nothing here starts a process.
 
     python -m studies.claim.design            # each test's runs and their overrides, one run a line
@@ -48,6 +49,22 @@ ALGORITHMS = {
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """A held-out set the runner writes as JSONL before a test's runs: ``size`` problems of tiny_arith's
+    ``test`` split (no canonical key shared with a training problem) at one level and set of kinds."""
+
+    name: str  # the file's stem, so the set's name in the records: eval/<name>/mean@8
+    difficulty: int
+    kinds: tuple[str, ...]
+    size: int = 200
+
+    def rows(self) -> list[dict]:
+        from bandpo.data.tiny_arith_problems import make_split
+
+        return make_split("test", self.size, 0, difficulty=self.difficulty, kinds=self.kinds)
+
+
+@dataclass(frozen=True)
 class Test:
     name: str
     settings: tuple[str, ...]  # the test's own overrides, after COMMON
@@ -55,6 +72,7 @@ class Test:
     secondary: tuple[str, ...]
     seeds: tuple[int, ...]
     steps: int
+    heldout: HeldOut | None = None  # None: the model file's held-out set (tiny_arith_test)
 
 
 # Test 1: each clip's own effect on entropy under random rewards; 4 mini-batches x 2 epochs = 8
@@ -75,7 +93,26 @@ RANDOM = Test(
     steps=20,
 )
 
-TESTS = {t.name: t for t in (RANDOM,)}
+# Test 2: GRPO against BandPO on a pool GRPO cannot exhaust (amendment 3: level-2 one-operation problems,
+# base model ~27% at the start; 40 steps x 8 prompts draw 320 of 2,048). The model file's 2 optimizer
+# steps a rollout; the held-out set (and the probe's prompts) of the same generator, level and kinds.
+LEARN_POOL = HeldOut(name="tiny_arith_l2_one_op_test", difficulty=2, kinds=("add", "sub", "mul"))
+LEARN = Test(
+    name="learn",
+    settings=(
+        "data.train=[{name:tiny_arith,split:train,size:2048,difficulty:2,kinds:[add,sub,mul]}]",
+        "trainer.eval_every=40",
+        "eval.limit=200",
+        "trainer.total_steps=40",
+    ),
+    arms=("grpo", "bandpo"),
+    secondary=(),
+    seeds=(0, 1, 2, 3, 4),
+    steps=40,
+    heldout=LEARN_POOL,
+)
+
+TESTS = {t.name: t for t in (RANDOM, LEARN)}
 
 
 def test(name: str) -> Test:
@@ -88,11 +125,18 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
-def overrides(t: Test, arm: str, seed: int) -> list[str]:
-    """One run's Hydra overrides: the common settings, the test's, the arm's, the seed."""
+def overrides(t: Test, arm: str, seed: int, heldout_file: str | None = None) -> list[str]:
+    """One run's Hydra overrides: the common settings, the test's, the arm's, the seed; with a held-out
+    set of the test's own, the file the runner wrote it to (the probe reads the same set)."""
     if arm not in ALGORITHMS:
         raise SystemExit(f"unknown arm {arm!r}; valid: {', '.join(ALGORITHMS)}")
-    return [*COMMON, *t.settings, *ALGORITHMS[arm], f"trainer.seed={seed}"]
+    own = []
+    if t.heldout is not None:
+        if heldout_file is None:
+            raise ValueError(f"test {t.name!r} evaluates on its own held-out set: give its file")
+        # a file named in eval.datasets is read as a set named after its stem (the probe follows eval's sets)
+        own = [f"eval.datasets=[{heldout_file}]"]
+    return [*COMMON, *t.settings, *own, *ALGORITHMS[arm], f"trainer.seed={seed}"]
 
 
 def plan(
@@ -104,5 +148,6 @@ def plan(
 
 if __name__ == "__main__":
     for t in TESTS.values():
+        file = None if t.heldout is None else f"<runs>/{t.name}/{t.heldout.name}.jsonl"
         for arm, seed in plan(t, t.arms + t.secondary):
-            print(t.name, run_name(arm, seed), " ".join(overrides(t, arm, seed)))
+            print(t.name, run_name(arm, seed), " ".join(overrides(t, arm, seed, file)))

@@ -11,8 +11,10 @@ resumes from its last checkpoint). When it ends, ``records/<test>/<arm>-s<seed>/
 ``metrics.jsonl`` and ``config.yaml``, and ``run.json``: the overrides, the machine (CPU name and whether it
 multiplies bf16 in hardware, which with the resolved ``actor.bf16`` decides whether two arms are a pair),
 the commit, the wall time and the probe texts' sha256. The texts themselves (every run of one base model
-samples the same ones: ``probe.seed`` is fixed) are kept once, in ``records/probe-texts.jsonl``; a run
-whose texts differ from those stops the script. A recorded run is never run again.
+samples the same ones: ``probe.seed`` is fixed) are kept once per test, in
+``records/<test>/probe-texts.jsonl``; a run whose texts differ from those stops the script. A test with a
+held-out set of its own (``design.HeldOut``) has it written to ``<runs>/<test>/<name>.jsonl`` before its
+first run, and each ``run.json`` keeps the file's sha256. A recorded run is never run again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from studies.claim.design import overrides, plan, run_name, test
+from studies.claim.design import HeldOut, overrides, plan, run_name, test
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = Path(__file__).resolve().parent / "records"
@@ -51,16 +53,26 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def keep(folder: Path, dest: Path, record: dict, records: Path) -> None:
+def write_heldout(heldout: HeldOut, runs_test: Path) -> Path:
+    """The test's held-out set as JSONL in ``runs_test`` (the same rows every time: the generator is seeded)."""
+    from bandpo.checkpoint.atomic import write_text_atomic
+
+    path = runs_test / f"{heldout.name}.jsonl"
+    runs_test.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in heldout.rows()))
+    return path
+
+
+def keep(folder: Path, dest: Path, record: dict) -> None:
     """Copies the run's small records into ``dest`` and writes ``run.json`` last (its presence marks the run
-    recorded); the probe texts are checked against the kept copy, or become it."""
+    recorded); the probe texts are checked against the test's kept copy (beside ``dest``), or become it."""
     from bandpo.checkpoint.atomic import write_text_atomic
 
     texts = folder / "probe" / "texts.jsonl"
     if not texts.exists():
         raise SystemExit(f"{folder}: no probe/texts.jsonl; was the run started with probe.every > 0?")
-    kept_texts = records / "probe-texts.jsonl"
-    records.mkdir(parents=True, exist_ok=True)  # the first run of a fresh records folder makes it
+    kept_texts = dest.parent / "probe-texts.jsonl"
+    dest.parent.mkdir(parents=True, exist_ok=True)  # the first run of a fresh records folder makes it
     if kept_texts.exists() and sha256(kept_texts) != sha256(texts):
         raise SystemExit(f"{texts} differs from {kept_texts}: another base model or probe settings")
     if not kept_texts.exists():
@@ -74,7 +86,7 @@ def keep(folder: Path, dest: Path, record: dict, records: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("test", help="random")
+    ap.add_argument("test", help="random | learn")
     ap.add_argument("--arms", help="comma-separated arms (default: the test's primary arms)")
     ap.add_argument("--secondary", action="store_true", help="the test's secondary arms")
     ap.add_argument("--seeds", help="comma-separated seeds (default: the test's)")
@@ -87,13 +99,17 @@ def main() -> None:
     arms = tuple(args.arms.split(",")) if args.arms else (t.secondary if args.secondary else t.arms)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
     records = Path(args.records)
+    heldout = None
+    if t.heldout is not None:
+        runs_test = Path(args.runs) / t.name
+        heldout = write_heldout(t.heldout, runs_test if runs_test.is_absolute() else REPO / runs_test)
     for arm, seed in plan(t, arms, seeds):
         name = run_name(arm, seed)
         dest, folder = records / t.name / name, Path(args.runs) / t.name / name
         if (dest / "run.json").exists():
             print(f"{t.name}/{name}: recorded, skipped")
             continue
-        ov = [*overrides(t, arm, seed), *args.extra, f"trainer.output_dir={folder}"]
+        ov = [*overrides(t, arm, seed, heldout and str(heldout)), *args.extra, f"trainer.output_dir={folder}"]
         cmd = ["bash", "scripts/train.sh", *ov]
         print(f"{t.name}/{name}: {' '.join(cmd)}", flush=True)
         if args.dry_run:
@@ -107,7 +123,9 @@ def main() -> None:
             "machine": machine(), "commit": commit(), "started": started,
             "wall_s": round(time.perf_counter() - t0, 1), "load_after": os.getloadavg(),
         }  # fmt: skip
-        keep(REPO / folder if not folder.is_absolute() else folder, dest, record, records)
+        if heldout is not None:
+            record["heldout_sha256"] = sha256(heldout)
+        keep(REPO / folder if not folder.is_absolute() else folder, dest, record)
         print(f"{t.name}/{name}: recorded in {dest} ({record['wall_s']:.0f} s)", flush=True)
         if (folder / "checkpoints").exists():
             shutil.rmtree(folder / "checkpoints")

@@ -27,9 +27,15 @@ def test_report_end_to_end_on_three_runs(tmp_path, records, write_run):
     assert "- interim: 1 of 5 seeds, no class." in text
     assert "- Not yet applicable: seeds 0-4 of Band-KL and GRPO are not all paired." in text
     # eval mean@8 0.25 -> 25.0%, 0.375 -> 37.5%; wall 3000 s = 50.0 min
-    row = "| Band-KL | 0 | 2.0000 | 1.0000 | -0.6931 | 25.0 | 37.5 | AMD EPYC 7B13 (no hardware bf16) | fp32 | 50.0 |"
+    # rollout entropy 0.5 + step / 100 (conftest): 0.51 at step 1, 0.70 at step 20
+    row = (
+        "| Band-KL | 0 | 2.0000 | 1.0000 | -0.6931 | 0.5100 | 0.7000 | 25.0 | 37.5 "
+        "| AMD EPYC 7B13 (no hardware bf16) | fp32 | 50.0 |"
+    )
     assert row in text
-    assert "| GRPO | 0 | 2.0000 | 1.6000 | -0.2231 | 25.0 | 31.2 |" in text  # 31.25 rounds half to even
+    assert (
+        "| GRPO | 0 | 2.0000 | 1.6000 | -0.2231 | 0.5100 | 0.7000 | 25.0 | 31.2 |" in text
+    )  # 31.25 rounds half to even
     assert "- AMD EPYC 7B13 (no hardware bf16), fp32: 3 runs" in text
     assert "- `records/random/bandpo-s0/`" in text
     assert "### Clip-Higher against GRPO\n\n- d = D_clip_higher - D_grpo: no complete pair yet." in text
