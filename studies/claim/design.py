@@ -100,7 +100,9 @@ LEARN_POOL = HeldOut(name="tiny_arith_l2_one_op_test", difficulty=2, kinds=("add
 LEARN = Test(
     name="learn",
     settings=(
-        "data.train=[{name:tiny_arith,split:train,size:2048,difficulty:2,kinds:[add,sub,mul]}]",
+        # the pool: training problems of the held-out set's level and kinds
+        f"data.train=[{{name:tiny_arith,split:train,size:2048,difficulty:{LEARN_POOL.difficulty},"
+        f"kinds:[{','.join(LEARN_POOL.kinds)}]}}]",
         "trainer.eval_every=40",
         "eval.limit=200",
         "trainer.total_steps=40",
