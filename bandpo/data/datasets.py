@@ -279,7 +279,7 @@ def load_eval_sets(
     if not paths:
         if not names:
             raise InputError(f"{key}.datasets: give dataset names or {key}.paths")
-        return {_display_name(n): _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in names}
+        return {display_name(n): _eval_set(n, n, f"{key}.datasets", key, kwargs) for n in names}
     if isinstance(paths, Mapping):
         order = list(names or []) + [str(k) for k in paths if str(k) not in (names or [])]
         return {
@@ -392,7 +392,7 @@ def _resolve_spec(name: str) -> DatasetSpec:
     )
 
 
-def _display_name(name: str) -> str:
+def display_name(name: str) -> str:
     """Short name for reports: a hub id's registered name, or a file's stem."""
     if is_local_path(name):
         return Path(name).stem

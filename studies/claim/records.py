@@ -12,7 +12,9 @@ log, read with ``bandpo.viz.read_metrics``), ``config.yaml`` (the resolved confi
   the probe is due (every ``probe.every`` steps and at the last), measured after that step's update;
 - ``eval/<set>/mean@<n>``: the held-out evaluation (Test 1: steps 0 and 20), the set and n from the
   run's ``config.yaml``;
-- ``actor/entropy``: the rollout entropy of every step's batch.
+- ``actor/entropy``: the rollout entropy of every step's batch, and beside it (Test 2) its length check
+  ``entropy/ended_first_n``, the training accuracy ``reward/accuracy`` and the share of groups without
+  signal ``adv/zero_signal_group_frac`` (the pilot's gate).
 
 Rows of one step are merged (a ``final`` row repeats the last step's number). The precision is
 ``actor.bf16`` resolved as the trainer resolves it (``bandpo.distributed.precision.resolve_bf16``) on the
@@ -30,11 +32,15 @@ from pathlib import Path
 
 import yaml
 
+from bandpo.data.datasets import display_name
 from bandpo.distributed.precision import resolve_bf16
 from bandpo.viz import read_metrics
 
 PROBE = "probe/entropy"
 ROLLOUT = "actor/entropy"
+FIRST_N = "entropy/ended_first_n"
+ACCURACY = "reward/accuracy"
+ZERO_SIGNAL = "adv/zero_signal_group_frac"
 RUN_NAME = re.compile(r"^(?P<arm>[a-z0-9_]+)-s(?P<seed>\d+)$")
 
 
@@ -53,6 +59,9 @@ class Run:
     eval_key: str  # eval/<set>/mean@<n>
     evals: dict[int, float]  # step -> held-out mean@n (Test 1: steps 0 and 20)
     rollout: dict[int, float] = field(default_factory=dict)  # step -> actor/entropy
+    first_n: dict[int, float] = field(default_factory=dict)  # step -> entropy/ended_first_n
+    accuracy: dict[int, float] = field(default_factory=dict)  # step -> reward/accuracy (training)
+    zero_signal: dict[int, float] = field(default_factory=dict)  # step -> adv/zero_signal_group_frac
     cpu: str = "unknown CPU"
     fast_bf16: bool = False  # the CPU multiplies bf16 in hardware
     bf16: bool = False  # actor.bf16 resolved on that machine
@@ -120,10 +129,11 @@ def _load_config(path: Path) -> dict:
 
 
 def _eval_key(config: dict, path: Path) -> str:
-    """``eval/<first set>/mean@<eval.n>``: the held-out number the trainer logs (``bandpo.eval``)."""
+    """``eval/<first set>/mean@<eval.n>``: the held-out number the trainer logs (``bandpo.eval``), the set
+    named as the trainer names it (a file in eval.datasets by its stem: Test 2's held-out set)."""
     try:
         sets, n = config["eval"]["datasets"], config["eval"]["n"]
-        return f"eval/{sets[0]}/mean@{n}"
+        return f"eval/{display_name(str(sets[0]))}/mean@{n}"
     except (KeyError, IndexError, TypeError):
         raise RecordError(f"{path}: no eval.datasets / eval.n") from None
 
@@ -205,6 +215,9 @@ def read_run(folder: Path, steps: int) -> Run:
         eval_key=eval_key,
         evals=_series(rows, eval_key, metrics_path),
         rollout=_series(rows, ROLLOUT, metrics_path),
+        first_n=_series(rows, FIRST_N, metrics_path),
+        accuracy=_series(rows, ACCURACY, metrics_path),
+        zero_signal=_series(rows, ZERO_SIGNAL, metrics_path),
         cpu=str(machine["cpu"]),
         fast_bf16=bool(machine["fast_bf16"]),
         bf16=_resolved_bf16(config, bool(machine["fast_bf16"]), config_path),
