@@ -1,7 +1,8 @@
-"""Test 1's report from its records alone (``protocol.md``, "Report"): ``results.md`` beside this file leads
-with the verdict (or "interim: k of 5 seeds" while seeds are missing), then each rule with its numbers,
-a table of every run, the machines, the records' paths, and the figure ``results-random.png`` beside it
-(probe entropy over steps, one colour an arm, one thin line a seed; the rollout entropy beside it).
+"""The claim study's report from its records alone (``protocol.md``, "Report"): ``results.md`` beside this
+file leads with both tests' verdicts (or "interim: k of 5 seeds" while seeds are missing), then Test 1's
+rules with their numbers, a table of every run, the machines, the records' paths, and the figure
+``results-random.png`` beside it (probe entropy over steps, one colour an arm, one thin line a seed; the
+rollout entropy beside it); then Test 2's section (``learn_report``) and its figure ``results-learn.png``.
 
     python -m studies.claim.report [--records DIR] [--out FILE]
 
@@ -18,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bandpo.checkpoint.atomic import write_text_atomic
-from studies.claim import stats
-from studies.claim.design import RANDOM
+from studies.claim import learn_report, stats
+from studies.claim.design import LEARN, RANDOM
 from studies.claim.records import PROBE, Run, read_test
 
 HERE = Path(__file__).resolve().parent
@@ -234,9 +235,15 @@ def figure(runs: Sequence[Run], png: Path) -> Path:
 
 
 def report(
-    runs: Sequence[Run], out: Path, steps: int = RANDOM.steps, figure_name: str | None = FIGURE
+    runs: Sequence[Run],
+    out: Path,
+    steps: int = RANDOM.steps,
+    figure_name: str | None = FIGURE,
+    learn: Sequence[Run] = (),
+    learn_figure: str | None = None,
 ) -> str:
-    """results.md's text for ``runs`` (any subset of Test 1's runs); ``figure_name`` is linked when given."""
+    """results.md's text for ``runs`` (any subset of Test 1's runs) and ``learn`` (Test 2's); each figure
+    is linked when named."""
     runs = ordered(runs)
     ends = endpoints(runs, steps)
     rule1 = stats.compare("grpo", "no_clip", ends)
@@ -244,9 +251,14 @@ def report(
     extend = stats.extension(rule2)
     seeds = {a: sorted(r.seed for r in runs if r.arm == a) for a in dict.fromkeys(r.arm for r in runs)}
     lines = [
-        "# The entropy claim, Test 1: each clip's own effect on entropy under random rewards",
+        "# The entropy claim: each clip's own effect under random rewards (Test 1), and GRPO against Band on a "
+        "pool it cannot exhaust (Test 2)",
         "",
         headline(rule1, rule2, extend, len(runs)),
+        "",
+        learn_report.headline(learn_report.verdict(learn), len(learn)),
+        "",
+        "## Test 1: each clip's own effect on entropy under random rewards",
         "",
         "Rules fixed in advance: [protocol.md](protocol.md), Test 1 and its amendments. Endpoint per run "
         f"D = ln(H_probe({steps}) / H_probe(0)) on the fixed-text probe (`{PROBE}`); paired per seed "
@@ -257,24 +269,25 @@ def report(
         "no class.",
         "",
     ]
+    test2 = learn_report.section(learn, out, learn_figure)
     if not runs:
         lines += ["No runs are recorded yet (`records/random/<arm>-s<seed>/`, written by `run.py`).", ""]
-        return "\n".join(lines)
+        return "\n".join([*lines, *test2])
     if figure_name:
         lines += [f"![probe and rollout entropy over steps]({figure_name})", ""]
-    lines += ["## Rule 1: sensitivity (GRPO against the no-clip control)", "", *rule1_lines(rule1), ""]
-    lines += ["## Rule 2: Band-KL against GRPO", "", *comparison_lines(rule2), ""]
-    lines += ["## The 8-seed rule", "", *extension_lines(rule2), ""]
-    lines += ["## Rule 3: secondary comparisons", ""]
+    lines += ["### Rule 1: sensitivity (GRPO against the no-clip control)", "", *rule1_lines(rule1), ""]
+    lines += ["### Rule 2: Band-KL against GRPO", "", *comparison_lines(rule2), ""]
+    lines += ["### The 8-seed rule", "", *extension_lines(rule2), ""]
+    lines += ["### Rule 3: secondary comparisons", ""]
     for arm, ref in SECONDARY:
         lines += [
-            f"### {label(arm)} against {label(ref)}",
+            f"#### {label(arm)} against {label(ref)}",
             "",
             *comparison_lines(stats.compare(arm, ref, ends)),
             "",
         ]
     lines += [
-        "## Runs",
+        "### Runs",
         "",
         "Seeds recorded per arm: " + "; ".join(f"{label(a)} {s}" for a, s in seeds.items()),
         "",
@@ -283,24 +296,31 @@ def report(
         "text has collapsed although the probe's texts are still read with the base model's spread.",
         "",
     ]
-    lines += [*run_table(runs, steps), "", "## Machines", "", *machine_lines(runs), ""]
-    lines += ["## Records", ""]
+    lines += [*run_table(runs, steps), "", "### Machines", "", *machine_lines(runs), ""]
+    lines += ["### Records", ""]
     lines += [f"- `{os.path.relpath(r.folder, out.parent)}/`" for r in runs]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *test2])
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", default=str(RECORDS), help="the records folder (holding random/)")
+    ap.add_argument("--records", default=str(RECORDS), help="the records folder (holding random/, learn/)")
     ap.add_argument("--out", default=str(OUT), help="the report; the figure is written beside it")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = read_test(Path(args.records) / RANDOM.name, RANDOM.steps)
+    learn = read_test(Path(args.records) / LEARN.name, LEARN.steps)
+    written = [out]
     if runs:
-        figure(runs, out.parent / FIGURE)
-    write_text_atomic(out, report(runs, out, RANDOM.steps, FIGURE if runs else None))
-    print(f"wrote {out}" + (f" and {out.parent / FIGURE}" if runs else ""))
+        written.append(figure(runs, out.parent / FIGURE))
+    if learn:
+        written.append(learn_report.figure(learn, out.parent / learn_report.FIGURE))
+    text = report(
+        runs, out, RANDOM.steps, FIGURE if runs else None, learn, learn_report.FIGURE if learn else None
+    )
+    write_text_atomic(out, text)
+    print("wrote " + ", ".join(map(str, written)))
     return out
 
 

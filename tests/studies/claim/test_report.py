@@ -38,7 +38,7 @@ def test_report_end_to_end_on_three_runs(tmp_path, records, write_run):
     )  # 31.25 rounds half to even
     assert "- AMD EPYC 7B13 (no hardware bf16), fp32: 3 runs" in text
     assert "- `records/random/bandpo-s0/`" in text
-    assert "### Clip-Higher against GRPO\n\n- d = D_clip_higher - D_grpo: no complete pair yet." in text
+    assert "#### Clip-Higher against GRPO\n\n- d = D_clip_higher - D_grpo: no complete pair yet." in text
     png = tmp_path / report.FIGURE
     assert f"]({report.FIGURE})" in text and png.read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob(".*tmp*"))  # the atomic writes left no temporary file
