@@ -10,7 +10,7 @@ Each run goes through ``scripts/train.sh`` into ``<runs>/<test>/<arm>-s<seed>`` 
 resumes from its last checkpoint). When it ends, ``records/<test>/<arm>-s<seed>/`` gets its
 ``metrics.jsonl`` and ``config.yaml``, and ``run.json``: the overrides, the machine (CPU name and whether it
 multiplies bf16 in hardware, which with the resolved ``actor.bf16`` decides whether two arms are a pair),
-the commit, the wall time and the probe texts' sha256. The texts themselves (every run of one base model
+the commit it started from, the wall time and the probe texts' sha256. The texts themselves (every run of one base model
 samples the same ones: ``probe.seed`` is fixed) are kept once per test, in
 ``records/<test>/probe-texts.jsonl``; a run whose texts differ from those stops the script. A test with a
 held-out set of its own (``design.HeldOut``) has it written to ``<runs>/<test>/<name>.jsonl`` before its
@@ -114,13 +114,13 @@ def main() -> None:
         print(f"{t.name}/{name}: {' '.join(cmd)}", flush=True)
         if args.dry_run:
             continue
-        started, t0 = time.time(), time.perf_counter()
+        started, t0, code = time.time(), time.perf_counter(), commit()  # the code the run starts with
         done = subprocess.run(cmd, cwd=REPO)
         if done.returncode != 0:
             raise SystemExit(f"{t.name}/{name}: scripts/train.sh exited {done.returncode}; see {folder}/logs")
         record = {
             "test": t.name, "arm": arm, "seed": seed, "overrides": ov, "extra": args.extra,
-            "machine": machine(), "commit": commit(), "started": started,
+            "machine": machine(), "commit": code, "started": started,
             "wall_s": round(time.perf_counter() - t0, 1), "load_after": os.getloadavg(),
         }  # fmt: skip
         if heldout is not None:
