@@ -27,6 +27,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train") -> TrainC
     def schema(groups):
         return _hydra_config(config_name, tuple(groups))
 
+    overrides = [_add_to_free_map(o) for o in overrides]
     try:
         # Hydra itself refuses an unknown `k=v` (checked below only to name the closest key)
         # but adds `+k=v` / `++k=v`: those are checked first.
@@ -133,8 +134,57 @@ def to_typed(cfg) -> TrainConfig:
         raise ConfigError(f"config error: {e.full_key}: {e.msg}") from None
 
 
+@functools.cache
+def free_maps() -> dict[str, str | None]:
+    """The schema's mappings whose keys the user names (``eval.paths``, ``probe.paths``, ``model.build_args``:
+    its ``dict``-typed fields), each with the interpolation it follows by default (``probe.paths``:
+    ``${eval.paths}``) or None."""
+    import dataclasses
+    import typing
+
+    def walk(cls, prefix: str):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp, path = hints[f.name], prefix + f.name
+            if typing.get_origin(tp) is dict:
+                follows = f.default if isinstance(f.default, str) and f.default.startswith("${") else None
+                yield path, follows
+            inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)] or [tp]
+            if dataclasses.is_dataclass(inner[0]):
+                yield from walk(inner[0], path + ".")
+
+    return dict(walk(TrainConfig, ""))
+
+
+def _in_free_map(key: str) -> bool:
+    return any(key.startswith(m + ".") for m in free_maps())
+
+
+def _add_to_free_map(override: str) -> str:
+    """``eval.paths.amc23=<file>`` as ``++eval.paths.amc23=<file>`` (and ``eval.paths={...}`` as
+    ``++eval.paths={...}``): a key of a mapping the user names is new to Hydra, which wants ``+`` to add it;
+    the docs and error messages give the plain form (as ``bandpo.eval``'s command line takes it), so the
+    trainer takes both (``++``: add, or set if present). A key inside a mapping that follows another
+    (``probe.paths.<name>``) is refused: OmegaConf would write it into the one it follows."""
+    if "=" not in override:
+        return override
+    key = override.split("=", 1)[0].strip()
+    bare = key.lstrip("+~")
+    for m, follows in free_maps().items():
+        if follows and bare.startswith(m + "."):
+            source = follows[2:-1]
+            raise ConfigError(
+                f"config error: {bare}: {m} follows {source} (a key set inside it would be set in {source}); "
+                f"give {source}.<name>=<file> for both, or {m}={{<name>: <file>}} for {m} alone"
+            )
+        if (bare == m or bare.startswith(m + ".")) and key == bare:
+            return "++" + override.lstrip()
+    return override
+
+
 def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
-    """Refuse an override of a key the config does not have, in every form (``k=``, ``+k=``, ``++k=``, ``~k``).
+    """Refuse an override of a key the config does not have, in every form (``k=``, ``+k=``, ``++k=``, ``~k``);
+    a key inside one of the ``free_maps`` is the user's to name.
 
     Hydra adds unknown keys on ``+k=v`` / ``++k=v`` (its append syntax), and a misspelt
     option would then be silently ignored. The schema is the config composed with only the
@@ -152,7 +202,12 @@ def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
     keys = _dotted_keys(OmegaConf.to_container(schema, resolve=False))
     for o, group in zip(parsed, is_group):
         key = o.key_or_group
-        if group or key.startswith("hydra.") or key in keys:
+        if (
+            group
+            or key.startswith("hydra.")
+            or key in keys
+            or any(key.startswith(m + ".") for m in free_maps())
+        ):
             continue
         close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""

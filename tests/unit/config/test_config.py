@@ -391,3 +391,37 @@ def test_the_verifier_follows_the_template_unless_told():
     assert graded(["data.template=boxed", "data.answer_format=auto"]) == "auto"  # explicit wins
     assert graded(["model=smollm2-135m"]) == "auto"  # its recipe sets it
     assert compose(["data.template=boxed"]).eval.answer_format is None  # eval follows its own template
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "eval.paths.amc23=/data/amc23.jsonl",
+        "+eval.paths.amc23=/data/amc23.jsonl",
+        "eval.paths={amc23: /data/amc23.jsonl}",
+    ],
+)
+def test_a_local_eval_set_by_name_in_every_form(override):
+    # the form the docs and the hub's offline error give (eval.paths.<name>=<file>), Hydra's +, and the whole
+    # mapping; the probe follows eval's paths
+    cfg = compose([override])
+    assert cfg.eval.paths == {"amc23": "/data/amc23.jsonl"} == cfg.probe.paths
+
+
+def test_free_map_keys_are_the_users_but_a_misspelt_map_is_still_refused():
+    assert compose(["model=tiny", "model.build_args.sft_steps=5"]).model.build_args["sft_steps"] == 5
+    with pytest.raises(
+        ConfigError, match=r"eval\.pahts\.amc23 is not a config key .*did you mean eval\.paths\?"
+    ):
+        compose(["eval.pahts.amc23=/x.jsonl"])
+
+
+def test_a_key_inside_a_map_that_follows_another_is_refused_naming_both_ways():
+    # probe.paths is ${eval.paths}: OmegaConf would write probe.paths.x into eval.paths (evaluated too)
+    for override in ("probe.paths.x=/y.jsonl", "+probe.paths.x=/y.jsonl"):
+        with pytest.raises(
+            ConfigError, match=r"probe\.paths\.x: probe\.paths follows eval\.paths .*probe\.paths=\{"
+        ):
+            compose([override])
+    cfg = compose(["probe.paths={x: /y.jsonl}"])
+    assert (cfg.eval.paths, cfg.probe.paths) == ({}, {"x": "/y.jsonl"})
