@@ -115,12 +115,13 @@ def split_of(key: str) -> str:
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> Path:
-    """Write ``rows`` to ``path`` as JSON Lines (parent folders created); returns the path."""
+    """Write ``rows`` to ``path`` as JSON Lines, atomically (a reader sees the old file or the whole new
+    one; parent folders created); returns the path."""
+    from bandpo.checkpoint.atomic import write_text_atomic
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 

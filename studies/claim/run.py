@@ -55,12 +55,9 @@ def commit() -> str:
 
 def write_heldout(heldout: HeldOut, runs_test: Path) -> Path:
     """The test's held-out set as JSONL in ``runs_test`` (the same rows every time: the generator is seeded)."""
-    from bandpo.checkpoint.atomic import write_text_atomic
+    from bandpo.data.tiny_arith_problems import write_jsonl
 
-    path = runs_test / f"{heldout.name}.jsonl"
-    runs_test.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in heldout.rows()))
-    return path
+    return write_jsonl(runs_test / f"{heldout.name}.jsonl", heldout.rows())
 
 
 def keep(folder: Path, dest: Path, record: dict) -> None:
