@@ -1,5 +1,5 @@
 """The claim test's design as overrides, from ``protocol.md`` (the rules were written there first): the
-settings every run shares, each test's own (Test 2's pool and held-out set: amendment 3), the arms,
+settings every run shares, each test's own (Test 2's pool and held-out set: amendments 3 and 5), the arms,
 seeds and steps, and the runs' names. The runner
 (``run``) and the report read it; nothing here starts a process.
 
@@ -93,16 +93,35 @@ RANDOM = Test(
     steps=20,
 )
 
-# Test 2: GRPO against BandPO on a pool GRPO cannot exhaust (amendment 3: level-2 one-operation problems,
-# base model ~27% at the start; 40 steps x 8 prompts draw 320 of 2,048). The model file's 2 optimizer
-# steps a rollout; the held-out set (and the probe's prompts) of the same generator, level and kinds.
-LEARN_POOL = HeldOut(name="tiny_arith_l2_one_op_test", difficulty=2, kinds=("add", "sub", "mul"))
+# Test 2: GRPO against BandPO on a pool GRPO cannot exhaust. Amendment 5 (after the first pilot failed the
+# gate low on level-2 one-operation problems alone): all of level 1's one-operation training problems beside
+# 192 level-2 ones, 320 rows = 40 steps x 8 prompts, each drawn once. The model file's 2 optimizer steps a
+# rollout; the held-out set (and the probe's prompts) level-2 one-operation problems of the test split.
+ONE_OP = ("add", "sub", "mul")
+LEARN_POOL = HeldOut(name="tiny_arith_l2_one_op_test", difficulty=2, kinds=ONE_OP)
+
+
+@dataclass(frozen=True)
+class TrainEntry:
+    """One ``data.train`` entry: ``size`` tiny_arith training-split problems at one level and set of kinds."""
+
+    difficulty: int
+    kinds: tuple[str, ...]
+    size: int
+
+    def override(self) -> str:
+        kinds = ",".join(self.kinds)
+        return (
+            f"{{name:tiny_arith,split:train,size:{self.size},difficulty:{self.difficulty},kinds:[{kinds}]}}"
+        )
+
+
+# level 1 holds 131 distinct one-operation training problems (make_split refuses more); 128 taken
+LEARN_TRAIN = (TrainEntry(2, ONE_OP, 192), TrainEntry(1, ONE_OP, 128))
 LEARN = Test(
     name="learn",
     settings=(
-        # the pool: training problems of the held-out set's level and kinds
-        f"data.train=[{{name:tiny_arith,split:train,size:2048,difficulty:{LEARN_POOL.difficulty},"
-        f"kinds:[{','.join(LEARN_POOL.kinds)}]}}]",
+        f"data.train=[{','.join(e.override() for e in LEARN_TRAIN)}]",
         "trainer.eval_every=40",
         "eval.limit=200",
         "trainer.total_steps=40",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from studies.claim.pool import CANDIDATES, eval_command, write_candidates
 
 
@@ -35,3 +37,16 @@ def test_the_evaluation_reads_every_file_at_the_runs_sampling_settings(tmp_path)
     assert all(str(p) in cmd for p in files.values())
     for setting in ("eval.temperature=0.6", "eval.max_tokens=256", "eval.template=boxed", "dtype=float32"):
         assert setting in cmd
+
+
+def test_the_learn_pool_is_one_pass_of_a_runs_draws():
+    # amendment 5: all but 3 of the level-1 one-operation training problem tiny_arith has (131; 128 taken) beside 192
+    # level-2 ones: 320 rows, the 40 steps x 8 prompts a run draws, so each row is drawn once
+    from bandpo.data.tiny_arith_problems import make_split
+    from studies.claim.design import COMMON, LEARN, LEARN_TRAIN, ONE_OP
+
+    rows = [make_split("train", e.size, 0, difficulty=e.difficulty, kinds=e.kinds) for e in LEARN_TRAIN]
+    prompts = int(next(o for o in COMMON if o.startswith("trainer.prompts_per_step=")).split("=")[1])
+    assert sum(map(len, rows)) == LEARN.steps * prompts == 320
+    with pytest.raises(ValueError, match="only 131 distinct train problems"):
+        make_split("train", 132, 0, difficulty=1, kinds=ONE_OP)
