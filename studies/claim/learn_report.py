@@ -103,7 +103,11 @@ def verdict_lines(v: ls.Verdict) -> list[str]:
     else:
         out.append(
             "- The 8-seed rule: "
-            + ("run seeds 5-7 of both arms, decide at 8." if extend else "no extension.")
+            + (
+                f"run seeds {', '.join(map(str, ls.EXTENSION_SEEDS))} of both arms, decide at 8."
+                if extend
+                else "no extension."
+            )
         )
     return out
 
@@ -181,18 +185,35 @@ def verdict(runs: Sequence[Run]) -> ls.Verdict:
     return ls.compare([ends(r) for r in runs if r.arm in LABELS])
 
 
-def section(runs: Sequence[Run], out: Path, figure_name: str | None) -> list[str]:
-    """Test 2's section of results.md (after both headlines)."""
+def pilot_lines(pilots: Sequence[Path], out: Path) -> list[str]:
+    """Failed pilots (``records/learn-pilots/<pool>/grpo-s0/``): where they are and why they stopped; never
+    used (protocol, Test 2: "failed pilots are reported, never used")."""
+    import json
+
+    lines = []
+    for folder in pilots:
+        info = json.loads((folder / "run.json").read_text())
+        why = info.get("stopped_because", "ran to its end")
+        lines.append(f"- `{os.path.relpath(folder, out.parent)}/` (pool {info.get('pool', '?')}): {why}.")
+    return lines
+
+
+def section(
+    runs: Sequence[Run], out: Path, figure_name: str | None, pilots: Sequence[Path] = ()
+) -> list[str]:
+    """Test 2's section of results.md (after both headlines); ``pilots`` are failed pilots' folders."""
     runs = sorted(runs, key=lambda r: (r.seed, r.arm != "grpo", r.arm))
     lines = [
         "## Test 2: GRPO against Band-KL on a pool GRPO cannot exhaust",
         "",
-        "Rules fixed in advance: [protocol.md](protocol.md), Test 2 and amendments 3-4. Per seed, paired "
+        "Rules fixed in advance: [protocol.md](protocol.md), Test 2 and amendments 3-5. Per seed, paired "
         "only between runs of one machine kind in one precision; Student-t intervals with seeds as units, "
         "decisions at 97.5% at both looks, 95% shown beside. Holds when r and f lie above 0 and a above -5; "
         "fails when r lies below ln 1.25 or a below -5; inconclusive otherwise.",
         "",
     ]
+    if pilots:
+        lines += ["### Failed pilots (reported, never used)", "", *pilot_lines(pilots, out), ""]
     if not runs:
         return [*lines, "No runs are recorded yet (`records/learn/<arm>-s<seed>/`, written by `run.py`).", ""]
     if figure_name:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from studies.claim.stats import DECISION_LEVEL, SHOWN_LEVEL, Interval, interval, look
+from studies.claim.stats import DECISION_LEVEL, FIRST_LOOK, SHOWN_LEVEL, Interval, interval, look
 
 STEPS = 40
 LAST = range(31, 41)  # "the last 10 steps": the primary's window and the gate's entropy window
@@ -171,8 +171,8 @@ def compare(ends: Sequence[Ends], band: str = "bandpo", grpo: str = "grpo") -> V
 def extension(v: Verdict) -> bool | None:
     """The 8-seed rule on seeds 0-4: inconclusive at 97.5% and mean r above 0 -> run seeds 5-7 of both
     arms; None while seeds 0-4 are not all paired."""
-    first = [p for p in v.pairs if p.seed < 5]
-    if len(first) < 5:
+    first = [p for p in v.pairs if p.seed < FIRST_LOOK]
+    if len(first) < FIRST_LOOK:
         return None
     at = {k: interval([getattr(p, k) for p in first], DECISION_LEVEL) for k in ("r", "f", "length", "a")}
     return decide(at["r"], at["f"], at["length"], at["a"]) == INCONCLUSIVE and at["r"].mean > 0

@@ -241,6 +241,7 @@ def report(
     figure_name: str | None = FIGURE,
     learn: Sequence[Run] = (),
     learn_figure: str | None = None,
+    pilots: Sequence[Path] = (),
 ) -> str:
     """results.md's text for ``runs`` (any subset of Test 1's runs) and ``learn`` (Test 2's); each figure
     is linked when named."""
@@ -269,7 +270,7 @@ def report(
         "no class.",
         "",
     ]
-    test2 = learn_report.section(learn, out, learn_figure)
+    test2 = learn_report.section(learn, out, learn_figure, pilots)
     if not runs:
         lines += ["No runs are recorded yet (`records/random/<arm>-s<seed>/`, written by `run.py`).", ""]
         return "\n".join([*lines, *test2])
@@ -316,8 +317,15 @@ def main(argv: Sequence[str] | None = None) -> Path:
         written.append(figure(runs, out.parent / FIGURE))
     if learn:
         written.append(learn_report.figure(learn, out.parent / learn_report.FIGURE))
+    pilots = sorted(p.parent for p in (Path(args.records) / "learn-pilots").glob("*/*/run.json"))
     text = report(
-        runs, out, RANDOM.steps, FIGURE if runs else None, learn, learn_report.FIGURE if learn else None
+        runs,
+        out,
+        RANDOM.steps,
+        FIGURE if runs else None,
+        learn,
+        learn_report.FIGURE if learn else None,
+        pilots,
     )
     write_text_atomic(out, text)
     print("wrote " + ", ".join(map(str, written)))

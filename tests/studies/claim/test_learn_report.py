@@ -58,3 +58,13 @@ def test_a_failing_pilot_says_it_is_never_used(tmp_path, records, write_run):
     assert "0.900 (must be <= 0.8): FAILS." in text
     assert "- The pilot fails the gate: it is reported and never used" in text
     assert "- No complete pair yet." in text
+
+
+def test_failed_pilots_are_listed_with_why_they_stopped(tmp_path, records, write_run):
+    folder = records / "learn-pilots" / "l2-one-op" / "grpo-s0"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text('{"pool": "l2-one-op", "stopped_because": "accuracy 0.104 < 0.20"}')
+    text = report.main(["--records", str(records), "--out", str(tmp_path / "results.md")]).read_text()
+    assert "### Failed pilots (reported, never used)" in text
+    assert "- `records/learn-pilots/l2-one-op/grpo-s0/` (pool l2-one-op): accuracy 0.104 < 0.20." in text
+    assert "No runs are recorded yet (`records/learn/" in text
