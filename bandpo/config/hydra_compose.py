@@ -202,12 +202,7 @@ def check_override_keys(overrides: Sequence[str], compose_groups) -> None:
     keys = _dotted_keys(OmegaConf.to_container(schema, resolve=False))
     for o, group in zip(parsed, is_group):
         key = o.key_or_group
-        if (
-            group
-            or key.startswith("hydra.")
-            or key in keys
-            or any(key.startswith(m + ".") for m in free_maps())
-        ):
+        if group or key.startswith("hydra.") or key in keys or _in_free_map(key):
             continue
         close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
