@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def plot_band(
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -176,7 +177,7 @@ def plot_run_metrics(
         _finish_panel(ax, key, bool(series))
     fig.suptitle(title or str(metrics_jsonl_path), fontsize=10)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def plot_compare(
@@ -234,7 +235,7 @@ def plot_compare(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def _seed_stats(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -281,11 +282,15 @@ def _finish_panel(ax, key: str, drawn: bool) -> None:
         )
 
 
-def _save(fig, out_png: str | Path) -> Path:
+def save_figure(fig, out_png: str | Path, dpi: int = 120) -> Path:
+    """Saves ``fig`` to ``out_png`` through a temporary file and a rename (a reader sees the old figure or
+    the whole new one; parent folders created), closes it, and returns the path."""
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    tmp = out.with_name(f".{out.stem}.tmp-{os.getpid()}{out.suffix}")
+    fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
+    os.replace(tmp, out)
     return out
 
 
@@ -310,9 +315,7 @@ def plot_pass_at_k(results: Mapping[str, Mapping[str, Any]], path: str | Path, t
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path: Path, title: str) -> Path:
@@ -335,9 +338,7 @@ def plot_steps(rows: Sequence[tuple[int, Mapping[str, Mapping[str, Any]]]], path
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # -------------------------------------------- comparison report (studies/compare/report.py)
@@ -411,10 +412,7 @@ def plot_headline(summaries: dict[str, list[dict]], png: Path) -> Path:
         ax.grid(True, alpha=0.3)
     ax_c.legend(fontsize=7)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
+    return save_figure(fig, png)
 
 
 def _cut_outlier_bars(ax, bar_tops: dict[str, tuple]) -> None:

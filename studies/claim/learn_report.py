@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from bandpo.viz import save_figure
 from studies.claim import learn_stats as ls
 from studies.claim.design import LEARN
 from studies.claim.records import ACCURACY, FIRST_N, PROBE, ROLLOUT, ZERO_SIGNAL, Run
@@ -173,11 +174,7 @@ def figure(runs: Sequence[Run], png: Path) -> Path:
         "Test 2: GRPO against Band-KL on level-2 one-operation problems, one line a seed", fontsize=10
     )
     fig.tight_layout()
-    tmp = png.with_name(f".{png.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, png)
-    return png
+    return save_figure(fig, png, dpi=110)
 
 
 def verdict(runs: Sequence[Run]) -> ls.Verdict:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bandpo.checkpoint.atomic import write_text_atomic
+from bandpo.viz import save_figure
 from studies.claim import learn_report, stats
 from studies.claim.design import LEARN, RANDOM
 from studies.claim.records import PROBE, Run, read_test
@@ -227,11 +228,7 @@ def figure(runs: Sequence[Run], png: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("Test 1: random rewards, one line a seed", fontsize=10)
     fig.tight_layout()
-    tmp = png.with_name(f".{png.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, png)
-    return png
+    return save_figure(fig, png, dpi=110)
 
 
 def report(

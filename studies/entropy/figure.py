@@ -64,6 +64,8 @@ def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
+    from bandpo.viz import save_figure
+
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.3))
     ax_p, ax_r, ax_c, ax_a = axes
     for name, s in runs.items():
@@ -88,10 +90,7 @@ def draw(runs: dict[str, dict[str, Points]], png: Path) -> Path:
     ax_p.legend(fontsize=7)
     ax_c.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return save_figure(fig, png, dpi=110)
 
 
 def main() -> None:

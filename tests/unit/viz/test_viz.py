@@ -59,3 +59,9 @@ def test_plots_write_pngs(tmp_path):
         main(["band", "--delta", "0.05", "--out", str(tmp_path / "band.png")]),
     ):
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".png") == [
+        "band.png",
+        "cmp.png",
+        "run.png",
+    ]
+    assert not list(tmp_path.glob(".*tmp*"))  # saved through a temporary file and a rename, none left
