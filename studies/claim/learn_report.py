@@ -7,6 +7,7 @@ into ``results.md``; the rules and their levels are ``learn_stats``'s.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from bandpo.viz import save_figure
 from studies.claim import learn_stats as ls
 from studies.claim.design import LEARN
 from studies.claim.records import ACCURACY, FIRST_N, PROBE, ROLLOUT, ZERO_SIGNAL, Run
+from studies.claim.stats import EXTENSION_SEEDS
 
 FIGURE = "results-learn.png"  # beside results.md
 LABELS = {"grpo": "GRPO", "bandpo": "Band-KL"}
@@ -63,7 +65,7 @@ def gate_lines(runs: Sequence[Run]) -> list[str]:
     out.append(
         "- The pilot passes: it is seed 0's GRPO arm."
         if passed
-        else "- The pilot fails the gate: it is reported and never used; amendment 3 names the next pool."
+        else "- The pilot fails the gate: it is reported and never used; the protocol's amendments name the next pool."
     )
     out.append(
         f"- Read from `{ACCURACY}`, `{ZERO_SIGNAL}` (rewards all alike, overlong penalty included), `{ROLLOUT}`."
@@ -105,7 +107,7 @@ def verdict_lines(v: ls.Verdict) -> list[str]:
         out.append(
             "- The 8-seed rule: "
             + (
-                f"run seeds {', '.join(map(str, ls.EXTENSION_SEEDS))} of both arms, decide at 8."
+                f"run seeds {', '.join(map(str, EXTENSION_SEEDS))} of both arms, decide at 8."
                 if extend
                 else "no extension."
             )
@@ -121,15 +123,15 @@ def run_table(runs: Sequence[Run]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def mean(series, window):
+    def mean(series, window, scale=1.0, fmt=".4f"):
+        """The window's mean as a table cell; "-" where a step of it is missing."""
         try:
-            return f"{ls.window_mean(series, window, ''):.4f}"
+            return format(scale * ls.window_mean(series, window, ""), fmt)
         except ValueError:
             return "-"
 
     for r in runs:
-        acc = mean(r.accuracy, ls.EARLY)
-        acc = acc if acc == "-" else f"{100 * float(acc):.1f}"
+        acc = mean(r.accuracy, ls.EARLY, 100.0, ".1f")
         ev = [("-" if r.evals.get(s) is None else f"{100 * r.evals[s]:.1f}") for s in (0, steps)]
         wall = "-" if r.wall_s is None else f"{r.wall_s / 60:.1f}"
         lines.append(
@@ -171,7 +173,8 @@ def figure(runs: Sequence[Run], png: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(
-        "Test 2: GRPO against Band-KL on level-2 one-operation problems, one line a seed", fontsize=10
+        "Test 2: GRPO against Band-KL on level-1 and level-2 one-operation problems, one line a seed",
+        fontsize=10,
     )
     fig.tight_layout()
     return save_figure(fig, png, dpi=110)
@@ -185,8 +188,6 @@ def verdict(runs: Sequence[Run]) -> ls.Verdict:
 def pilot_lines(pilots: Sequence[Path], out: Path) -> list[str]:
     """Failed pilots (``records/learn-pilots/<pool>/grpo-s0/``): where they are and why they stopped; never
     used (protocol, Test 2: "failed pilots are reported, never used")."""
-    import json
-
     lines = []
     for folder in pilots:
         info = json.loads((folder / "run.json").read_text())

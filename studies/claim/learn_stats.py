@@ -33,7 +33,6 @@ SIGNAL_MIN = 0.25
 KEEP_MAX = 0.8
 KEEP_FLOOR = math.log(1.25)  # fails: "a 25% keep is ruled out"
 NON_INFERIORITY = -5.0  # points of held-out mean@8
-EXTENSION_SEEDS = (5, 6, 7)
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 # qualifiers of "holds" (amendment 4): "holds, not separated from length, a keep under 1.25x" at most
