@@ -217,6 +217,9 @@ class TrainSource:
         None, "tiny_arith's problem kinds (add, sub, mul, two_step, word); null = all"
     )
     difficulty: int | None = key(None, "tiny_arith's level, 1-4 (the most digits of an operand); null = 1")
+    part: str | None = key(
+        None, "tiny_arith's half of the train split: warm (the tiny model's warm start) | rl; null = all"
+    )
 
 
 @dataclass

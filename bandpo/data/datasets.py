@@ -105,7 +105,7 @@ def _tiny_arith(split: str, size: int, seed: int, **options: Any) -> list[dict]:
         raise InputError(f"tiny_arith[{split}:{size}:{seed}] {options}: {e}") from None
 
 
-_TINY_ARITH_OPTIONS = ("kinds", "difficulty")  # make_split's keyword options
+_TINY_ARITH_OPTIONS = ("kinds", "difficulty", "part")  # make_split's keyword options
 GENERATED: dict[str, GeneratedSpec] = {
     "tiny_arith": GeneratedSpec(_tiny_arith, "train", 2048, options=_TINY_ARITH_OPTIONS),
     # 200 held-out problems: the same set as the warm-start check of bandpo.models.tiny_arith.
@@ -144,7 +144,7 @@ def load_examples(
     the given keys (default "problem"/"answer") and split (default "train").
     Keyword arguments override the registered field mapping and split. ``limit`` keeps
     the first ``limit`` examples after skipping bad rows. ``options`` go to a generated set's
-    generator (``GeneratedSpec.options``: tiny_arith's ``kinds`` and ``difficulty``).
+    generator (``GeneratedSpec.options``: tiny_arith's ``kinds``, ``difficulty`` and ``part``).
     Raises ``InputError`` for an unknown name (listing the valid ones), for ``size``/``seed``/
     ``options`` given to a set that does not take them, for a missing or malformed local file, and
     (``HubUnreachable``) for a hub set that is neither reachable nor in the local cache.
@@ -210,7 +210,7 @@ def load_source(entry: str | Mapping[str, Any], **defaults: Any) -> list[Example
 
     ``entry`` is a name / hub id / path string, or a mapping with ``name`` and/or ``path`` plus
     any of ``problem_key``, ``answer_key``, ``id_key``, ``split``, ``limit``, ``size``, ``seed``, and a
-    generated set's options (``kinds``, ``difficulty``)
+    generated set's options (``kinds``, ``difficulty``, ``part``)
     (e.g. ``{name: tiny_arith, split: train, size: 4096}``, ``{name: tiny_arith, kinds: [add, sub, mul],
     difficulty: 2}``, ``{path: /d/train.jsonl, problem_key: q}``).
     ``name`` and ``path`` together read a local copy of a hub set (``{name: dapo17k, path:

@@ -18,6 +18,11 @@ problem has a canonical arithmetic key (commutative operands sorted, so "12 + 35
 "35 + 12" and "Ann has 12 pens and buys 35 more" share one key), and a hash of that key
 assigns it to exactly one split. The two splits also use different random streams, and
 within a split each (kind, key) appears once.
+
+The train split has two halves (``part``), by a second, independent hash of the key: the tiny
+recipe's warm start learns from "warm" and RL trains on "rl", problems the warm start never saw (on
+the whole split RL's training accuracy started 6 points above held-out: it sampled problems the warm
+start had memorised; recipes/tiny_arith/default.md). ``part=None`` is the whole split.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 
 KINDS = ("add", "sub", "mul", "two_step", "word")
 SPLITS = ("train", "test")
+PARTS = ("warm", "rl")  # the train split's halves (module docstring)
 DIFFICULTIES = (1, 2, 3, 4)
 # The tiny recipe's level: its warm start and its RL data must use the same one. Level 1 has
 # 2,677 distinct train problems, enough for the recipe's runs (configs/data/tiny_arith.yaml).
@@ -50,6 +56,7 @@ def make_split(
     *,
     difficulty: int = DEFAULT_DIFFICULTY,
     kinds: Iterable[str] = KINDS,
+    part: str | None = None,
 ) -> list[dict]:
     """Generate ``n`` distinct problems of split ``name`` ("train" or "test").
 
@@ -61,6 +68,8 @@ def make_split(
             so short numbers stay common); the second factor of a product and the
             factors inside two-step and word problems are always single digits.
         kinds: problem kinds to mix (uniformly), a subset of ``KINDS``.
+        part: one half of the train split ("warm" or "rl", ``part_of``), or None for all of it. A part's
+            rows are the whole split's rows of that part, in the same order.
 
     Returns:
         Rows ``{"id", "problem", "answer", "solution", "kind", "source"}``; ``answer`` is the
@@ -77,6 +86,10 @@ def make_split(
         raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if part is not None and (name != "train" or part not in PARTS):
+        raise ValueError(
+            f"part must be one of {PARTS} (of the train split) or None, got {part!r} of {name!r}"
+        )
     # A str seed is hashed with SHA-512 by `random`, so streams are stable across runs
     # and Python versions (unlike hash()), and the splits draw from unrelated streams.
     rng = random.Random(f"tiny_arith:{name}:{seed}:{difficulty}")
@@ -87,12 +100,12 @@ def make_split(
             break
         kind = rng.choice(kinds)
         problem, solution, answer, key = _GENERATORS[kind](rng, difficulty)
-        if (kind, key) in seen or split_of(key) != name:
+        if (kind, key) in seen or split_of(key) != name or (part is not None and part_of(key) != part):
             continue
         seen.add((kind, key))
         rows.append(
             dict(
-                id=f"tiny_arith-{name}-{seed}-{len(rows):05d}",
+                id=f"tiny_arith-{name}{'-' + part if part else ''}-{seed}-{len(rows):05d}",
                 problem=problem,
                 answer=str(answer),
                 solution=solution,
@@ -102,7 +115,7 @@ def make_split(
         )
     if len(rows) < n:
         raise ValueError(
-            f"only {len(rows)} distinct {name} problems found for n={n} "
+            f"only {len(rows)} distinct {name}{f' ({part})' if part else ''} problems found for n={n} "
             f"(difficulty={difficulty}, kinds={kinds}); raise difficulty or add kinds"
         )
     return rows
@@ -112,6 +125,13 @@ def split_of(key: str) -> str:
     """The split ("train" or "test") that owns canonical key ``key``."""
     h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return "test" if h % _TEST_SHARE == 0 else "train"
+
+
+def part_of(key: str) -> str:
+    """The half of the train split ("warm" or "rl") that owns canonical key ``key``: from hash bytes
+    ``split_of`` does not read, so each half holds about half of every kind of train problem."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[8:16], "big")
+    return PARTS[h % 2]
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> Path:

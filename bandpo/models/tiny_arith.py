@@ -5,20 +5,22 @@ Steps (all on CPU, a few minutes on 2 cores):
    digits removed from that corpus so that no merge contains a digit: every number is
    spelled one digit per token, which small models find far easier to add.
 2. A random Qwen2-architecture model (``bandpo.models.tiny``; heads 64 wide for vLLM CPU).
-3. Supervised warm start on (prompt, solution) pairs of the train split
+3. Supervised warm start on (prompt, solution) pairs of the train split, or with ``part="warm"`` of
+   its warm half only, so that RL can train on problems the warm start never saw (``part: rl``)
    (``bandpo.models.tiny_arith_sft``): the prompt is the DAPO template through the chat
    template, the loss covers only the solution and the closing ``<|im_end|>``. ``sft_steps``
-   sets the schedule's length; ``target_accuracy`` (the recipe's config, configs/model/tiny.yaml,
-   sets 0.84) stops it early, at the first check (every ``check_every`` steps) where the expected
-   T=1 accuracy on ``n_val`` validation problems (the test split's after the ``n_eval`` held out)
-   reaches the target; a schedule that ends first goes on at its final learning rate for up to
-   ``extra_steps`` more (the step that reaches the target varies with the kernels' rounding:
-   ~1,400 to over 2,000 with the same arguments).
-   Without a target the model is whatever ``sft_steps`` steps give (the e2e tests' 500 steps:
-   ~20% held-out). Why stop on accuracy: 1,500 steps at lr 3e-3 amplify the last-bit differences
-   between CPUs' kernels (the same arguments gave 76% held-out on an EPYC with avx512 and 92.5% on
-   a Zen 3 without it), and RL's gain depends on where it starts (recipes/tiny_arith/default.md).
-   The checks and the step it stopped at go into the marker's report, with the environment.
+   sets the schedule's length; ``max_steps`` cuts it short at a fixed step (the recipe's config,
+   configs/model/tiny.yaml: 1,475 of 2,000); ``target_accuracy`` stops it at the first check (every
+   ``check_every`` steps) where the expected T=1 accuracy on ``n_val`` validation problems (the test
+   split's after the ``n_eval`` held out) reaches the target, and a schedule that ends first goes on
+   at its final learning rate for up to ``extra_steps`` more. Without either the model is whatever
+   ``sft_steps`` steps give (the e2e tests' 500 steps: ~20% held-out).
+   Why the recipe cuts at a step and no longer stops on accuracy: at lr 3e-3 the kernels' last-bit
+   differences move the step that reaches a target (1,375 to over 2,000 with the same arguments),
+   and the longer the warm start the sharper the model and the fewer 8-sample groups carry an
+   advantage in RL, whose held-out gain fell with it (recipes/tiny_arith/default.md). A fixed step
+   trains every CPU as long; where it lands still differs by a few points. The checks and the step it
+   stopped at go into the marker's report, with the environment.
 4. A quick held-out check: one sample per problem at temperature 1.0 (and greedy) with
    transformers ``generate``, exact match on the last "Answer:" line. Printed and stored.
 
@@ -27,7 +29,8 @@ the build arguments' hash: a second call with the same arguments returns at once
 trainer builds it through ``model.build: tiny_arith`` (``bandpo.parts.ensure_model``);
 the command line is this module's:
 
-    python -m bandpo.models.tiny_arith --out runs/tiny_arith/model [--sft-steps N] [--target-accuracy A]
+    python -m bandpo.models.tiny_arith --out runs/tiny_arith/model [--sft-steps N] [--max-steps M]
+        [--part warm] [--n-sft N] [--target-accuracy A]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bandpo.data.tiny_arith_problems import DEFAULT_DIFFICULTY, make_split
+from bandpo.data.tiny_arith_problems import DEFAULT_DIFFICULTY, PARTS, make_split
 from bandpo.models.tiny import build_tiny_model
 from bandpo.models.tiny_arith_sft import (
     DAPO_TEMPLATE,
@@ -59,6 +62,8 @@ BUILD_VERSION = 2
 # Fields that only matter when ``target_accuracy`` is set: left out of the hash otherwise, so
 # builds without a target keep the hash (and the cached folder) they had before early stopping.
 _STOP_FIELDS = ("target_accuracy", "check_every", "n_val", "extra_steps")
+# Fields left out of the hash while None, so that builds from before them keep their hash.
+_NEW_FIELDS = ("part", "max_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +84,11 @@ class BuildArgs:
     warmup_steps: int = 20
     weight_decay: float = 0.01
     n_sft: int = 2500
+    # the train split's half the warm start learns from ("warm" leaves "rl" to RL: tiny_arith_problems);
+    # None: the whole split, RL's problems included
+    part: str | None = None
+    # stop after this many steps, the schedule still sft_steps long (None: the schedule's end, or the target)
+    max_steps: int | None = None
     n_eval: int = 200
     target_accuracy: float | None = None  # stop the warm start when validation reaches it
     check_every: int = 25  # steps between validation checks (~0.3 s each against ~4 s of steps)
@@ -91,6 +101,10 @@ class BuildArgs:
             raise ValueError(f"target_accuracy must be in (0, 1) or None, got {self.target_accuracy}")
         if self.extra_steps < 0:
             raise ValueError(f"extra_steps must be >= 0, got {self.extra_steps}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.part not in (None, *PARTS):
+            raise ValueError(f"part must be one of {PARTS} or None, got {self.part!r}")
         if self.check_every < 1 or self.n_val < 1:
             raise ValueError(f"check_every and n_val must be >= 1, got {self.check_every}, {self.n_val}")
 
@@ -181,6 +195,7 @@ def _args_hash(args: BuildArgs) -> str:
     fields = dataclasses.asdict(args)
     if args.target_accuracy is None:
         fields = {k: v for k, v in fields.items() if k not in _STOP_FIELDS}
+    fields = {k: v for k, v in fields.items() if k not in _NEW_FIELDS or v is not None}
     blob = json.dumps({"version": BUILD_VERSION, **fields}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -191,7 +206,7 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # save/load bars would bury the build's own lines
-    train = make_split("train", args.n_sft, args.seed, difficulty=args.difficulty)
+    train = make_split("train", args.n_sft, args.seed, difficulty=args.difficulty, part=args.part)
     held_out = make_split("test", args.n_eval, args.seed, difficulty=args.difficulty)
     build_tiny_model(
         path,
@@ -210,7 +225,8 @@ def _build_into(path: Path, args: BuildArgs, log) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"tiny_arith: vocab {len(tok)}, {n_params / 1e6:.2f}M parameters; warm start {args.sft_steps} steps "
-        f"x {args.batch_size} on {len(train)} train problems (difficulty {args.difficulty})"
+        f"x {args.batch_size} on {len(train)} train problems (difficulty {args.difficulty}"
+        f"{', the ' + args.part + ' half' if args.part else ''})"
     )
     checks: list[tuple[int, float]] = []
     stop = None
@@ -284,9 +300,17 @@ def main(argv: list[str] | None = None) -> Path:
         "--target-accuracy",
         type=float,
         default=None,
-        help="stop the warm start when the expected T=1 accuracy on the validation problems reaches it "
-        "(the recipe's config: 0.84 with --sft-steps 2000)",
+        help="stop the warm start when the expected T=1 accuracy on the validation problems reaches it",
     )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop the warm start after this many steps of its schedule (the recipe's config: 1475 of 2000, "
+        "with --part warm --n-sft 1250)",
+    )
+    parser.add_argument("--part", choices=PARTS, default=None, help="learn from this half of the train split")
+    parser.add_argument("--n-sft", type=int, default=BuildArgs.n_sft, help="warm-start problems")
     parser.add_argument("--quiet", action="store_true")
     ns = parser.parse_args(argv)
     out = build(
@@ -295,6 +319,9 @@ def main(argv: list[str] | None = None) -> Path:
         sft_steps=ns.sft_steps,
         difficulty=ns.difficulty,
         target_accuracy=ns.target_accuracy,
+        max_steps=ns.max_steps,
+        part=ns.part,
+        n_sft=ns.n_sft,
         verbose=not ns.quiet,
     )
     report = json.loads((out / MARKER).read_text())["report"]

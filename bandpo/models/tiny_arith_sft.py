@@ -49,6 +49,7 @@ def supervised_warm_start(model, tok, rows: list[dict], args, log, stop=None) ->
     it returns True goes on at its final learning rate for up to ``args.extra_steps`` more steps,
     checked as before: the same arguments reach the target after anything from ~1,400 to over 2,000
     steps depending on the kernels' rounding, so a fixed end would leave some builds short of it.
+    ``args.max_steps`` (None: no limit) ends it after that many steps whatever the rest says.
     Returns (the last loss's moving average, the steps taken)."""
     import torch
 
@@ -68,6 +69,8 @@ def supervised_warm_start(model, tok, rows: list[dict], args, log, stop=None) ->
     model.train()
     ema = None
     total = args.sft_steps + (args.extra_steps if stop is not None else 0)
+    if args.max_steps is not None:
+        total = min(total, args.max_steps)
     for step in range(total):
         idx = torch.randint(len(pairs), (args.batch_size,), generator=gen).tolist()
         loss = shared_prefix_loss(model, [pairs[i] for i in idx], tok.pad_token_id)

@@ -335,6 +335,40 @@ def test_a_generated_set_s_options_choose_its_problems():
         load_source({"name": "amc23", "difficulty": 2})
 
 
+def test_the_train_split_s_halves_partition_it_by_key():
+    """warm and rl: each the whole split's rows of its half in the whole split's order, between them every
+    row, owned by part_of of the canonical key (so a word problem and the sum it spells share a half)."""
+    from bandpo.data.tiny_arith_problems import _key, make_split, part_of
+
+    whole = [(r["kind"], r["problem"]) for r in make_split("train", 2000, 0)]
+    at = {x: i for i, x in enumerate(whole)}
+    halves = {p: make_split("train", 800, 0, part=p) for p in ("warm", "rl")}
+    seen = {p: [at[(r["kind"], r["problem"])] for r in rows] for p, rows in halves.items()}
+    assert all(pos == sorted(pos) for pos in seen.values())  # the whole split's order
+    assert not set(seen["warm"]) & set(seen["rl"])
+    end = min(pos[-1] for pos in seen.values())
+    assert sorted(i for pos in seen.values() for i in pos if i <= end) == list(
+        range(end + 1)
+    )  # no row skipped
+    for p, rows in halves.items():
+        for r in rows:
+            step, *more = r["solution"].splitlines()[:-1]
+            if not more:  # one operation: the canonical key from the solution's line "a+b=c"
+                lhs = step.split("=")[0]
+                op = next(c for c in "+-*" if c in lhs)
+                a, b = (int(v) for v in lhs.split(op))
+                assert part_of(_key(a, op, b)) == p
+        assert {r["kind"] for r in rows} == {"add", "sub", "mul", "two_step", "word"}
+    assert halves["warm"][0]["id"] == "tiny_arith-train-warm-0-00000"
+    # through a data source; refused on the test split and by another name
+    got = load_source({"name": "tiny_arith", "size": 5, "part": "rl"})
+    assert [e.problem for e in got] == [r["problem"] for r in halves["rl"][:5]]
+    with pytest.raises(InputError, match="part must be one of"):
+        load_source({"name": "tiny_arith_test", "part": "warm"})
+    with pytest.raises(InputError, match="part must be one of"):
+        load_source({"name": "tiny_arith", "part": "half"})
+
+
 def test_load_source_entries(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", [{"q": "1+2?", "a": "3"}, {"q": "2+2?", "a": "4"}])
     assert len(load_source({"name": "tiny_arith", "split": "train", "size": 5})) == 5

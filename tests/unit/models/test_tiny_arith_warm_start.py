@@ -62,6 +62,7 @@ def _warm_start_args(sft_steps: int, extra_steps: int) -> SimpleNamespace:
         weight_decay=0.0,
         seed=0,
         check_every=3,
+        max_steps=None,
     )
 
 
@@ -81,6 +82,23 @@ def test_the_warm_start_stops_at_the_first_check_that_passes(monkeypatch):
     assert math.isfinite(loss) and not model.training
     loss, steps = tiny_arith_sft.supervised_warm_start(model, TOK, [], args, lambda *a: None)
     assert steps == 20
+
+
+def test_max_steps_cuts_the_schedule_where_a_passing_check_would(monkeypatch):
+    """max_steps=9 of a 20-step schedule gives the very weights of the same schedule stopped by a check at
+    step 9: the checks use no randomness and leave the optimizer alone (exact equality, same kernels)."""
+    monkeypatch.setattr(tiny_arith_sft, "encode_pairs", lambda tok, rows: PAIRS)
+    stopped, cut = _model(seed=2), _model(seed=2)
+    args = _warm_start_args(sft_steps=20, extra_steps=0)
+    _, steps = tiny_arith_sft.supervised_warm_start(stopped, TOK, [], args, lambda *a: None, lambda s: s >= 9)
+    assert steps == 9
+    args.max_steps = 9
+    _, steps = tiny_arith_sft.supervised_warm_start(cut, TOK, [], args, lambda *a: None)
+    assert steps == 9
+    for a, b in zip(stopped.state_dict().values(), cut.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    _, steps = tiny_arith_sft.supervised_warm_start(_model(), TOK, [], args, lambda *a: None, lambda s: False)
+    assert steps == 9  # before the schedule's end and the target alike
 
 
 def test_a_schedule_that_ends_short_of_the_target_goes_on_at_its_final_rate(monkeypatch):
@@ -112,6 +130,11 @@ def test_builds_without_a_target_hash_without_the_stop_fields():
     # the build version (2) and the arguments, the stop fields left out without a target
     assert tiny_arith._args_hash(tiny_arith.BuildArgs()) == "a2c90a17ff6f907a"
     assert tiny_arith._args_hash(tiny_arith.BuildArgs(check_every=50, n_val=10)) == "a2c90a17ff6f907a"
+    # part and max_steps, added later, are hashed only when set: builds from the whole train split keep their folders
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs(part=None)) == "a2c90a17ff6f907a"
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs(part="warm")) != "a2c90a17ff6f907a"
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs(max_steps=None)) == "a2c90a17ff6f907a"
+    assert tiny_arith._args_hash(tiny_arith.BuildArgs(max_steps=1475)) != "a2c90a17ff6f907a"
     with_target = tiny_arith.BuildArgs(sft_steps=1500, target_accuracy=0.76)
     assert tiny_arith._args_hash(with_target) != tiny_arith._args_hash(tiny_arith.BuildArgs(sft_steps=1500))
     assert tiny_arith._args_hash(with_target) != tiny_arith._args_hash(
@@ -120,9 +143,16 @@ def test_builds_without_a_target_hash_without_the_stop_fields():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(target_accuracy=1.0), dict(target_accuracy=0.0), dict(check_every=0), dict(extra_steps=-1)]
+    "bad",
+    [
+        dict(target_accuracy=1.0),
+        dict(target_accuracy=0.0),
+        dict(check_every=0),
+        dict(extra_steps=-1),
+        dict(part="x"),
+    ],
 )
-def test_bad_stop_arguments_are_refused_by_name(bad):
+def test_bad_build_arguments_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         tiny_arith.BuildArgs(**bad)
 
