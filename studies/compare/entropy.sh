@@ -27,7 +27,11 @@ cd "$(dirname "$0")/../.."
 QUICK=0 FLAG=""
 if [[ ${1:-} == --quick ]]; then QUICK=1 FLAG="--quick "; shift; fi
 
-SETTING=(model.build_args.sft_steps=500 model.build_args.target_accuracy=null algorithm.filter_groups.enable=false trainer.prompts_per_step=64
+# The matrix's model and pool as recorded: the 500-step warm start on the whole train split, RL on its first
+# 2,048 problems (the tiny default now splits the training problems between the two).
+SETTING=(model.build_args.sft_steps=500 model.build_args.max_steps=null model.build_args.part=null
+         model.build_args.n_sft=2500 data=tiny_arith
+         algorithm.filter_groups.enable=false trainer.prompts_per_step=64
          actor.mini_batch_prompts=16 actor.lr=1e-4 trainer.save_every=10 trainer.export_hf=false
          trainer.wandb.mode=disabled)
 MAIN="grpo clip_higher bandpo dppo_tv"
